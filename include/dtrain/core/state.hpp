@@ -1,0 +1,46 @@
+// dtrain: the state-visiting protocol that checkpoints use.
+//
+// A stateful type T provides
+//     template <class V> void visit_state(V& v);
+// and calls, for each piece of its state, in a fixed order:
+//     v.tensor("name", BufferView view, Shape shape);  // view is read on save, written on load
+//     v.scalar("name", S& value);  // S: std::int64_t, double or std::string
+//     v.child("name", U& sub);     // nested stateful object, its names prefixed by "name/"
+//     v.loading()                  // true when restoring (so T can rebuild derived data)
+// Names are '/'-separated paths relative to the object. The same T must visit the same names with
+// the same shapes on every rank that holds it. Checkpointers, comparers and hashers are visitors.
+// Types that cannot be changed specialise dtrain::serializer<T> instead (see <dtrain/ckpt/...>).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <dtrain/core/span.hpp>
+#include <dtrain/core/tensor.hpp>
+
+namespace dtrain {
+
+namespace detail {
+struct ProbeVisitor {
+  void tensor(const std::string&, BufferView, Shape) {}
+  template <class S>
+  void scalar(const std::string&, S&) {}
+  template <class U>
+  void child(const std::string&, U&) {}
+  bool loading() const { return false; }
+};
+}  // namespace detail
+
+/// True when T has a member template visit_state(V&).
+template <class T, class = void>
+struct has_visit_state : std::false_type {};
+template <class T>
+struct has_visit_state<
+    T, std::void_t<decltype(std::declval<T&>().visit_state(std::declval<detail::ProbeVisitor&>()))>>
+    : std::true_type {};
+template <class T>
+inline constexpr bool has_visit_state_v = has_visit_state<T>::value;
+
+}  // namespace dtrain
