@@ -26,7 +26,8 @@ constexpr const char* name_of(ReduceOp op) noexcept {
 inline ReduceOp reduce_op_from_name(const std::string& s) {
   for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod})
     if (s == name_of(op)) return op;
-  raise<InvalidArgument>("reduce_op_from_name", "unknown reduction '" + s + "' (sum avg min max prod)");
+  raise<InvalidArgument>("reduce_op_from_name",
+                         "unknown reduction '" + s + "' (sum avg min max prod)");
 }
 
 }  // namespace dtrain

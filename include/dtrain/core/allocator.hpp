@@ -36,7 +36,8 @@ class HostAllocator final : public Allocator {
     const std::size_t rounded = (bytes + alignment - 1) / alignment * alignment;
     void* p = std::aligned_alloc(alignment, rounded);
     if (!p)
-      raise<Error>("HostAllocator::allocate", "out of host memory for " + std::to_string(bytes) + " B");
+      raise<Error>("HostAllocator::allocate",
+                   "out of host memory for " + std::to_string(bytes) + " B");
     std::memset(p, 0, rounded);
     return p;
   }

@@ -120,21 +120,21 @@ template <class E = Error>
 
 /// Throws dtrain::InvalidArgument naming the operation when `cond` is false.
 /// Usage: DTRAIN_REQUIRE(n >= 0, "allreduce", "count " << n << " is negative");
-#define DTRAIN_REQUIRE(cond, operation, stream_expr)                                   \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::ostringstream dtrain_require_os_;                                           \
-      dtrain_require_os_ << stream_expr;                                               \
+#define DTRAIN_REQUIRE(cond, operation, stream_expr)                                     \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      std::ostringstream dtrain_require_os_;                                             \
+      dtrain_require_os_ << stream_expr;                                                 \
       ::dtrain::raise<::dtrain::InvalidArgument>((operation), dtrain_require_os_.str()); \
-    }                                                                                  \
+    }                                                                                    \
   } while (0)
 
 /// Internal invariant: throws dtrain::Error naming file and line (a library bug, not user input).
-#define DTRAIN_ASSERT(cond)                                                                \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      ::dtrain::raise<::dtrain::Error>("internal check",                                   \
-                                       std::string(#cond " failed at ") + __FILE__ + ":" + \
-                                           std::to_string(__LINE__));                      \
-    }                                                                                      \
+#define DTRAIN_ASSERT(cond)                                                              \
+  do {                                                                                   \
+    if (!(cond)) {                                                                       \
+      ::dtrain::raise<::dtrain::Error>(                                                  \
+          "internal check",                                                              \
+          std::string(#cond " failed at ") + __FILE__ + ":" + std::to_string(__LINE__)); \
+    }                                                                                    \
   } while (0)

@@ -26,7 +26,8 @@ inline LogLevel parse_log_level(const char* s, LogLevel fallback) noexcept {
   return fallback;
 }
 inline std::atomic<int>& log_threshold() {
-  static std::atomic<int> level{static_cast<int>(parse_log_level(std::getenv("DTRAIN_LOG_LEVEL"), LogLevel::info))};
+  static std::atomic<int> level{
+      static_cast<int>(parse_log_level(std::getenv("DTRAIN_LOG_LEVEL"), LogLevel::info))};
   return level;
 }
 inline std::mutex& log_mutex() {
@@ -45,9 +46,15 @@ inline const char* level_name(LogLevel l) noexcept {
 }  // namespace detail
 
 /// Sets the process-wide threshold. Thread-safe.
-inline void set_log_level(LogLevel l) noexcept { detail::log_threshold().store(static_cast<int>(l)); }
-inline LogLevel log_level() noexcept { return static_cast<LogLevel>(detail::log_threshold().load()); }
-inline bool log_enabled(LogLevel l) noexcept { return static_cast<int>(l) <= detail::log_threshold().load(); }
+inline void set_log_level(LogLevel l) noexcept {
+  detail::log_threshold().store(static_cast<int>(l));
+}
+inline LogLevel log_level() noexcept {
+  return static_cast<LogLevel>(detail::log_threshold().load());
+}
+inline bool log_enabled(LogLevel l) noexcept {
+  return static_cast<int>(l) <= detail::log_threshold().load();
+}
 
 /// Writes one line "dtrain[rank R] level: message" to stderr if `l` passes the threshold.
 /// Thread-safe; lines from threads of one process never interleave.
@@ -65,11 +72,11 @@ inline void log(LogLevel l, const std::string& message) {
 }  // namespace dtrain
 
 /// DTRAIN_LOG(info, "step " << s << " loss " << loss); the stream is built only when enabled.
-#define DTRAIN_LOG(level, stream_expr)                                       \
-  do {                                                                       \
-    if (::dtrain::log_enabled(::dtrain::LogLevel::level)) {                  \
-      std::ostringstream dtrain_log_os_;                                     \
-      dtrain_log_os_ << stream_expr;                                         \
-      ::dtrain::log(::dtrain::LogLevel::level, dtrain_log_os_.str());        \
-    }                                                                        \
+#define DTRAIN_LOG(level, stream_expr)                                \
+  do {                                                                \
+    if (::dtrain::log_enabled(::dtrain::LogLevel::level)) {           \
+      std::ostringstream dtrain_log_os_;                              \
+      dtrain_log_os_ << stream_expr;                                  \
+      ::dtrain::log(::dtrain::LogLevel::level, dtrain_log_os_.str()); \
+    }                                                                 \
   } while (0)

@@ -26,8 +26,10 @@ class Philox {
     for (int r = 0; r < 10; ++r) {
       const std::uint64_t p0 = static_cast<std::uint64_t>(0xD2511F53u) * c[0];
       const std::uint64_t p1 = static_cast<std::uint64_t>(0xCD9E8D57u) * c[2];
-      const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32), lo0 = static_cast<std::uint32_t>(p0);
-      const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32), lo1 = static_cast<std::uint32_t>(p1);
+      const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32),
+                          lo0 = static_cast<std::uint32_t>(p0);
+      const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32),
+                          lo1 = static_cast<std::uint32_t>(p1);
       c = Block{hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0};
       k0 += 0x9E3779B9u;
       k1 += 0xBB67AE85u;
@@ -54,7 +56,8 @@ constexpr double u64_to_unit_double(std::uint64_t x) noexcept {
 class RngStream {
  public:
   RngStream() : RngStream(0, 0) {}
-  RngStream(std::uint64_t seed, std::uint64_t stream) noexcept : seed_(seed), stream_(stream), gen_(seed) {}
+  RngStream(std::uint64_t seed, std::uint64_t stream) noexcept
+      : seed_(seed), stream_(stream), gen_(seed) {}
 
   std::uint32_t next_u32() noexcept {
     if (used_ == 4) refill();
@@ -93,8 +96,12 @@ class RngStream {
     }
     // Wide range: rejection on the smallest covering power of two.
     std::uint64_t mask = n - 1;
-    mask |= mask >> 1; mask |= mask >> 2; mask |= mask >> 4;
-    mask |= mask >> 8; mask |= mask >> 16; mask |= mask >> 32;
+    mask |= mask >> 1;
+    mask |= mask >> 2;
+    mask |= mask >> 4;
+    mask |= mask >> 8;
+    mask |= mask >> 16;
+    mask |= mask >> 32;
     for (;;) {
       const std::uint64_t v = next_u64() & mask;
       if (v < n) return v;
@@ -119,7 +126,8 @@ class RngStream {
   /// Checkpoint protocol (see <dtrain/core/state.hpp>).
   template <class V>
   void visit_state(V& v) {
-    std::int64_t seed = static_cast<std::int64_t>(seed_), stream = static_cast<std::int64_t>(stream_);
+    std::int64_t seed = static_cast<std::int64_t>(seed_),
+                 stream = static_cast<std::int64_t>(stream_);
     std::int64_t pos = static_cast<std::int64_t>(position());
     v.scalar("seed", seed);
     v.scalar("stream", stream);

@@ -28,8 +28,9 @@ class span {
   constexpr span(T (&arr)[N]) noexcept : data_(arr), size_(N) {}
   template <class U, class = std::enable_if_t<std::is_convertible_v<U (*)[], T (*)[]>>>
   constexpr span(const span<U>& other) noexcept : data_(other.data()), size_(other.size()) {}
-  template <class C, class = std::enable_if_t<std::is_convertible_v<
-                         std::remove_pointer_t<decltype(std::declval<C&>().data())> (*)[], T (*)[]>>>
+  template <class C,
+            class = std::enable_if_t<std::is_convertible_v<
+                std::remove_pointer_t<decltype(std::declval<C&>().data())> (*)[], T (*)[]>>>
   constexpr span(C& container) noexcept : data_(container.data()), size_(container.size()) {}
 
   constexpr T* data() const noexcept { return data_; }
@@ -73,7 +74,10 @@ struct BufferView {
       : data(d), count(n), dtype(t), space(s) {}
   template <class T, class = std::enable_if_t<has_dtype_v<T>>>
   BufferView(span<T> s, Space sp = Space::host) noexcept
-      : data(const_cast<std::remove_cv_t<T>*>(s.data())), count(s.size()), dtype(dtype_of_v<T>), space(sp) {}
+      : data(const_cast<std::remove_cv_t<T>*>(s.data())),
+        count(s.size()),
+        dtype(dtype_of_v<T>),
+        space(sp) {}
 
   std::size_t bytes() const noexcept { return count * size_of(dtype); }
 
@@ -81,17 +85,17 @@ struct BufferView {
   /// or the memory is not host memory.
   template <class T>
   span<T> as(const char* operation = "BufferView::as") const {
-    DTRAIN_REQUIRE(dtype == dtype_of_v<T>, operation,
-                   "buffer holds " << name_of(dtype) << " but " << name_of(dtype_of_v<T>)
-                                   << " was requested");
+    DTRAIN_REQUIRE(
+        dtype == dtype_of_v<T>, operation,
+        "buffer holds " << name_of(dtype) << " but " << name_of(dtype_of_v<T>) << " was requested");
     return span<T>(static_cast<T*>(data), count);
   }
   /// Typed view of memory in any space (for kernels that accept device pointers).
   template <class T>
   span<T> as_any_space(const char* operation = "BufferView::as_any_space") const {
-    DTRAIN_REQUIRE(dtype == dtype_of_v<T>, operation,
-                   "buffer holds " << name_of(dtype) << " but " << name_of(dtype_of_v<T>)
-                                   << " was requested");
+    DTRAIN_REQUIRE(
+        dtype == dtype_of_v<T>, operation,
+        "buffer holds " << name_of(dtype) << " but " << name_of(dtype_of_v<T>) << " was requested");
     return span<T>(static_cast<T*>(data), count);
   }
   BufferView slice(std::size_t offset, std::size_t n) const {
