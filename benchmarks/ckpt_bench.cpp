@@ -1,0 +1,310 @@
+// ckpt_bench: checkpoint save bandwidth against a plain sequential write + fsync of the same
+// bytes to the same directory, restore time, and the cost of saving on the training step time.
+//
+//   ckpt_bench --dir DIR [--mb N] [--saves K] [--keep K] [--compare] [--steps S] [--passes P]
+//   mpiexec.mpich -n 2 ckpt_bench --dir DIR --mb 100 --saves 5 --compare
+//
+// Writes K checkpoints of about N MiB into DIR through the Checkpointer (automatic strategy,
+// keep-last policy) and leaves them there. --compare also times every other write strategy (in
+// DIR/compare-<strategy>, removed afterwards).
+#include <fcntl.h>
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <dtrain/ckpt/hdf5.hpp>
+#include <dtrain/core/rng.hpp>
+#include <dtrain/core/tensor.hpp>
+#include <dtrain/core/timer.hpp>
+
+#include "ckpt/mpi_comm.hpp"
+
+namespace {
+
+using Comm = dtrain::test::MpiTestComm;
+
+/// About `mib` MiB of f32 parameters as 4 MiB matrices plus a bias each (a stand-in for a model).
+struct BenchModel {
+  std::vector<dtrain::Tensor> w, b;
+  explicit BenchModel(double mib) {
+    const auto total = static_cast<std::int64_t>(mib * 1048576.0 / 4.0);
+    const std::int64_t rows = 1024, cols = 1024;  // 4 MiB
+    std::int64_t left = total;
+    dtrain::RngStream rng(3, 0);
+    while (left > 0) {
+      const std::int64_t r = std::max<std::int64_t>(1, std::min<std::int64_t>(rows, left / cols));
+      w.emplace_back(dtrain::Shape{r, cols}, dtrain::DType::f32);
+      b.emplace_back(dtrain::Shape{r}, dtrain::DType::f32);
+      for (auto& x : w.back().as<float>()) x = rng.uniform();
+      left -= r * cols + r;
+    }
+  }
+  std::size_t bytes() const {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < w.size(); ++i) n += w[i].bytes() + b[i].bytes();
+    return n;
+  }
+  template <class V>
+  void visit_state(V& v) {
+    for (std::size_t i = 0; i < w.size(); ++i) {
+      v.tensor("layer" + std::to_string(i) + "/weight", w[i].view(), w[i].shape());
+      v.tensor("layer" + std::to_string(i) + "/bias", b[i].view(), b[i].shape());
+    }
+  }
+  /// `passes` sweeps over every parameter: a stand-in for a step's compute.
+  void step(int passes = 1) {
+    for (int k = 0; k < passes; ++k)
+      for (auto& t : w)
+        for (auto& x : t.as<float>()) x = x * 0.9999f + 1e-5f;
+  }
+};
+
+struct Cursor {
+  std::int64_t epoch = 0, position = 0;
+  template <class V>
+  void visit_state(V& v) {
+    v.scalar("epoch", epoch);
+    v.scalar("position", position);
+  }
+};
+
+double max_over_ranks(double t) {
+  MPI_Allreduce(MPI_IN_PLACE, &t, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+  return t;
+}
+
+/// Rank 0 writes the model's bytes to a new file with write(2), then fsyncs it and the
+/// directory; the others wait. Files are kept `keep` deep like checkpoints, so both see the same
+/// pattern of deletions.
+double plain_write(const std::string& dir, const BenchModel& m, int rank, int k, int keep) {
+  MPI_Barrier(MPI_COMM_WORLD);
+  dtrain::Timer t;
+  const std::string path = dir + "/plain-write-" + std::to_string(k) + ".bin";
+  if (rank == 0) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+      std::perror("open");
+      std::exit(1);
+    }
+    auto put = [&](const dtrain::Tensor& x) {
+      const char* p = static_cast<const char*>(x.raw());
+      std::size_t left = x.bytes();
+      while (left) {
+        const ssize_t n = ::write(fd, p, left);
+        if (n <= 0) {
+          std::perror("write");
+          std::exit(1);
+        }
+        p += n;
+        left -= static_cast<std::size_t>(n);
+      }
+    };
+    for (std::size_t i = 0; i < m.w.size(); ++i) {
+      put(m.w[i]);
+      put(m.b[i]);
+    }
+    ::fsync(fd);
+    ::close(fd);
+    const std::string d = dir;
+    const int dfd = ::open(d.c_str(), O_RDONLY | O_DIRECTORY);
+    ::fsync(dfd);
+    ::close(dfd);
+    std::filesystem::remove(dir + "/plain-write-" + std::to_string(k - keep) + ".bin");
+  }
+  const double s = max_over_ranks(t.seconds());
+  MPI_Barrier(MPI_COMM_WORLD);
+  return s;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+void row(int rank, const char* what, const char* strategy, std::size_t bytes, double seconds,
+         double base_seconds) {
+  if (rank != 0) return;
+  const double mbs = seconds > 0 ? static_cast<double>(bytes) / seconds / 1e6 : 0;
+  if (base_seconds > 0)
+    std::printf("  %-22s %-16s %12zu %10.1f %9.1f %7.2f\n", what, strategy, bytes, seconds * 1e3,
+                mbs, base_seconds / seconds);
+  else
+    std::printf("  %-22s %-16s %12zu %10.1f %9.1f %7s\n", what, strategy, bytes, seconds * 1e3, mbs,
+                "-");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, p = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  std::string dir;
+  double mib = 100;
+  int saves = 5, keep = 3, steps = 20, passes = 10;
+  bool compare = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        if (rank == 0) std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+      return argv[++i];
+    };
+    if (a == "--dir")
+      dir = next();
+    else if (a == "--mb")
+      mib = std::atof(next().c_str());
+    else if (a == "--saves")
+      saves = std::atoi(next().c_str());
+    else if (a == "--keep")
+      keep = std::atoi(next().c_str());
+    else if (a == "--steps")
+      steps = std::atoi(next().c_str());
+    else if (a == "--passes")
+      passes = std::atoi(next().c_str());
+    else if (a == "--compare")
+      compare = true;
+    else {
+      if (rank == 0)
+        std::fprintf(stderr,
+                     "usage: ckpt_bench --dir DIR [--mb N] [--saves K] [--keep K] [--steps S] "
+                     "[--passes P] [--compare]\n");
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+  }
+  if (dir.empty() || saves < 1 || mib <= 0) {
+    if (rank == 0) std::fprintf(stderr, "ckpt_bench: --dir is required; --mb, --saves > 0\n");
+    MPI_Abort(MPI_COMM_WORLD, 2);
+  }
+  int code = 0;
+  try {
+    Comm comm(MPI_COMM_WORLD);
+    BenchModel model(mib);
+    Cursor cursor;
+    cursor.position = rank;
+    const std::size_t bytes = model.bytes();
+    if (rank == 0) std::filesystem::create_directories(dir);
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    auto run_saves = [&](const std::string& d, dtrain::CheckpointStrategy s, int n,
+                         std::vector<double>& base, std::vector<double>& save) {
+      dtrain::CheckpointOptions o;
+      o.keep_last = keep;
+      o.strategy = s;
+      o.config = "ckpt_bench --mb " + std::to_string(mib);
+      dtrain::Checkpointer<Comm> ckpt(comm, d, o);
+      for (int k = 1; k <= n; ++k) {
+        base.push_back(plain_write(d, model, rank, k, keep));  // interleaved: same disk, same noise
+        MPI_Barrier(MPI_COMM_WORLD);
+        dtrain::Timer t;
+        ckpt.save(k, dtrain::named("model", model), dtrain::per_rank("cursor", cursor));
+        save.push_back(max_over_ranks(t.seconds()));
+        model.step();
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank == 0)
+        for (int k = std::max(1, n - keep + 1); k <= n; ++k)
+          std::filesystem::remove(d + "/plain-write-" + std::to_string(k) + ".bin");
+      return ckpt.strategy();
+    };
+
+    if (rank == 0) {
+      std::printf(
+          "# ckpt_bench: p=%d transport=mpi dir=%s model=%.1f MiB (%zu tensors) saves=%d "
+          "keep_last=%d\n",
+          p, dir.c_str(), static_cast<double>(bytes) / 1048576.0, model.w.size() * 2, saves, keep);
+      std::printf(
+          "# MB/s = 1e6 B/s of model bytes; ratio = plain write time / this time "
+          "(median of the runs, plain write measured interleaved)\n");
+      std::printf("  %-22s %-16s %12s %10s %9s %7s\n", "what", "strategy", "bytes", "time(ms)",
+                  "MB/s", "ratio");
+    }
+    std::vector<double> base, save;
+    const auto used = run_saves(dir, dtrain::CheckpointStrategy::automatic, saves, base, save);
+    row(rank, "plain write+fsync", "-", bytes, median(base), 0);
+    row(rank, "save", dtrain::name_of(used), bytes, median(save), median(base));
+
+    if (compare) {
+      for (auto s : {dtrain::CheckpointStrategy::rank0, dtrain::CheckpointStrategy::parallel_rank0,
+                     dtrain::CheckpointStrategy::parallel_slices}) {
+        const std::string d = dir + "/compare-" + dtrain::name_of(s);
+        std::vector<double> b2, s2;
+        run_saves(d, s, saves, b2, s2);
+        row(rank, "plain write+fsync", "-", bytes, median(b2), 0);
+        row(rank, "save", dtrain::name_of(s), bytes, median(s2), median(b2));
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0) std::filesystem::remove_all(d);
+      }
+    }
+
+    {  // Restore: newest valid checkpoint into a fresh model (files are in the page cache).
+      std::vector<double> times;
+      for (int k = 0; k < 3; ++k) {
+        BenchModel fresh(mib);
+        Cursor c2;
+        dtrain::Checkpointer<Comm> ckpt(comm, dir, dtrain::CheckpointOptions{});
+        MPI_Barrier(MPI_COMM_WORLD);
+        dtrain::Timer t;
+        auto step =
+            ckpt.restore_latest(dtrain::named("model", fresh), dtrain::per_rank("cursor", c2));
+        times.push_back(max_over_ranks(t.seconds()));
+        if (!step || *step != saves || c2.position != rank)
+          dtrain::raise<dtrain::Error>("ckpt_bench", "restore returned the wrong checkpoint");
+      }
+      row(rank, "restore_latest", "-", bytes, median(times), 0);
+    }
+
+    {  // Step time: no checkpoint, a synchronous save every 5 steps, an asynchronous one.
+      const std::string d = dir + "/steps";
+      auto timed = [&](int mode) {
+        dtrain::CheckpointOptions o;
+        o.keep_last = 1;
+        o.every_steps = 5;
+        o.async = mode == 2;
+        o.prefix = "step";
+        dtrain::Checkpointer<Comm> ckpt(comm, d, o);
+        MPI_Barrier(MPI_COMM_WORLD);
+        dtrain::Timer t;
+        for (int s = 1; s <= steps; ++s) {
+          model.step(passes);
+          MPI_Allreduce(MPI_IN_PLACE, &cursor.position, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+          if (mode > 0)
+            ckpt.maybe_save(s, dtrain::named("model", model), dtrain::per_rank("cursor", cursor));
+        }
+        ckpt.wait();
+        return max_over_ranks(t.seconds()) / steps;
+      };
+      const double none = timed(0), sync = timed(1), async = timed(2);
+      if (rank == 0) {
+        std::printf(
+            "# step time over %d steps (%d passes over the parameters per step), a save "
+            "every 5 steps\n",
+            steps, passes);
+        std::printf("  %-22s %10.2f ms\n", "no checkpoint", none * 1e3);
+        std::printf("  %-22s %10.2f ms  (+%.1f%%)\n", "sync save", sync * 1e3,
+                    100.0 * (sync - none) / none);
+        std::printf("  %-22s %10.2f ms  (+%.1f%%)\n", "async save", async * 1e3,
+                    100.0 * (async - none) / none);
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank == 0) std::filesystem::remove_all(d);
+    }
+    if (rank == 0) std::printf("# checkpoints left in %s\n", dir.c_str());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ckpt_bench: %s\n", e.what());
+    code = 1;
+  }
+  MPI_Finalize();
+  return code;
+}

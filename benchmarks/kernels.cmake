@@ -1,0 +1,25 @@
+# kernels_bench: host GEMM paths against direct BLAS calls, and the MLP step split by phase.
+# With nvcc/hipcc the same source also builds kernels_bench_cuda / kernels_bench_hip, which add the
+# device kernels against the vendor BLAS and a device memcpy.
+set(_kb_link "")
+set(_kb_defs "")
+set(_kb_incs "")
+set(_kb_libs "")
+if(DTRAIN_HAVE_BLAS)
+  set(_kb_link dtrain::blas)
+  set(_kb_defs DTRAIN_HAVE_CBLAS=1)
+  set(_kb_incs "${DTRAIN_CBLAS_INCLUDE_DIR}")
+  # As -L/-l: nvcc's "-x cu" would otherwise read a library path as a source file.
+  get_filename_component(_kb_dir "${DTRAIN_CBLAS_LIBRARY}" DIRECTORY)
+  get_filename_component(_kb_name "${DTRAIN_CBLAS_LIBRARY}" NAME_WE)
+  string(REGEX REPLACE "^lib" "" _kb_name "${_kb_name}")
+  set(_kb_libs "-L${_kb_dir}" "-l${_kb_name}")
+endif()
+dtrain_add_benchmark(NAME kernels_bench SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cpp LINK ${_kb_link})
+
+include("${PROJECT_SOURCE_DIR}/cmake/dtrain_gpu.cmake")
+foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
+  dtrain_add_gpu_executable(NAME kernels_bench_${_dialect}
+    SOURCE "${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cpp" DIALECT ${_dialect}
+    DEFINES ${_kb_defs} INCLUDES ${_kb_incs} LIBS ${_kb_libs})
+endforeach()

@@ -1,0 +1,431 @@
+// dtrain: the in-memory form of a checkpoint (entries with paths, shapes, scalars, checksums),
+// the visitors that build it from objects and apply it back, and a byte encoding used to move
+// it between ranks. No file format here: see <dtrain/ckpt/hdf5.hpp>.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <set>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/serializer.hpp>
+#include <dtrain/core/dtype.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/span.hpp>
+#include <dtrain/core/tensor.hpp>
+
+namespace dtrain::detail {
+
+/// Version of the on-disk schema described in docs/checkpoint-format.md.
+inline constexpr std::int64_t checkpoint_format_version = 1;
+inline constexpr const char* checkpoint_format_name = "dtrain-checkpoint";
+
+enum class EntryKind : std::uint8_t { tensor = 0, i64 = 1, f64 = 2, str = 3 };
+
+/// One tensor or scalar. `path` is absolute in the file: "/model/fc1/weight" for replicated
+/// state, "/ranks/3/sampler/cursor" for rank 3's per-rank state.
+struct CkptEntry {
+  std::string path;
+  EntryKind kind = EntryKind::tensor;
+  DType dtype = DType::f32;
+  Shape shape;
+  std::uint32_t crc = 0;
+  std::int64_t i64 = 0;
+  double f64 = 0;
+  std::string str;
+  int owner = -1;                      // -1: replicated; r >= 0: per-rank state of rank r
+  const void* data = nullptr;          // tensor bytes, valid on ranks that hold them
+  std::vector<unsigned char> storage;  // owned bytes (snapshot, gathered or loaded)
+
+  std::size_t bytes() const { return element_count(shape) * size_of(dtype); }
+  /// Points `data` at an owned copy of the current bytes.
+  void take_copy() {
+    if (kind != EntryKind::tensor) return;
+    const std::size_t n = bytes();
+    storage.resize(n);
+    if (n) std::memcpy(storage.data(), data, n);
+    data = storage.data();
+  }
+};
+
+/// A whole checkpoint: metadata plus entries in visiting order.
+struct CkptManifest {
+  std::int64_t format_version = checkpoint_format_version;
+  std::int64_t step = 0;
+  std::int64_t world_size = 1;
+  std::string library_version;
+  std::string config;
+  std::string strategy;
+  double created_unix = 0;
+  std::vector<CkptEntry> entries;
+  /// Called by a writer after all tensor data is written and before checksums are stored, so
+  /// that checksums may still be in the making while the data is written.
+  std::function<void()> before_checksums;
+};
+
+inline std::string parent_path(const std::string& p) {
+  const auto k = p.rfind('/');
+  return k == 0 || k == std::string::npos ? std::string("/") : p.substr(0, k);
+}
+inline std::string leaf_name(const std::string& p) {
+  const auto k = p.rfind('/');
+  return k == std::string::npos ? p : p.substr(k + 1);
+}
+
+/// Throws InvalidArgument unless `name` is a relative '/'-separated path of non-empty components
+/// other than "." and "..".
+inline void check_state_name(const std::string& name, const char* operation) {
+  bool ok = !name.empty() && name.front() != '/' && name.back() != '/' &&
+            name.find("//") == std::string::npos && name.find('\0') == std::string::npos;
+  if (ok) {
+    std::size_t start = 0;
+    while (start <= name.size()) {
+      auto end = name.find('/', start);
+      if (end == std::string::npos) end = name.size();
+      const std::string c = name.substr(start, end - start);
+      if (c == "." || c == "..") ok = false;
+      start = end + 1;
+    }
+  }
+  DTRAIN_REQUIRE(ok, operation,
+                 "invalid state name '" << name
+                                        << "' (use non-empty '/'-separated names without '.' or "
+                                           "'..' components)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar conversions: the protocol stores int64, double and string; integral and floating
+// members of other widths are accepted and range-checked on load.
+
+template <class S>
+inline constexpr bool is_int_scalar_v = std::is_integral_v<S> && !std::is_same_v<S, bool>;
+
+template <class S>
+EntryKind scalar_kind() {
+  if constexpr (std::is_same_v<S, std::string>)
+    return EntryKind::str;
+  else if constexpr (std::is_floating_point_v<S>)
+    return EntryKind::f64;
+  else {
+    static_assert(std::is_integral_v<S>,
+                  "checkpoint scalars must be integers, floating point or std::string");
+    return EntryKind::i64;
+  }
+}
+
+inline const char* kind_name(EntryKind k) {
+  switch (k) {
+    case EntryKind::tensor: return "tensor";
+    case EntryKind::i64: return "integer scalar";
+    case EntryKind::f64: return "floating scalar";
+    case EntryKind::str: return "string scalar";
+  }
+  return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Save side: walks objects and records views (no copy).
+
+class SaveCollector {
+ public:
+  SaveCollector(std::vector<CkptEntry>& out, std::string prefix, int owner)
+      : out_(out), prefix_(std::move(prefix)), owner_(owner) {}
+
+  void tensor(const std::string& name, BufferView view, Shape shape) {
+    check_state_name(name, "checkpoint save");
+    const std::string path = prefix_ + "/" + name;
+    const std::size_t n = element_count(shape, "checkpoint save");
+    DTRAIN_REQUIRE(view.count == n, "checkpoint save",
+                   "tensor " << path << ": view holds " << view.count << " elements but shape "
+                             << to_string(shape) << " needs " << n);
+    DTRAIN_REQUIRE(view.space == Space::host, "checkpoint save",
+                   "tensor " << path << " lives in " << name_of(view.space)
+                             << " memory; checkpoints read host memory (stage it on the host)");
+    DTRAIN_REQUIRE(n == 0 || view.data != nullptr, "checkpoint save",
+                   "tensor " << path << " has a null data pointer");
+    CkptEntry e;
+    e.path = path;
+    e.kind = EntryKind::tensor;
+    e.dtype = view.dtype;
+    e.shape = std::move(shape);
+    e.owner = owner_;
+    e.data = view.data;
+    out_.push_back(std::move(e));
+  }
+
+  template <class S>
+  void scalar(const std::string& name, S& value) {
+    check_state_name(name, "checkpoint save");
+    CkptEntry e;
+    e.path = prefix_ + "/" + name;
+    e.kind = scalar_kind<std::remove_cv_t<S>>();
+    e.owner = owner_;
+    if constexpr (std::is_same_v<S, std::string>)
+      e.str = value;
+    else if constexpr (std::is_floating_point_v<S>)
+      e.f64 = static_cast<double>(value);
+    else {
+      if constexpr (std::is_unsigned_v<S> && sizeof(S) >= 8)
+        DTRAIN_REQUIRE(
+            value <= static_cast<S>(std::numeric_limits<std::int64_t>::max()), "checkpoint save",
+            "scalar " << e.path << " = " << value << " does not fit a signed 64-bit integer");
+      e.i64 = static_cast<std::int64_t>(value);
+    }
+    out_.push_back(std::move(e));
+  }
+
+  template <class U>
+  void child(const std::string& name, U& sub) {
+    check_state_name(name, "checkpoint save");
+    const std::string saved = prefix_;
+    prefix_ += "/" + name;
+    visit_object(*this, sub);
+    prefix_ = saved;
+  }
+
+  bool loading() const { return false; }
+
+ private:
+  std::vector<CkptEntry>& out_;
+  std::string prefix_;
+  int owner_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Load side. One visitor, two modes: `check` compares names, kinds, dtypes and shapes against the
+// file without touching the object (it reports loading() == false so the object only reads
+// itself); `apply` writes scalars and hands each tensor to a fetch callback that fills it.
+
+class LoadVisitor {
+ public:
+  enum class Mode { check, apply };
+  using Index = std::map<std::string, const CkptEntry*>;
+  using Fetch = void (*)(void* ctx, const CkptEntry& entry, BufferView dst);
+
+  LoadVisitor(const Index& index, std::string prefix, Mode mode, Fetch fetch = nullptr,
+              void* ctx = nullptr)
+      : index_(index), prefix_(std::move(prefix)), mode_(mode), fetch_(fetch), ctx_(ctx) {}
+
+  /// First problem found in check mode (empty when none).
+  const std::string& mismatch() const { return mismatch_; }
+  /// Paths visited, in order, with shapes: all ranks must agree on it for replicated state.
+  const std::string& trace() const { return trace_; }
+  const std::set<std::string>& visited() const { return visited_; }
+
+  void tensor(const std::string& name, BufferView view, Shape shape) {
+    check_state_name(name, "checkpoint restore");
+    const std::string path = prefix_ + "/" + name;
+    visited_.insert(path);
+    trace_ += path + to_string(shape) + name_of(view.dtype) + ";";
+    const CkptEntry* e = find(path, EntryKind::tensor);
+    if (!e) return;
+    const std::size_t n = element_count(shape, "checkpoint restore");
+    if (mode_ == Mode::check) {
+      if (e->dtype != view.dtype)
+        note(path, std::string("dtype differs: checkpoint ") + name_of(e->dtype) + ", object " +
+                       name_of(view.dtype));
+      else if (e->shape != shape)
+        note(path,
+             "shape differs: checkpoint " + to_string(e->shape) + ", object " + to_string(shape));
+      else if (view.count != n)
+        note(path, "view holds " + std::to_string(view.count) + " elements but shape " +
+                       to_string(shape) + " needs " + std::to_string(n));
+      else if (view.space != Space::host)
+        note(path, std::string("tensor lives in ") + name_of(view.space) +
+                       " memory; checkpoints restore into host memory");
+      return;
+    }
+    fetch_(ctx_, *e, view);
+  }
+
+  template <class S>
+  void scalar(const std::string& name, S& value) {
+    check_state_name(name, "checkpoint restore");
+    const std::string path = prefix_ + "/" + name;
+    visited_.insert(path);
+    trace_ += path + ";";
+    using T = std::remove_cv_t<S>;
+    const CkptEntry* e = find(path, scalar_kind<T>());
+    if (!e) return;
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (mode_ == Mode::apply) value = e->str;
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (mode_ == Mode::apply) value = static_cast<T>(e->f64);
+    } else {
+      bool fits;
+      if constexpr (std::is_same_v<T, bool>)
+        fits = e->i64 == 0 || e->i64 == 1;
+      else if constexpr (std::is_signed_v<T>)
+        fits = e->i64 >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
+               e->i64 <= static_cast<std::int64_t>(std::numeric_limits<T>::max());
+      else
+        fits = e->i64 >= 0 && static_cast<std::uint64_t>(e->i64) <=
+                                  static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+      if (!fits && mode_ == Mode::check)
+        note(path, "value " + std::to_string(e->i64) + " does not fit the object's integer type");
+      if (fits && mode_ == Mode::apply) value = static_cast<T>(e->i64);
+    }
+  }
+
+  template <class U>
+  void child(const std::string& name, U& sub) {
+    check_state_name(name, "checkpoint restore");
+    const std::string saved = prefix_;
+    prefix_ += "/" + name;
+    visit_object(*this, sub);
+    prefix_ = saved;
+  }
+
+  bool loading() const { return mode_ == Mode::apply; }
+
+ private:
+  const CkptEntry* find(const std::string& path, EntryKind kind) {
+    auto it = index_.find(path);
+    if (it == index_.end()) {
+      note(path, std::string(kind_name(kind)) + " not found in the checkpoint");
+      return nullptr;
+    }
+    if (it->second->kind != kind) {
+      note(path, std::string("checkpoint holds a ") + kind_name(it->second->kind) +
+                     " where the object has a " + kind_name(kind));
+      return nullptr;
+    }
+    return it->second;
+  }
+  void note(const std::string& path, const std::string& what) {
+    if (mismatch_.empty()) mismatch_ = path + ": " + what;
+  }
+
+  const Index& index_;
+  std::string prefix_;
+  Mode mode_;
+  Fetch fetch_;
+  void* ctx_;
+  std::string mismatch_;
+  std::string trace_;
+  std::set<std::string> visited_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Byte encoding for moving entries between ranks (little-endian host order is assumed equal on
+// all ranks of one job).
+
+class BlobWriter {
+ public:
+  void put_i64(std::int64_t v) { put_raw(&v, 8); }
+  void put_f64(double v) { put_raw(&v, 8); }
+  void put_str(const std::string& s) {
+    put_i64(static_cast<std::int64_t>(s.size()));
+    put_raw(s.data(), s.size());
+  }
+  void put_raw(const void* p, std::size_t n) {
+    const auto* b = static_cast<const unsigned char*>(p);
+    buf_.insert(buf_.end(), b, b + n);
+  }
+  std::vector<unsigned char>& bytes() { return buf_; }
+
+ private:
+  std::vector<unsigned char> buf_;
+};
+
+class BlobReader {
+ public:
+  BlobReader(const unsigned char* p, std::size_t n) : p_(p), n_(n) {}
+  std::int64_t get_i64() {
+    std::int64_t v;
+    get_raw(&v, 8);
+    return v;
+  }
+  double get_f64() {
+    double v;
+    get_raw(&v, 8);
+    return v;
+  }
+  std::string get_str() {
+    const auto n = get_i64();
+    need(static_cast<std::size_t>(n));
+    std::string s(reinterpret_cast<const char*>(p_ + off_), static_cast<std::size_t>(n));
+    off_ += static_cast<std::size_t>(n);
+    return s;
+  }
+  void get_raw(void* dst, std::size_t n) {
+    need(n);
+    if (n) std::memcpy(dst, p_ + off_, n);
+    off_ += n;
+  }
+  bool done() const { return off_ == n_; }
+
+ private:
+  void need(std::size_t n) {
+    if (n > n_ - off_) raise<Error>("checkpoint exchange", "truncated message between ranks");
+  }
+  const unsigned char* p_;
+  std::size_t n_;
+  std::size_t off_ = 0;
+};
+
+inline void encode_entry(BlobWriter& w, const CkptEntry& e, bool with_data) {
+  w.put_str(e.path);
+  w.put_i64(static_cast<std::int64_t>(e.kind));
+  w.put_i64(static_cast<std::int64_t>(e.dtype));
+  w.put_i64(static_cast<std::int64_t>(e.shape.size()));
+  for (auto d : e.shape) w.put_i64(d);
+  w.put_i64(static_cast<std::int64_t>(e.crc));
+  w.put_i64(e.i64);
+  w.put_f64(e.f64);
+  w.put_str(e.str);
+  w.put_i64(e.owner);
+  const bool data = with_data && e.kind == EntryKind::tensor;
+  w.put_i64(data ? 1 : 0);
+  if (data) w.put_raw(e.data, e.bytes());
+}
+
+inline CkptEntry decode_entry(BlobReader& r) {
+  CkptEntry e;
+  e.path = r.get_str();
+  e.kind = static_cast<EntryKind>(r.get_i64());
+  e.dtype = static_cast<DType>(r.get_i64());
+  e.shape.resize(static_cast<std::size_t>(r.get_i64()));
+  for (auto& d : e.shape) d = r.get_i64();
+  e.crc = static_cast<std::uint32_t>(r.get_i64());
+  e.i64 = r.get_i64();
+  e.f64 = r.get_f64();
+  e.str = r.get_str();
+  e.owner = static_cast<int>(r.get_i64());
+  if (r.get_i64()) {
+    e.storage.resize(e.bytes());
+    r.get_raw(e.storage.data(), e.storage.size());
+    e.data = e.storage.data();
+  }
+  return e;
+}
+
+inline void encode_header(BlobWriter& w, const CkptManifest& m) {
+  w.put_i64(m.format_version);
+  w.put_i64(m.step);
+  w.put_i64(m.world_size);
+  w.put_str(m.library_version);
+  w.put_str(m.config);
+  w.put_str(m.strategy);
+  w.put_f64(m.created_unix);
+}
+
+inline void decode_header(BlobReader& r, CkptManifest& m) {
+  m.format_version = r.get_i64();
+  m.step = r.get_i64();
+  m.world_size = r.get_i64();
+  m.library_version = r.get_str();
+  m.config = r.get_str();
+  m.strategy = r.get_str();
+  m.created_unix = r.get_f64();
+}
+
+}  // namespace dtrain::detail

@@ -1,0 +1,264 @@
+// dtrain: what a transport must provide, checked at compile time.
+//
+// A transport moves bytes between the ranks of one fixed group. The collective algorithms
+// (<dtrain/comm/communicator.hpp>) are written once against this vocabulary:
+//
+//   using Request = ...;                       default-constructible handle of one operation;
+//                                              it must not move while the operation is active
+//   int rank() const;  int size() const;
+//   void isend(Request&, int peer, int tag, const void* data, std::size_t bytes);
+//   void irecv(Request&, int peer, int tag, void* data, std::size_t bytes);
+//   bool test(Request&);                       non-blocking; true once complete
+//   bool wait_until(Request&, const Deadline&) blocking; false when the deadline passed first
+//   void cancel(Request&) noexcept;            abandons an active operation (error paths)
+//   MemoryRegion register_memory(void*, std::size_t, Space);   plan-time registration hook
+//   void deregister_memory(MemoryRegion&) noexcept;
+//
+// Messages between one (sender, receiver, tag) triple match in the order they were posted, and a
+// receive names the exact byte count the matching send carries. Ranks never post a send to
+// themselves. Sends may complete before the receiver posts (buffered) or only once matched
+// (rendezvous): the algorithms never depend on either.
+//
+// One-sided, pre-registered transports (RDMA verbs) fit this vocabulary because every plan
+// registers all the memory it will ever send from or receive into at construction
+// (register_memory) and then replays the same (peer, tag, address, bytes) pattern on each
+// execution. Such a transport can exchange remote addresses and keys on the first execution of a
+// pattern and afterwards turn each isend into a single RDMA write with immediate data into the
+// peer's already known receive buffer; the algorithms stay unchanged.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdlib>
+#include <string>
+#include <cstdint>
+#include <new>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <dtrain/core/space.hpp>
+#include <dtrain/core/timer.hpp>
+
+namespace dtrain {
+
+/// A registered memory range, as returned by a transport's register_memory. `key` is whatever the
+/// transport needs to reach the memory remotely (0 for transports that need nothing).
+struct MemoryRegion {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+  Space space = Space::host;
+  std::uint64_t key = 0;
+  void* handle = nullptr;  ///< transport-private (e.g. an ibv_mr*)
+};
+
+/// Optional transport capability: segments of memory that every rank of the group maps directly
+/// (all ranks on one node), with per-slot counters for synchronisation. A transport offers it
+/// through `SharedSegments* shared_segments() noexcept` (null when the ranks do not share a
+/// node); the `shm` all-reduce then exchanges data by loads and stores instead of messages.
+/// Rank q's segment holds `slots` slots of `slot_bytes` bytes; its counters are monotonically
+/// increasing chunk numbers (3 per slot: input copied in, part reduced, slot read out), each on
+/// its own cache line. The view is local to one rank; the memory is shared.
+struct SharedSegments {
+  int rank = 0;
+  int size = 1;
+  int slots = 0;
+  std::size_t slot_bytes = 0;
+  std::vector<unsigned char*> data;               ///< data[q]: rank q's slots
+  std::vector<std::atomic<std::uint64_t>*> flags;  ///< flags[q]: rank q's counters
+  std::uint64_t next_chunk = 0;                    ///< chunks this rank has processed so far
+
+  static constexpr std::size_t kFlagStride = 8;  // uint64 per counter: one 64-byte line each
+  static std::size_t flag_bytes(int slots) noexcept {
+    return 3 * static_cast<std::size_t>(slots) * kFlagStride * sizeof(std::uint64_t);
+  }
+  std::atomic<std::uint64_t>& flag(int q, int kind, int slot) const noexcept {
+    return flags[static_cast<std::size_t>(q)][(static_cast<std::size_t>(kind) * slots + slot) *
+                                               kFlagStride];
+  }
+  unsigned char* slot(int q, int s) const noexcept {
+    return data[static_cast<std::size_t>(q)] + static_cast<std::size_t>(s) * slot_bytes;
+  }
+  /// Lays out one rank's segment: `flag_mem` (flag_bytes(slots), 64-byte aligned) gets zeroed
+  /// counters constructed in place.
+  static void init_flags(void* flag_mem, int slots) noexcept {
+    auto* f = static_cast<std::atomic<std::uint64_t>*>(flag_mem);
+    for (std::size_t i = 0; i < 3 * static_cast<std::size_t>(slots) * kFlagStride; ++i)
+      new (&f[i]) std::atomic<std::uint64_t>(0);
+  }
+};
+namespace detail {
+/// Shared-segment sizing from the environment: DTRAIN_SHM=0 disables the capability,
+/// DTRAIN_SHM_SLOT_BYTES (default 256 KiB, the pipelining chunk) and DTRAIN_SHM_SLOTS (default 4,
+/// how many chunks may be in flight).
+struct SharedSegmentConfig {
+  bool enabled = true;
+  std::size_t slot_bytes = 256 * 1024;
+  int slots = 4;
+  static SharedSegmentConfig from_env() {
+    SharedSegmentConfig c;
+    if (const char* s = std::getenv("DTRAIN_SHM")) c.enabled = std::string(s) != "0";
+    if (const char* s = std::getenv("DTRAIN_SHM_SLOT_BYTES")) {
+      const long long v = std::atoll(s);
+      if (v >= 256) c.slot_bytes = static_cast<std::size_t>(v) / 64 * 64;
+    }
+    if (const char* s = std::getenv("DTRAIN_SHM_SLOTS")) {
+      const int v = std::atoi(s);
+      if (v >= 2 && v <= 64) c.slots = v;
+    }
+    return c;
+  }
+  /// Bytes of one rank's segment: the slots, then the counters.
+  std::size_t segment_bytes() const noexcept {
+    return static_cast<std::size_t>(slots) * slot_bytes + SharedSegments::flag_bytes(slots);
+  }
+};
+}  // namespace detail
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+              "shared-memory counters must be lock-free to work across processes");
+
+/// Capabilities of a transport. Specialise (or give the transport static constexpr members of
+/// the same names, which the primary template picks up) to advertise more.
+template <class T, class = void>
+struct transport_capabilities {
+  /// isend/irecv accept device pointers (GPU-aware MPI, GPUDirect RDMA).
+  static constexpr bool supports_device_memory = false;
+  /// isend/irecv require the memory to lie inside a region from register_memory.
+  static constexpr bool requires_registration = false;
+  /// The transport is one-sided underneath and benefits from plans that replay one pattern.
+  static constexpr bool one_sided = false;
+  /// A second thread may drive this transport while the owner thread waits on a queue (needed
+  /// for the communicator's progress thread). Transports decide at run time via
+  /// `bool allows_progress_thread() const` when they have it.
+  static constexpr bool thread_safe = true;
+};
+
+namespace detail {
+
+template <class T, class = void>
+struct has_request_type : std::false_type {};
+template <class T>
+struct has_request_type<T, std::void_t<typename T::Request>> : std::true_type {};
+
+template <class T, class = void>
+struct has_rank_size : std::false_type {};
+template <class T>
+struct has_rank_size<T, std::void_t<decltype(int{std::declval<const T&>().rank()}),
+                                    decltype(int{std::declval<const T&>().size()})>>
+    : std::true_type {};
+
+template <class T, class = void>
+struct has_isend : std::false_type {};
+template <class T>
+struct has_isend<T, std::void_t<decltype(std::declval<T&>().isend(
+                        std::declval<typename T::Request&>(), 0, 0,
+                        static_cast<const void*>(nullptr), std::size_t{}))>> : std::true_type {};
+
+template <class T, class = void>
+struct has_irecv : std::false_type {};
+template <class T>
+struct has_irecv<T, std::void_t<decltype(std::declval<T&>().irecv(
+                        std::declval<typename T::Request&>(), 0, 0, static_cast<void*>(nullptr),
+                        std::size_t{}))>> : std::true_type {};
+
+template <class T, class = void>
+struct has_test : std::false_type {};
+template <class T>
+struct has_test<T, std::enable_if_t<std::is_same_v<
+                       bool, decltype(std::declval<T&>().test(
+                                 std::declval<typename T::Request&>()))>>> : std::true_type {};
+
+template <class T, class = void>
+struct has_wait_until : std::false_type {};
+template <class T>
+struct has_wait_until<
+    T, std::enable_if_t<std::is_same_v<bool, decltype(std::declval<T&>().wait_until(
+                                                 std::declval<typename T::Request&>(),
+                                                 std::declval<const Deadline&>()))>>>
+    : std::true_type {};
+
+template <class T, class = void>
+struct has_cancel : std::false_type {};
+template <class T>
+struct has_cancel<T, std::void_t<decltype(std::declval<T&>().cancel(
+                         std::declval<typename T::Request&>()))>> : std::true_type {};
+
+template <class T, class = void>
+struct has_registration : std::false_type {};
+template <class T>
+struct has_registration<
+    T, std::enable_if_t<std::is_same_v<MemoryRegion, decltype(std::declval<T&>().register_memory(
+                                                         static_cast<void*>(nullptr),
+                                                         std::size_t{}, Space::host))>,
+                        std::void_t<decltype(std::declval<T&>().deregister_memory(
+                            std::declval<MemoryRegion&>()))>>> : std::true_type {};
+
+template <class T, class = void>
+struct has_progress_query : std::false_type {};
+template <class T>
+struct has_progress_query<
+    T, std::void_t<decltype(bool{std::declval<const T&>().allows_progress_thread()})>>
+    : std::true_type {};
+
+template <class T, class = void>
+struct has_shared_segments : std::false_type {};
+template <class T>
+struct has_shared_segments<
+    T, std::enable_if_t<std::is_same_v<SharedSegments*,
+                                       decltype(std::declval<T&>().shared_segments())>>>
+    : std::true_type {};
+
+}  // namespace detail
+
+/// The transport's node-shared segments, or null when it has none (or the ranks span nodes).
+template <class T>
+SharedSegments* shared_segments_of(T& t) noexcept {
+  if constexpr (detail::has_shared_segments<T>::value)
+    return t.shared_segments();
+  else
+    return nullptr;
+}
+
+/// True when T provides every member the collectives need (see the top of this header).
+template <class T>
+inline constexpr bool is_transport_v =
+    detail::has_request_type<T>::value && detail::has_rank_size<T>::value &&
+    detail::has_isend<T>::value && detail::has_irecv<T>::value && detail::has_test<T>::value &&
+    detail::has_wait_until<T>::value && detail::has_cancel<T>::value &&
+    detail::has_registration<T>::value;
+
+namespace detail {
+/// Fires one static_assert per missing member so the compiler names what is wrong.
+template <class T>
+constexpr bool check_transport() {
+  static_assert(has_request_type<T>::value, "dtrain transport: missing nested type `Request`");
+  static_assert(has_rank_size<T>::value,
+                "dtrain transport: missing `int rank() const` / `int size() const`");
+  static_assert(has_isend<T>::value,
+                "dtrain transport: missing `void isend(Request&, int peer, int tag, const void*, "
+                "std::size_t)`");
+  static_assert(has_irecv<T>::value,
+                "dtrain transport: missing `void irecv(Request&, int peer, int tag, void*, "
+                "std::size_t)`");
+  static_assert(has_test<T>::value, "dtrain transport: missing `bool test(Request&)`");
+  static_assert(has_wait_until<T>::value,
+                "dtrain transport: missing `bool wait_until(Request&, const Deadline&)`");
+  static_assert(has_cancel<T>::value, "dtrain transport: missing `void cancel(Request&) noexcept`");
+  static_assert(has_registration<T>::value,
+                "dtrain transport: missing `MemoryRegion register_memory(void*, std::size_t, "
+                "Space)` / `void deregister_memory(MemoryRegion&)`");
+  return true;
+}
+
+/// Whether a progress thread may drive transport `t` (a run-time answer where T offers one).
+template <class T>
+bool transport_allows_progress_thread(const T& t) {
+  if constexpr (has_progress_query<T>::value)
+    return t.allows_progress_thread();
+  else
+    return transport_capabilities<T>::thread_safe;
+}
+}  // namespace detail
+
+}  // namespace dtrain

@@ -1,0 +1,94 @@
+// dtrain: private HDF5 helpers for the data subsystem: error capture, handles, a process lock.
+#pragma once
+
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include <hdf5.h>
+
+#include <dtrain/core/error.hpp>
+
+namespace dtrain {
+namespace detail {
+
+/// The HDF5 builds we target are not thread-safe (no H5_HAVE_THREADSAFE), yet a Loader reads from
+/// its own thread. Every HDF5 call of the data subsystem holds this process-wide lock; other code
+/// that calls HDF5 while a Loader may be reading an Hdf5Dataset must hold it too.
+inline std::recursive_mutex& h5_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
+
+/// Turns off HDF5's automatic printing of its error stack (we put the stack into the exception
+/// message instead). Idempotent; call with h5_mutex held.
+inline void h5_quiet() noexcept { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+/// The current HDF5 error stack as one line ("msg (function); msg (function)"), then clears it.
+inline std::string h5_error_stack() {
+  std::string out;
+  auto walk = [](unsigned n, const H5E_error2_t* e, void* data) -> herr_t {
+    auto& s = *static_cast<std::string*>(data);
+    if (n >= 6) return 0;  // the innermost entries are the informative ones; keep it short
+    if (!s.empty()) s += "; ";
+    char minor[128] = {0};
+    if (H5Eget_msg(e->min_num, nullptr, minor, sizeof minor) < 0) minor[0] = 0;
+    s += e->desc && *e->desc ? e->desc : minor;
+    if (minor[0] && e->desc && *e->desc) s += std::string(" [") + minor + "]";
+    if (e->func_name) s += std::string(" (") + e->func_name + ")";
+    return 0;
+  };
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &out);
+  H5Eclear2(H5E_DEFAULT);
+  return out.empty() ? "no HDF5 error stack" : "HDF5: " + out;
+}
+
+/// Owns an hid_t and closes it with the matching H5?close. Move-only.
+class H5Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  H5Handle() = default;
+  H5Handle(hid_t id, Closer c) noexcept : id_(id), close_(c) {}
+  ~H5Handle() { reset(); }
+  H5Handle(H5Handle&& o) noexcept : id_(std::exchange(o.id_, -1)), close_(o.close_) {}
+  H5Handle& operator=(H5Handle&& o) noexcept {
+    if (this != &o) {
+      reset();
+      id_ = std::exchange(o.id_, -1);
+      close_ = o.close_;
+    }
+    return *this;
+  }
+  H5Handle(const H5Handle&) = delete;
+  H5Handle& operator=(const H5Handle&) = delete;
+  hid_t get() const noexcept { return id_; }
+  explicit operator bool() const noexcept { return id_ >= 0; }
+  void reset() noexcept {
+    if (id_ >= 0 && close_) {
+      std::lock_guard<std::recursive_mutex> lock(h5_mutex());
+      close_(id_);
+    }
+    id_ = -1;
+  }
+
+ private:
+  hid_t id_ = -1;
+  Closer close_ = nullptr;
+};
+
+}  // namespace detail
+}  // namespace dtrain
+
+/// Throws dtrain::IoError when an HDF5 call's result (herr_t, hid_t or htri_t) is negative; the
+/// message names the operation, `stream_expr` (say which file and dataset) and the HDF5 error
+/// stack. Call with detail::h5_mutex() held.
+/// Usage: DTRAIN_CHECK_H5(H5Dread(...), "Hdf5Dataset::read", "'" << file << "' dataset " << name);
+#define DTRAIN_CHECK_H5(result, operation, stream_expr)                           \
+  do {                                                                            \
+    if ((result) < 0) {                                                           \
+      std::ostringstream dtrain_h5_os_;                                           \
+      dtrain_h5_os_ << stream_expr << ": " << ::dtrain::detail::h5_error_stack(); \
+      ::dtrain::raise<::dtrain::IoError>((operation), dtrain_h5_os_.str());       \
+    }                                                                             \
+  } while (0)

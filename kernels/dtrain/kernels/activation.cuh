@@ -1,0 +1,100 @@
+// dtrain: device bias + activation, forward and backward (fused), for CUDA and HIP.
+// Host references: <dtrain/kernels/host/activation.hpp>.
+#pragma once
+
+#include <cstdint>
+
+#include <dtrain/kernels/device_math.cuh>
+#include <dtrain/kernels/gpu.hpp>
+#include <dtrain/kernels/host/activation.hpp>
+
+namespace dtrain {
+namespace gpu {
+
+namespace kernels {
+template <class T>
+__device__ inline T act(host::Activation f, T x) {
+  switch (f) {
+    case host::Activation::identity: return x;
+    case host::Activation::relu: return x > T(0) ? x : T(0);
+    case host::Activation::gelu:
+      return T(0.5) * x * (T(1) + math::erf(x * T(0.70710678118654752440)));
+    case host::Activation::tanh: return math::tanh(x);
+  }
+  return x;
+}
+template <class T>
+__device__ inline T act_grad(host::Activation f, T x, T y) {
+  switch (f) {
+    case host::Activation::identity: return T(1);
+    case host::Activation::relu: return x > T(0) ? T(1) : T(0);
+    case host::Activation::gelu: {
+      const T cdf = T(0.5) * (T(1) + math::erf(x * T(0.70710678118654752440)));
+      return cdf + x * T(0.39894228040143267794) * math::exp(T(-0.5) * x * x);
+    }
+    case host::Activation::tanh: return T(1) - y * y;
+  }
+  return T(1);
+}
+
+template <class T>
+__global__ void bias_act_forward(host::Activation f, const T* __restrict__ z,
+                                 const T* __restrict__ bias, T* __restrict__ pre, T* __restrict__ y,
+                                 std::int64_t rows, std::int64_t cols) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    const T v = bias ? z[i] + bias[i % cols] : z[i];
+    if (pre) pre[i] = v;
+    y[i] = act(f, v);
+  }
+}
+
+template <class T>
+__global__ void act_backward(host::Activation f, const T* __restrict__ pre, const T* __restrict__ y,
+                             const T* __restrict__ dy, T* __restrict__ dpre, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    dpre[i] = dy[i] * act_grad(f, pre[i], y[i]);
+}
+
+// One thread per column walks the rows: coalesced across the warp and deterministic.
+template <class T>
+__global__ void column_sum_add(const T* __restrict__ x, T* __restrict__ out, std::int64_t rows,
+                               std::int64_t cols) {
+  for (std::size_t c = global_thread(); c < static_cast<std::size_t>(cols); c += grid_threads()) {
+    T s = T(0);
+    for (std::int64_t r = 0; r < rows; ++r) s += x[r * cols + c];
+    out[c] += s;
+  }
+}
+}  // namespace kernels
+
+/// y = f(z + bias) over [rows, cols]; `pre` (optional) keeps z + bias for backward; `bias` may be
+/// null. Device pointers, asynchronous on `stream`.
+template <class T>
+void bias_act_forward(host::Activation f, const T* z, const T* bias, T* pre, T* y,
+                      std::int64_t rows, std::int64_t cols, stream_t stream = nullptr) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  if (n == 0) return;
+  kernels::bias_act_forward<T>
+      <<<blocks_for(n, 256), 256, 0, stream>>>(f, z, bias, pre, y, rows, cols);
+  check_launch("gpu::bias_act_forward");
+}
+
+/// dpre = dy * f'(pre) (y = f(pre) is used by tanh); when `dbias` is not null it accumulates the
+/// column sums of dpre. dpre may alias dy. Device pointers, asynchronous on `stream`.
+template <class T>
+void bias_act_backward(host::Activation f, const T* pre, const T* y, const T* dy, T* dpre, T* dbias,
+                       std::int64_t rows, std::int64_t cols, stream_t stream = nullptr) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  if (n == 0) return;
+  kernels::act_backward<T><<<blocks_for(n, 256), 256, 0, stream>>>(f, pre, y, dy, dpre, n);
+  check_launch("gpu::bias_act_backward");
+  if (dbias) {
+    kernels::column_sum_add<T><<<blocks_for(static_cast<std::size_t>(cols), 128), 128, 0, stream>>>(
+        dpre, dbias, rows, cols);
+    check_launch("gpu::bias_act_backward (bias)");
+  }
+}
+
+}  // namespace gpu
+}  // namespace dtrain

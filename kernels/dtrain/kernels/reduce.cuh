@@ -1,0 +1,127 @@
+// dtrain: device element-wise reductions for collectives on device buffers (sum, prod, min, max;
+// avg = sum then scale_avg). 16-bit floats combine in f32 and round once, like the host kernels
+// in <dtrain/kernels/host/reduce.hpp>.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include <dtrain/comm/reduce_op.hpp>
+#include <dtrain/core/dtype.hpp>
+#include <dtrain/core/span.hpp>
+#include <dtrain/kernels/convert.cuh>
+#include <dtrain/kernels/gpu.hpp>
+
+namespace dtrain {
+namespace gpu {
+
+namespace kernels {
+// Storage <-> arithmetic type. The 16-bit types travel as their bits.
+template <class T>
+struct Lane {
+  using storage = T;
+  using arith = T;
+  __device__ static arith load(storage s) { return s; }
+  __device__ static storage store(arith a) { return a; }
+};
+template <>
+struct Lane<half> {
+  using storage = std::uint16_t;
+  using arith = float;
+  __device__ static arith load(storage s) { return f16_bits_to_f32(s); }
+  __device__ static storage store(arith a) { return f32_to_f16_bits(a); }
+};
+template <>
+struct Lane<bfloat16> {
+  using storage = std::uint16_t;
+  using arith = float;
+  __device__ static arith load(storage s) { return bf16_bits_to_f32(s); }
+  __device__ static storage store(arith a) { return f32_to_bf16_bits(a); }
+};
+
+template <class T>
+__global__ void reduce_into(ReduceOp op, typename Lane<T>::storage* __restrict__ acc,
+                            const typename Lane<T>::storage* __restrict__ in, std::size_t n) {
+  using L = Lane<T>;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    const auto a = L::load(acc[i]), b = L::load(in[i]);
+    switch (op) {
+      case ReduceOp::sum:
+      case ReduceOp::avg: acc[i] = L::store(a + b); break;
+      case ReduceOp::prod: acc[i] = L::store(a * b); break;
+      case ReduceOp::min:
+        if (b < a) acc[i] = in[i];
+        break;
+      case ReduceOp::max:
+        if (b > a) acc[i] = in[i];
+        break;
+    }
+  }
+}
+
+template <class T>
+__global__ void scale_avg(typename Lane<T>::storage* acc, std::size_t n, int ranks) {
+  using L = Lane<T>;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    if constexpr (std::is_integral_v<T>)
+      acc[i] = static_cast<T>(acc[i] / ranks);
+    else
+      acc[i] = L::store(L::load(acc[i]) / static_cast<typename L::arith>(ranks));
+  }
+}
+}  // namespace kernels
+
+/// acc[i] = acc[i] (op) in[i] on device arrays; `avg` combines as sum. Asynchronous on `stream`.
+template <class T>
+void reduce_into(ReduceOp op, T* acc, const T* in, std::size_t n, stream_t stream = nullptr) {
+  using S = typename kernels::Lane<T>::storage;
+  if (!n) return;
+  kernels::reduce_into<T><<<blocks_for(n, 256), 256, 0, stream>>>(
+      op, reinterpret_cast<S*>(acc), reinterpret_cast<const S*>(in), n);
+  check_launch("gpu::reduce_into");
+}
+
+/// Divides by `ranks` to finish an avg (integers truncate toward zero). Asynchronous.
+template <class T>
+void scale_avg(T* acc, std::size_t n, int ranks, stream_t stream = nullptr) {
+  using S = typename kernels::Lane<T>::storage;
+  if (!n) return;
+  kernels::scale_avg<T>
+      <<<blocks_for(n, 256), 256, 0, stream>>>(reinterpret_cast<S*>(acc), n, ranks);
+  check_launch("gpu::scale_avg");
+}
+
+/// Untyped form for collectives: same dtype and count; memory must be this dialect's device
+/// memory. Throws InvalidArgument otherwise.
+inline void reduce_into(ReduceOp op, BufferView acc, BufferView in, stream_t stream = nullptr) {
+  DTRAIN_REQUIRE(acc.dtype == in.dtype && acc.count == in.count, "gpu::reduce_into",
+                 "operands differ: " << name_of(acc.dtype) << "[" << acc.count << "] vs "
+                                     << name_of(in.dtype) << "[" << in.count << "]");
+  DTRAIN_REQUIRE(
+      acc.space == gpu::space && in.space == gpu::space, "gpu::reduce_into",
+      "device kernel given " << name_of(acc.space) << " / " << name_of(in.space) << " memory");
+  switch (acc.dtype) {
+    case DType::f32:
+      return reduce_into(op, static_cast<float*>(acc.data), static_cast<const float*>(in.data),
+                         acc.count, stream);
+    case DType::f64:
+      return reduce_into(op, static_cast<double*>(acc.data), static_cast<const double*>(in.data),
+                         acc.count, stream);
+    case DType::f16:
+      return reduce_into(op, static_cast<half*>(acc.data), static_cast<const half*>(in.data),
+                         acc.count, stream);
+    case DType::bf16:
+      return reduce_into(op, static_cast<bfloat16*>(acc.data),
+                         static_cast<const bfloat16*>(in.data), acc.count, stream);
+    case DType::i32:
+      return reduce_into(op, static_cast<std::int32_t*>(acc.data),
+                         static_cast<const std::int32_t*>(in.data), acc.count, stream);
+    case DType::i64:
+      return reduce_into(op, static_cast<std::int64_t*>(acc.data),
+                         static_cast<const std::int64_t*>(in.data), acc.count, stream);
+  }
+}
+
+}  // namespace gpu
+}  // namespace dtrain

@@ -1,0 +1,5 @@
+# Collectives over MPI, compared with MPI's own collectives.
+dtrain_add_mpi_test(NAME mpi_comm
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_mpi_test.cpp
+  NP 1 2 3 4
+  TIMEOUT 180)

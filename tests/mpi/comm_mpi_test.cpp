@@ -1,0 +1,286 @@
+// Collectives over MPI (mpiexec -n 1..4): every algorithm against MPI's own collectives on the
+// same inputs, on MPI_COMM_WORLD and on a sub-communicator; fingerprints and deadlines.
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/gradient_sync.hpp>
+#include <dtrain/transports/mpi.hpp>
+
+#include "../unit/comm_test_util.hpp"
+
+using namespace dtrain;
+
+namespace {
+
+CommConfig cfg(double timeout_s = 60, std::size_t seg = 1024) {
+  CommConfig c;
+  c.timeout_s = timeout_s;
+  c.segment_bytes = seg;
+  return c;
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32: return MPI_FLOAT;
+    case DType::f64: return MPI_DOUBLE;
+    case DType::i32: return MPI_INT32_T;
+    case DType::i64: return MPI_INT64_T;
+    default: return MPI_FLOAT;  // 16-bit floats are compared through f32
+  }
+}
+MPI_Op mpi_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::prod: return MPI_PROD;
+    default: return MPI_SUM;  // avg = sum / p
+  }
+}
+
+double as_double(const unsigned char* p, DType t) {
+  switch (t) {
+    case DType::i32: return test::load_int<std::int32_t>(p);
+    case DType::i64: return static_cast<double>(test::load_int<std::int64_t>(p));
+    default: return static_cast<double>(test::load_float(p, t));
+  }
+}
+
+// MPI's result for the same inputs, as doubles, with the per-element tolerance between two
+// correct implementations (each within (p-1)·u·Σ|x| of the exact value; 16-bit results also
+// within one rounding each).
+void mpi_reference(MPI_Comm comm, DType t, ReduceOp op, const std::vector<unsigned char>& in,
+                   std::size_t n, std::vector<double>& want, std::vector<double>& tol) {
+  int p = 1;
+  MPI_Comm_size(comm, &p);
+  const std::size_t es = size_of(t);
+  want.assign(n, 0);
+  tol.assign(n, 0);
+  const bool narrow = t == DType::f16 || t == DType::bf16;
+  if (t == DType::i32 || t == DType::i64) {
+    std::vector<unsigned char> out(n * es + 8);
+    MPI_Allreduce(in.data(), out.data(), static_cast<int>(n), mpi_type(t), mpi_op(op), comm);
+    for (std::size_t i = 0; i < n; ++i) {
+      double v = as_double(&out[i * es], t);
+      if (op == ReduceOp::avg)
+        v = t == DType::i32 ? static_cast<double>(test::load_int<std::int32_t>(&out[i * es]) / p)
+                            : static_cast<double>(test::load_int<std::int64_t>(&out[i * es]) / p);
+      want[i] = v;
+    }
+    return;
+  }
+  std::vector<double> x(n), ax(n), s(n + 1), as(n + 1);
+  for (std::size_t i = 0; i < n; ++i) {
+    x[i] = as_double(&in[i * es], t);
+    ax[i] = std::fabs(x[i]);
+  }
+  if (t == DType::f32 || narrow) {
+    std::vector<float> xf(n), sf(n + 1);
+    for (std::size_t i = 0; i < n; ++i) xf[i] = static_cast<float>(x[i]);
+    MPI_Allreduce(xf.data(), sf.data(), static_cast<int>(n), MPI_FLOAT, mpi_op(op), comm);
+    for (std::size_t i = 0; i < n; ++i) s[i] = sf[i];
+  } else {
+    MPI_Allreduce(x.data(), s.data(), static_cast<int>(n), MPI_DOUBLE, mpi_op(op), comm);
+  }
+  MPI_Allreduce(ax.data(), as.data(), static_cast<int>(n), MPI_DOUBLE,
+                op == ReduceOp::prod ? MPI_PROD : MPI_SUM, comm);
+  const double u = t == DType::f64 ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  for (std::size_t i = 0; i < n; ++i) {
+    double w = s[i];
+    if (op == ReduceOp::avg) w /= p;
+    double b = 0;
+    if (op == ReduceOp::sum || op == ReduceOp::avg)
+      b = 2.2 * (p - 1) * u * as[i] / (op == ReduceOp::avg ? p : 1) + 2.2 * u * std::fabs(w);
+    if (op == ReduceOp::prod) b = 2.2 * (p - 1) * u * as[i];
+    if (narrow && op != ReduceOp::min && op != ReduceOp::max)
+      b += 2 * std::ldexp(1.0, t == DType::f16 ? -11 : -8) * (std::fabs(w) + b) + std::ldexp(1.0, -24);
+    want[i] = w;
+    tol[i] = b;
+  }
+}
+
+void compare_all_algorithms(MPI_Comm mpi_comm) {
+  MpiTransport transport(mpi_comm);
+  Communicator comm(transport, cfg());
+  const int p = comm.size(), r = comm.rank();
+  std::uint64_t combo = 0;
+  int failures = 0;
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000},
+                        std::size_t{100003}})
+    for (AllreduceAlgorithm algo : {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree,
+                                    AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd,
+                                    AllreduceAlgorithm::shm, AllreduceAlgorithm::automatic})
+      for (DType t : {DType::f32, DType::f64, DType::i32, DType::i64, DType::f16, DType::bf16})
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
+                            ReduceOp::prod}) {
+          ++combo;
+          if (n == 100003 && (t == DType::f64 || t == DType::i32 || op == ReduceOp::min))
+            continue;  // keep the large count to a representative subset
+          // More ranks than the 2 cores here make every MPI wait busy-poll against the others:
+          // beyond 2 ranks run a representative subset (every algorithm, a float, an integer
+          // and a 16-bit type, four ops).
+          if (p > 2 && (t == DType::f64 || t == DType::i32 || t == DType::f16 ||
+                        op == ReduceOp::min || (n == 100003 && op != ReduceOp::sum)))
+            continue;
+          const std::size_t es = size_of(t);
+          std::vector<unsigned char> in = test::make_input(t, op, n, r, combo);
+          std::vector<unsigned char> out(n * es + 8);
+          std::vector<double> want, tol;
+          mpi_reference(mpi_comm, t, op, in, n, want, tol);
+          if (combo % 2)
+            comm.allreduce(BufferView(in.data(), n, t), BufferView(out.data(), n, t), op, algo);
+          else {
+            out = in;
+            comm.allreduce(BufferView(out.data(), n, t), op, algo);
+          }
+          for (std::size_t i = 0; i < n; ++i) {
+            const double got = as_double(&out[i * es], t);
+            if (!(std::fabs(got - want[i]) <= tol[i])) {
+              if (failures++ < 5)
+                FAIL_CHECK("p=" << p << " n=" << n << " " << name_of(algo) << " " << name_of(t)
+                                << " " << name_of(op) << " element " << i << ": got " << got
+                                << " MPI " << want[i]);
+              break;
+            }
+          }
+        }
+  CHECK(failures == 0);
+}
+
+}  // namespace
+
+TEST_CASE("allreduce: every algorithm agrees with MPI_Allreduce on MPI_COMM_WORLD") {
+  compare_all_algorithms(MPI_COMM_WORLD);
+}
+
+TEST_CASE("allreduce works on a sub-communicator (not only MPI_COMM_WORLD)") {
+  int wr = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+  MPI_Comm sub;
+  MPI_Comm_split(MPI_COMM_WORLD, wr % 2, -wr, &sub);  // reversed rank order inside
+  {
+    MpiTransport t(sub);
+    Communicator comm(t, cfg());
+    int sr = 0, sp = 0;
+    MPI_Comm_rank(sub, &sr);
+    MPI_Comm_size(sub, &sp);
+    CHECK(comm.rank() == sr);
+    CHECK(comm.size() == sp);
+    CHECK(comm.transport().mpi_comm() != sub);  // a duplicate
+    std::vector<std::int64_t> x(333, wr + 1), y(333);
+    comm.allreduce(BufferView(span<std::int64_t>(x)), BufferView(span<std::int64_t>(y)),
+                   ReduceOp::sum);
+    std::int64_t want = 0;
+    MPI_Allreduce(&x[0], &want, 1, MPI_INT64_T, MPI_SUM, sub);
+    CHECK(y[100] == want);
+  }
+  MPI_Comm_free(&sub);
+}
+
+TEST_CASE("reduce_scatter, allgather and broadcast agree with MPI") {
+  MpiTransport t(MPI_COMM_WORLD);
+  Communicator comm(t, cfg(60, 256));
+  const int p = comm.size(), r = comm.rank();
+  for (std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{1001}}) {
+    CAPTURE(n);
+    std::vector<int> counts(p), displs(p);
+    for (int q = 0; q < p; ++q) {
+      counts[q] = static_cast<int>(partition_count(n, p, q));
+      displs[q] = static_cast<int>(partition_begin(n, p, q));
+    }
+    std::vector<std::int32_t> in(n);
+    for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<std::int32_t>((i * 7 + r * 13) % 101);
+    std::vector<std::int32_t> mine(counts[r] + 1), ref(counts[r] + 1);
+    comm.reduce_scatter(BufferView(in.data(), n, DType::i32),
+                        BufferView(mine.data(), counts[r], DType::i32), ReduceOp::sum);
+    MPI_Reduce_scatter(in.data(), ref.data(), counts.data(), MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(std::equal(mine.begin(), mine.begin() + counts[r], ref.begin()));
+
+    std::vector<std::int32_t> all(n + 1), all_ref(n + 1);
+    comm.allgather(BufferView(mine.data(), counts[r], DType::i32), BufferView(all.data(), n, DType::i32));
+    MPI_Allgatherv(mine.data(), counts[r], MPI_INT32_T, all_ref.data(), counts.data(),
+                   displs.data(), MPI_INT32_T, MPI_COMM_WORLD);
+    CHECK(std::equal(all.begin(), all.begin() + n, all_ref.begin()));
+
+    for (int root = 0; root < p; ++root) {
+      std::vector<double> b(n, r == root ? 1.5 : 0.0), bref = b;
+      comm.broadcast(BufferView(b.data(), n, DType::f64), root);
+      MPI_Bcast(bref.data(), static_cast<int>(n), MPI_DOUBLE, root, MPI_COMM_WORLD);
+      CHECK(b == bref);
+    }
+  }
+}
+
+TEST_CASE("GradientSync over MPI overlaps and equals MPI_Allreduce / p") {
+  MpiTransport t(MPI_COMM_WORLD);
+  Communicator comm(t, cfg());
+  CHECK(comm.has_progress_thread());  // the test main asks for MPI_THREAD_MULTIPLE
+  const int p = comm.size(), r = comm.rank();
+  std::vector<float> g(50000), ref(50000);
+  GradientSync sync(comm, BufferView(span<float>(g)), 16384);
+  for (int step = 0; step < 2; ++step) {
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i % 17) * (r + 1) + step);
+    MPI_Allreduce(g.data(), ref.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (auto& v : ref) v /= static_cast<float>(p);
+    for (std::size_t end = g.size(); end > 0;) {
+      const std::size_t len = std::min<std::size_t>(end, 7000);
+      sync.ready(end - len, len);
+      end -= len;
+    }
+    sync.wait();
+    int bad = 0;
+    for (std::size_t i = 0; i < g.size(); ++i) bad += g[i] != ref[i];
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("MPI: mismatched calls raise RemoteError on every rank; a missing rank times out") {
+  int p = 1, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (p < 2) return;
+  {
+    MpiTransport t(MPI_COMM_WORLD);
+    Communicator comm(t, cfg(20));
+    std::vector<float> x(10, 1.0f);
+    std::string msg;
+    try {
+      if (r == 0)
+        comm.barrier();
+      else
+        comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+    } catch (const RemoteError& e) {
+      msg = e.what();
+    }
+    CAPTURE(msg);
+    CHECK(msg.find("rank " + std::to_string(r) + ": ") != std::string::npos);
+    CHECK(msg.find("barrier #0") != std::string::npos);
+    CHECK(msg.find("allreduce #0 (ring, sum, f32, 10 elements)") != std::string::npos);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    MpiTransport t(MPI_COMM_WORLD);
+    Communicator comm(t, cfg(0.5));
+    std::vector<float> x(10, 1.0f);
+    if (r != p - 1) {
+      const double t0 = now_seconds();
+      std::string msg;
+      try {
+        comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+      } catch (const TimeoutError& e) {
+        msg = e.what();
+      }
+      CAPTURE(msg);
+      CHECK(now_seconds() - t0 < 5);
+      CHECK(msg.find("allreduce #0 (ring, 40 B)") != std::string::npos);
+      CHECK(msg.find("timed out after 0.5 s") != std::string::npos);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}

@@ -1,0 +1,52 @@
+# Checkpoints: CRC32C (core only) and the HDF5 Checkpointer over thread ranks, the SIGKILL test
+# (with its helper writer), and the h5py / h5dump schema checks on a sample file.
+dtrain_add_unit_test(NAME ckpt_crc32c_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_crc32c.cpp
+  TIMEOUT 60)
+if(DTRAIN_HAVE_HDF5)
+  dtrain_add_unit_test(NAME ckpt_checkpointer_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_checkpointer.cpp LINK dtrain::hdf5 TIMEOUT 120)
+
+  dtrain_add_unit_test(NAME ckpt_communicator_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_communicator.cpp LINK dtrain::hdf5 dtrain::loopback
+    TIMEOUT 120)
+
+  set(_ckpt_helpers "${CMAKE_CURRENT_LIST_DIR}/../ckpt")
+  add_executable(ckpt_kill_writer ${_ckpt_helpers}/kill_writer.cpp)
+  target_link_libraries(ckpt_kill_writer PRIVATE dtrain::core dtrain::hdf5 dtrain_project_flags)
+  target_include_directories(ckpt_kill_writer PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  dtrain_add_unit_test(NAME ckpt_kill_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_kill.cpp
+    LINK dtrain::hdf5 TIMEOUT 180)
+  target_compile_definitions(ckpt_kill_test PRIVATE
+    DTRAIN_CKPT_KILL_WRITER="$<TARGET_FILE:ckpt_kill_writer>")
+  add_dependencies(ckpt_kill_test ckpt_kill_writer)
+
+  add_executable(ckpt_make_sample ${_ckpt_helpers}/make_sample.cpp)
+  target_link_libraries(ckpt_make_sample PRIVATE dtrain::core dtrain::hdf5 dtrain_project_flags)
+  target_include_directories(ckpt_make_sample PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  find_program(DTRAIN_H5DUMP h5dump)
+  if(DTRAIN_H5DUMP)
+    add_test(NAME ckpt_schema_h5dump
+      COMMAND sh ${_ckpt_helpers}/check_h5dump.sh $<TARGET_FILE:ckpt_make_sample>
+              ${CMAKE_CURRENT_BINARY_DIR}/ckpt_schema_h5dump)
+    set_tests_properties(ckpt_schema_h5dump PROPERTIES TIMEOUT 60 LABELS "unit")
+  else()
+    message(STATUS "dtrain: ckpt_schema_h5dump off: h5dump not found (Debian: hdf5-tools)")
+  endif()
+  # h5py check: /usr/bin/python3 (the system one carries python3-h5py).
+  set(_ckpt_py /usr/bin/python3)
+  if(EXISTS ${_ckpt_py})
+    execute_process(COMMAND ${_ckpt_py} -c "import h5py, numpy" RESULT_VARIABLE _ckpt_h5py
+                    OUTPUT_QUIET ERROR_QUIET)
+  else()
+    set(_ckpt_h5py 1)
+  endif()
+  if(_ckpt_h5py EQUAL 0)
+    add_test(NAME ckpt_schema_h5py
+      COMMAND ${_ckpt_py} ${_ckpt_helpers}/check_schema.py $<TARGET_FILE:ckpt_make_sample>
+              ${CMAKE_CURRENT_BINARY_DIR}/ckpt_schema_h5py)
+    set_tests_properties(ckpt_schema_h5py PROPERTIES TIMEOUT 60 LABELS "unit")
+  else()
+    message(STATUS "dtrain: ckpt_schema_h5py off: /usr/bin/python3 with h5py not found "
+                   "(Debian: python3-h5py)")
+  endif()
+endif()

@@ -1,0 +1,12 @@
+# Collectives over the loopback transport (threads in one process).
+dtrain_add_unit_test(NAME unit_comm
+  SOURCES
+    ${CMAKE_CURRENT_LIST_DIR}/comm_allreduce_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/comm_safety_test.cpp
+    ${CMAKE_CURRENT_LIST_DIR}/comm_gradient_sync_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 240)
+dtrain_add_unit_test(NAME unit_comm_noalloc
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_noalloc_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 60)

@@ -1,0 +1,58 @@
+// Executing a plan allocates nothing: counted with a replaced global operator new on the
+// executing thread.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <new>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+// The replacement pairs malloc with free on purpose.
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace {
+thread_local long g_allocations = 0;
+}
+
+void* operator new(std::size_t n) {
+  ++g_allocations;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+
+using namespace dtrain;
+
+TEST_CASE("plan execution does not allocate") {
+  for (auto algo : {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::rhd,
+                    AllreduceAlgorithm::rd, AllreduceAlgorithm::shm}) {
+    CAPTURE(name_of(algo));
+    std::vector<long> counts(3, -1);
+    run_loopback(3, [&](LoopbackTransport& t) {
+      CommConfig c;
+      c.segment_bytes = 512;
+      c.timeout_s = 30;
+      Communicator comm(t, c);
+      std::vector<float> x(5000, 1.0f);
+      std::vector<std::uint16_t> h(333, 0x3c00);  // f16 ones: the widening path
+      auto plan = comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)),
+                                      ReduceOp::sum, algo);
+      auto plan16 = comm.plan_allreduce(BufferView(h.data(), h.size(), DType::f16),
+                                        BufferView(h.data(), h.size(), DType::f16), ReduceOp::avg,
+                                        algo);
+      auto bcast = comm.plan_broadcast(BufferView(span<float>(x)), 1);
+      plan.execute();  // first execution may touch lazily created state
+      const long before = g_allocations;
+      for (int i = 0; i < 5; ++i) {
+        plan.execute();
+        plan16.execute();
+        bcast.execute();
+      }
+      counts[t.rank()] = g_allocations - before;
+    });
+    for (long c : counts) CHECK(c == 0);
+  }
+}

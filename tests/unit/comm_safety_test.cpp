@@ -1,0 +1,278 @@
+// Collectives over loopback: fingerprints, deadlines, non-blocking progress, plans, the cost
+// model, the tree shapes and the transport traits.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/gradient_sync.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+using namespace dtrain;
+
+namespace {
+CommConfig quick(double timeout_s = 30) {
+  CommConfig c;
+  c.timeout_s = timeout_s;
+  c.segment_bytes = 256;
+  return c;
+}
+
+struct NotATransport {
+  int rank() const { return 0; }
+};
+}  // namespace
+
+static_assert(is_transport_v<LoopbackTransport>, "loopback must satisfy the transport traits");
+static_assert(!is_transport_v<NotATransport>, "incomplete types must be rejected");
+static_assert(!transport_capabilities<LoopbackTransport>::supports_device_memory, "");
+
+TEST_CASE("mismatched collectives raise on every rank, naming both calls") {
+  std::mutex m;
+  std::vector<std::string> messages(3);
+  std::atomic<int> remote_errors{0};
+  const double t0 = now_seconds();
+  run_loopback(3, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick(20));
+    std::vector<float> x(100, 1.0f);
+    try {
+      if (t.rank() == 1)
+        comm.broadcast(BufferView(span<float>(x)), 0);
+      else
+        comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+    } catch (const RemoteError& e) {
+      ++remote_errors;
+      std::lock_guard<std::mutex> lock(m);
+      messages[t.rank()] = e.what();
+    }
+  });
+  CHECK(now_seconds() - t0 < 10);  // detected, not timed out
+  CHECK(remote_errors.load() == 3);
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(messages[r]);
+    CHECK(messages[r].find("rank " + std::to_string(r) + ":") != std::string::npos);
+    CHECK(messages[r].find("mismatched collective calls") != std::string::npos);
+    CHECK(messages[r].find("broadcast #0 (root 0, f32, 100 elements)") != std::string::npos);
+    CHECK(messages[r].find("allreduce #0 (ring, sum, f32, 100 elements)") != std::string::npos);
+  }
+}
+
+TEST_CASE("different counts or a skipped call are mismatches too") {
+  std::atomic<int> errors{0};
+  run_loopback(4, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick(20));
+    std::vector<double> x(64, 1.0);
+    const std::size_t n = t.rank() == 2 ? 63 : 64;
+    try {
+      comm.allreduce(BufferView(x.data(), n, DType::f64), ReduceOp::sum);
+    } catch (const RemoteError& e) {
+      if (std::string(e.what()).find("63 elements") != std::string::npos) ++errors;
+    }
+  });
+  CHECK(errors.load() == 4);
+
+  std::atomic<int> seq_errors{0};
+  run_loopback(2, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick(20));
+    std::vector<int> x(8, 1);
+    try {
+      if (t.rank() == 0) comm.barrier();  // rank 1 skips it
+      comm.allreduce(BufferView(span<int>(x)), ReduceOp::sum, AllreduceAlgorithm::rd);
+      if (t.rank() == 1) comm.barrier();
+    } catch (const RemoteError& e) {
+      const std::string w = e.what();
+      if (w.find("barrier #0") != std::string::npos && w.find("allreduce #0") != std::string::npos)
+        ++seq_errors;
+    }
+  });
+  CHECK(seq_errors.load() == 2);
+}
+
+TEST_CASE("a rank that never calls produces TimeoutError naming rank, collective, seq and peer") {
+  std::mutex m;
+  std::vector<std::string> messages;
+  const double t0 = now_seconds();
+  run_loopback(3, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick(0.3));
+    std::vector<float> x(1000, 1.0f);
+    comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+    if (t.rank() == 2) return;  // never calls the second one
+    try {
+      comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+    } catch (const TimeoutError& e) {
+      std::lock_guard<std::mutex> lock(m);
+      messages.push_back(e.what());
+    }
+    // The failed communicator refuses further work instead of corrupting data.
+    CHECK_THROWS_AS(comm.barrier(), RemoteError);
+  });
+  CHECK(now_seconds() - t0 < 5);
+  REQUIRE(messages.size() == 2);
+  for (const auto& msg : messages) {
+    CAPTURE(msg);
+    CHECK(msg.find("allreduce #1 (ring, 4000 B)") != std::string::npos);
+    CHECK(msg.find("wait for rank 2 timed out after 0.3 s") != std::string::npos);
+  }
+}
+
+TEST_CASE("non-blocking collectives progress while the caller computes") {
+  run_loopback(4, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick());
+    REQUIRE(comm.has_progress_thread());
+    std::vector<std::vector<float>> bufs(3, std::vector<float>(5000));
+    for (int k = 0; k < 3; ++k)
+      for (std::size_t i = 0; i < 5000; ++i) bufs[k][i] = static_cast<float>(t.rank() + k + i % 3);
+    std::vector<CollectiveHandle> hs;
+    for (int k = 0; k < 3; ++k)
+      hs.push_back(comm.iallreduce(BufferView(span<float>(bufs[k])), ReduceOp::sum));
+    // The caller never enters the library: completion can only come from the progress thread.
+    const double t0 = now_seconds();
+    while (!hs[2].test() && now_seconds() - t0 < 20)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(now_seconds() - t0 < 20);
+    for (auto& h : hs) h.wait();
+    for (int k = 0; k < 3; ++k)
+      for (std::size_t i = 0; i < 5000; i += 97)
+        CHECK(bufs[k][i] == static_cast<float>(6 + 4 * k + 4 * (i % 3)));
+    // A blocking call after started ones runs after them.
+    std::vector<double> y(10, 1.0);
+    auto h = comm.ibroadcast(BufferView(span<double>(y)), 0);
+    comm.allreduce(BufferView(span<double>(y)), ReduceOp::sum);
+    h.wait();
+    CHECK(y[3] == 4.0);
+  });
+}
+
+TEST_CASE("without a progress thread, test() and wait() drive the collectives") {
+  run_loopback(3, [&](LoopbackTransport& t) {
+    CommConfig c = quick();
+    c.progress_thread = false;
+    Communicator comm(t, c);
+    CHECK_FALSE(comm.has_progress_thread());
+    std::vector<std::int32_t> a(77, t.rank() + 1), b(5, 2);
+    auto h1 = comm.iallreduce(BufferView(span<std::int32_t>(a)), ReduceOp::prod);
+    auto h2 = comm.iallreduce(BufferView(span<std::int32_t>(b)), ReduceOp::max);
+    h2.wait();  // runs h1 first, in issue order
+    CHECK(h1.test());
+    CHECK(a[10] == 6);
+    CHECK(b[0] == 2);
+  });
+}
+
+TEST_CASE("plans execute many times and resolve automatic once") {
+  run_loopback(3, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick());
+    std::vector<double> x(1000), y(1000);
+    auto plan = comm.plan_allreduce(BufferView(span<double>(x)), BufferView(span<double>(y)),
+                                    ReduceOp::avg);
+    CHECK(plan.algorithm() != AllreduceAlgorithm::automatic);
+    for (int step = 0; step < 5; ++step) {
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = step + t.rank() * 3.0 + static_cast<double>(i);
+      if (step % 2) {
+        plan.execute();
+      } else {
+        auto h = plan.start();
+        h.wait();
+      }
+      CHECK(y[10] == doctest::Approx(step + 3.0 + 10));
+    }
+    CHECK(comm.sequence() >= 5);
+  });
+}
+
+TEST_CASE("cost model: measured once, agreed by all ranks, picks by size") {
+  std::mutex m;
+  std::vector<CostModel> models;
+  std::vector<AllreduceAlgorithm> small, large;
+  run_loopback(4, [&](LoopbackTransport& t) {
+    CommConfig c = quick();
+    c.default_algorithm = AllreduceAlgorithm::automatic;
+    Communicator comm(t, c);
+    const CostModel cm = comm.cost_model();
+    const auto s = comm.select_allreduce(16, DType::f32);
+    const auto l = comm.select_allreduce(64u << 20, DType::f32);
+    std::lock_guard<std::mutex> lock(m);
+    models.push_back(cm);
+    small.push_back(s);
+    large.push_back(l);
+  });
+  REQUIRE(models.size() == 4);
+  for (const auto& cm : models) {
+    CHECK(cm.valid());
+    CHECK(cm.alpha == models[0].alpha);
+    CHECK(cm.beta == models[0].beta);
+    CHECK(cm.gamma == models[0].gamma);
+  }
+  for (int r = 1; r < 4; ++r) CHECK(small[r] == small[0]);
+  // The model itself: latency-bound sizes go to recursive doubling, bandwidth-bound ones to an
+  // algorithm that moves 2(p-1)/p of the vector.
+  CostModel cm{5e-6, 1.0 / 10e9, 1.0 / 20e9};
+  CHECK(cm.best(64, 8) == AllreduceAlgorithm::rd);
+  CHECK(cm.best(64u << 20, 8) == AllreduceAlgorithm::rhd);   // same bytes as ring, fewer steps
+  CHECK(cm.best(64u << 20, 6) == AllreduceAlgorithm::ring);  // rhd would pay the fold
+  CHECK(cm.best(64u << 20, 2) == AllreduceAlgorithm::ring);
+  CHECK(cm.predict(AllreduceAlgorithm::rhd, 1 << 20, 6) > cm.predict(AllreduceAlgorithm::rhd, 1 << 20, 4));
+  CHECK(cm.best(64u << 20, 64) != AllreduceAlgorithm::rd);
+}
+
+TEST_CASE("DTRAIN_ALLREDUCE_ALGO overrides automatic; an argument overrides both") {
+  ::setenv("DTRAIN_ALLREDUCE_ALGO", "tree", 1);
+  CommConfig c = CommConfig::from_env();
+  ::unsetenv("DTRAIN_ALLREDUCE_ALGO");
+  CHECK(c.default_algorithm == AllreduceAlgorithm::tree);
+  run_loopback(2, [&](LoopbackTransport& t) {
+    Communicator comm(t, c);
+    std::vector<float> x(100, 1.0f);
+    CHECK(comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)),
+                              ReduceOp::sum)
+              .algorithm() == AllreduceAlgorithm::tree);
+    CHECK(comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)),
+                              ReduceOp::sum, AllreduceAlgorithm::rhd)
+              .algorithm() == AllreduceAlgorithm::rhd);
+  });
+  ::setenv("DTRAIN_ALLREDUCE_ALGO", "bogus", 1);
+  CHECK_THROWS_AS(CommConfig::from_env(), InvalidArgument);
+  ::unsetenv("DTRAIN_ALLREDUCE_ALGO");
+}
+
+TEST_CASE("double binary tree: two spanning trees, interior nodes mostly disjoint") {
+  for (int p = 1; p <= 70; ++p) {
+    CAPTURE(p);
+    for (int k = 0; k < 2; ++k) {
+      int roots = 0;
+      std::vector<int> kids_seen(p, 0);
+      int max_depth = 0;
+      for (int r = 0; r < p; ++r) {
+        const auto l = detail::tree_links(k, r, p);
+        if (l.parent < 0) ++roots;
+        for (int c = 0; c < l.nchildren; ++c) {
+          ++kids_seen[l.children[c]];
+          CHECK(detail::tree_links(k, l.children[c], p).parent == r);
+        }
+        int d = 0;
+        for (int x = r; detail::tree_links(k, x, p).parent >= 0 && d <= p;
+             x = detail::tree_links(k, x, p).parent)
+          ++d;
+        max_depth = std::max(max_depth, d);
+      }
+      CHECK(roots == 1);
+      for (int r = 0; r < p; ++r) CHECK(kids_seen[r] == (detail::tree_links(k, r, p).parent >= 0 ? 1 : 0));
+      int lg = 0;
+      while ((1 << lg) < p) ++lg;
+      CHECK(max_depth <= lg + 1);
+    }
+    if (p % 2 == 0) {
+      for (int r = 0; r < p; ++r) {
+        const bool interior0 = detail::tree_links(0, r, p).nchildren > 0;
+        const bool interior1 = detail::tree_links(1, r, p).nchildren > 0;
+        CHECK_FALSE((interior0 && interior1));
+      }
+    }
+  }
+}

@@ -1,0 +1,370 @@
+// Host kernels: every fast path against its serial reference and against hand-computed values.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include <dtrain/core/rng.hpp>
+#include <dtrain/kernels/host/activation.hpp>
+#include <dtrain/kernels/host/convert.hpp>
+#include <dtrain/kernels/host/dropout.hpp>
+#include <dtrain/kernels/host/gemm.hpp>
+#include <dtrain/kernels/host/layernorm.hpp>
+#include <dtrain/kernels/host/loss.hpp>
+#include <dtrain/kernels/host/optim.hpp>
+#include <dtrain/kernels/host/reduce.hpp>
+
+namespace host = dtrain::host;
+
+namespace {
+template <class T>
+std::vector<T> random_vec(std::size_t n, std::uint64_t seed, double lo = -1, double hi = 1) {
+  dtrain::RngStream rng(seed, 7);
+  std::vector<T> v(n);
+  for (auto& x : v) x = static_cast<T>(lo + (hi - lo) * rng.uniform_double());
+  return v;
+}
+template <class T>
+double max_rel_diff(const std::vector<T>& a, const std::vector<T>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+    worst = std::max(worst, d / std::max(1.0, std::abs(static_cast<double>(b[i]))));
+  }
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("gemm reference matches a hand-computed product") {
+  // A = [[1 2 3],[4 5 6]], B = [[7 8],[9 10],[11 12]] -> AB = [[58 64],[139 154]].
+  const double a[] = {1, 2, 3, 4, 5, 6}, b[] = {7, 8, 9, 10, 11, 12};
+  double c[4] = {1, 1, 1, 1};
+  host::ref::gemm<double>(false, false, 2, 2, 3, 1.0, a, 3, b, 2, 2.0, c, 2);
+  CHECK(c[0] == 60);
+  CHECK(c[1] == 66);
+  CHECK(c[2] == 141);
+  CHECK(c[3] == 156);
+  // A^T B^T with A stored 3x2 and B stored 2x3 gives the same product.
+  const double at[] = {1, 4, 2, 5, 3, 6}, bt[] = {7, 9, 11, 8, 10, 12};
+  double d[4];
+  host::ref::gemm<double>(true, true, 2, 2, 3, 1.0, at, 2, bt, 3, 0.0, d, 2);
+  CHECK(d[0] == 58);
+  CHECK(d[3] == 154);
+}
+
+TEST_CASE_TEMPLATE("gemm fast paths match the reference on odd shapes", T, float, double) {
+  const std::int64_t shapes[][3] = {{1, 1, 1},    {1, 7, 3},     {5, 1, 9},     {3, 5, 1},
+                                    {17, 33, 65}, {64, 70, 300}, {130, 9, 513}, {2, 600, 5}};
+  std::uint64_t seed = 1;
+  for (auto& s : shapes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb)
+        for (T beta : {T(0), T(1), T(0.5)}) {
+          const std::int64_t m = s[0], n = s[1], k = s[2];
+          // Padded leading dimensions exercise the strides.
+          const std::int64_t lda = (ta ? m : k) + 3, ldb = (tb ? k : n) + 1, ldc = n + 2;
+          const auto a = random_vec<T>(static_cast<std::size_t>((ta ? k : m) * lda), seed++);
+          const auto b = random_vec<T>(static_cast<std::size_t>((tb ? n : k) * ldb), seed++);
+          auto c0 = random_vec<T>(static_cast<std::size_t>(m * ldc), seed++);
+          auto c1 = c0, c2 = c0;
+          const T alpha = T(0.75);
+          host::ref::gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c0.data(),
+                             ldc);
+          host::gemm_blocked<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
+                                c1.data(), ldc);
+          host::gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c2.data(), ldc);
+          const double tol = std::is_same_v<T, float> ? 2e-5 * std::sqrt(double(k)) : 1e-13 * k;
+          INFO("m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
+                    << " beta=" << beta);
+          CHECK(max_rel_diff(c1, c0) < tol);
+          CHECK(max_rel_diff(c2, c0) < tol);
+        }
+}
+
+TEST_CASE("gemm with beta 0 ignores NaN in C and rejects bad leading dimensions") {
+  const float a[] = {1, 2}, b[] = {3, 4};
+  float c[1] = {std::numeric_limits<float>::quiet_NaN()};
+  host::gemm_blocked<float>(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, c, 1);
+  CHECK(c[0] == 11.0f);
+  c[0] = std::numeric_limits<float>::quiet_NaN();
+  host::gemm<float>(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, c, 1);
+  CHECK(c[0] == 11.0f);
+  CHECK_THROWS_AS(host::gemm_blocked<float>(false, false, 2, 2, 2, 1.0f, a, 1, b, 2, 0.0f, c, 2),
+                  dtrain::InvalidArgument);
+  if (!host::have_blas())
+    CHECK_THROWS_AS(host::gemm<float>(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, c, 1,
+                                      host::GemmPath::blas),
+                    dtrain::InvalidArgument);
+}
+
+TEST_CASE("activations: known values and fast path against the reference") {
+  // GELU(x) = x * Phi(x): Phi(1) = 0.841344746068543, Phi(-2) = 0.0227501319481792.
+  CHECK(host::detail::gelu(1.0) == doctest::Approx(0.841344746068543).epsilon(1e-14));
+  CHECK(host::detail::gelu(-2.0) == doctest::Approx(-0.0455002638963584).epsilon(1e-13));
+  for (auto f : {host::Activation::identity, host::Activation::relu, host::Activation::gelu,
+                 host::Activation::tanh}) {
+    const std::size_t n = 1001;
+    auto x = random_vec<float>(n, 11, -4, 4);
+    auto dy = random_vec<float>(n, 12);
+    std::vector<float> y0(n), y1(n), dx0(n), dx1(n);
+    host::ref::activation_forward(f, x.data(), y0.data(), n);
+    host::activation_forward(f, x.data(), y1.data(), n);
+    host::ref::activation_backward(f, x.data(), y0.data(), dy.data(), dx0.data(), n);
+    host::activation_backward(f, x.data(), y1.data(), dy.data(), dx1.data(), n);
+    INFO(host::name_of(f));
+    CHECK(max_rel_diff(y1, y0) < 1e-6);
+    CHECK(max_rel_diff(dx1, dx0) < 1e-6);
+  }
+  // In place forward.
+  std::vector<double> v = {-1, 0, 2};
+  host::activation_forward(host::Activation::relu, v.data(), v.data(), v.size());
+  CHECK(v == std::vector<double>{0, 0, 2});
+}
+
+TEST_CASE("bias add and bias gradient") {
+  const std::int64_t rows = 3, cols = 5;
+  auto y = random_vec<double>(rows * cols, 3);
+  auto b = random_vec<double>(cols, 4);
+  auto y0 = y;
+  host::bias_add(y.data(), b.data(), rows, cols);
+  host::ref::bias_add(y0.data(), b.data(), rows, cols);
+  CHECK(max_rel_diff(y, y0) == 0);
+  std::vector<double> db(cols, 1.0), db0(cols, 1.0);
+  host::bias_grad(y.data(), db.data(), rows, cols);
+  host::ref::bias_grad(y.data(), db0.data(), rows, cols);
+  CHECK(max_rel_diff(db, db0) < 1e-15);
+  CHECK(db[2] == doctest::Approx(1.0 + y[2] + y[7] + y[12]));
+}
+
+TEST_CASE("softmax cross-entropy: known value, stability and reference") {
+  // Equal logits: loss is log(C) whatever their size; gradient (1/C - onehot)/rows.
+  const float z[] = {1e4f, 1e4f, 1e4f, 1e4f};
+  const std::int32_t lab[] = {2};
+  float dz[4];
+  const double l = host::softmax_cross_entropy(z, lab, 1, 4, dz);
+  CHECK(l == doctest::Approx(std::log(4.0)).epsilon(1e-6));
+  CHECK(dz[0] == doctest::Approx(0.25));
+  CHECK(dz[2] == doctest::Approx(-0.75));
+  // Large negative logits do not overflow either.
+  const float zz[] = {-1e30f, 0.0f};
+  const std::int32_t l1[] = {1};
+  CHECK(host::softmax_cross_entropy(zz, l1, 1, 2, static_cast<float*>(nullptr)) ==
+        doctest::Approx(0.0));
+  for (std::int64_t classes : {1, 2, 10, 33}) {
+    const std::int64_t rows = 7;
+    auto logits = random_vec<double>(rows * classes, 5, -20, 20);
+    std::vector<std::int32_t> labels(rows);
+    for (std::int64_t r = 0; r < rows; ++r)
+      labels[r] = static_cast<std::int32_t>((r * 5) % classes);
+    std::vector<double> g0(logits.size()), g1(logits.size());
+    const double a = host::ref::softmax_cross_entropy(logits.data(), labels.data(), rows, classes,
+                                                      g0.data(), 0.5);
+    const double b =
+        host::softmax_cross_entropy(logits.data(), labels.data(), rows, classes, g1.data(), 0.5);
+    CHECK(a == doctest::Approx(b).epsilon(1e-13));
+    CHECK(max_rel_diff(g1, g0) < 1e-14);
+    // In place: dlogits aliases logits.
+    auto inplace = logits;
+    host::softmax_cross_entropy(inplace.data(), labels.data(), rows, classes, inplace.data(), 0.5);
+    CHECK(max_rel_diff(inplace, g0) < 1e-14);
+  }
+  const std::int32_t bad[] = {4};
+  CHECK_THROWS_AS(host::softmax_cross_entropy(z, bad, 1, 4, dz), dtrain::InvalidArgument);
+}
+
+TEST_CASE("mse against the reference and a hand value") {
+  const double p[] = {1, 2, 3}, t[] = {1, 0, 4};
+  double d[3];
+  CHECK(host::mse(p, t, 1, 3, d) == doctest::Approx(5.0 / 3.0));
+  CHECK(d[1] == doctest::Approx(4.0 / 3.0));
+  double d0[3];
+  CHECK(host::ref::mse(p, t, 3, 1, d0) == doctest::Approx(5.0 / 3.0));
+  CHECK(d0[2] == doctest::Approx(d[2]));
+}
+
+TEST_CASE_TEMPLATE("layernorm fast path against the reference", T, float, double) {
+  for (std::int64_t cols : {1, 2, 7, 64}) {
+    const std::int64_t rows = 5;
+    auto x = random_vec<T>(rows * cols, 21, -3, 5);
+    auto g = random_vec<T>(cols, 22, 0.5, 1.5), b = random_vec<T>(cols, 23);
+    auto dy = random_vec<T>(rows * cols, 24);
+    std::vector<T> y0(x.size()), y1(x.size()), m0(rows), m1(rows), r0(rows), r1(rows);
+    host::ref::layernorm_forward(x.data(), g.data(), b.data(), y0.data(), m0.data(), r0.data(),
+                                 rows, cols, 1e-5);
+    host::layernorm_forward(x.data(), g.data(), b.data(), y1.data(), m1.data(), r1.data(), rows,
+                            cols, 1e-5);
+    const double tol = std::is_same_v<T, float> ? 2e-5 : 1e-12;
+    CHECK(max_rel_diff(y1, y0) < tol);
+    std::vector<T> dx0(x.size()), dx1(x.size()), dg0(cols, T(1)), dg1(cols, T(1)), db0(cols),
+        db1(cols);
+    host::ref::layernorm_backward(x.data(), g.data(), m0.data(), r0.data(), dy.data(), dx0.data(),
+                                  dg0.data(), db0.data(), rows, cols);
+    host::layernorm_backward(x.data(), g.data(), m1.data(), r1.data(), dy.data(), dx1.data(),
+                             dg1.data(), db1.data(), rows, cols);
+    CHECK(max_rel_diff(dx1, dx0) < tol * 10);
+    CHECK(max_rel_diff(dg1, dg0) < tol * 10);
+    CHECK(max_rel_diff(db1, db0) < tol * 10);
+    // Each normalised row has mean beta-free zero and unit variance when gamma = 1, beta = 0.
+    std::vector<T> ones(cols, T(1)), zeros(cols, T(0));
+    host::layernorm_forward(x.data(), ones.data(), zeros.data(), y1.data(), m1.data(), r1.data(),
+                            rows, cols, 0.0 + 1e-12);
+    if (cols > 1) {
+      double mu = 0, var = 0;
+      for (std::int64_t c = 0; c < cols; ++c) mu += y1[c];
+      mu /= cols;
+      for (std::int64_t c = 0; c < cols; ++c) var += (y1[c] - mu) * (y1[c] - mu);
+      CHECK(std::abs(mu) < 1e-5);
+      CHECK(var / cols == doctest::Approx(1.0).epsilon(1e-4));
+    }
+  }
+}
+
+TEST_CASE("dropout masks depend only on (seed, step, sample, element)") {
+  const std::int64_t rows = 6, cols = 37;
+  const float p = 0.3f;
+  auto x = random_vec<float>(rows * cols, 31, 0.5, 1.5);  // never zero, so zeros mark drops
+  std::vector<float> whole(x.size()), parts(x.size());
+  host::dropout_forward(x.data(), whole.data(), rows, cols, p, 99, 5, 100);
+  // Same samples as two batches (rows 0-1 then 2-5), as two ranks would see them.
+  host::dropout_forward(x.data(), parts.data(), 2, cols, p, 99, 5, 100);
+  host::dropout_forward(x.data() + 2 * cols, parts.data() + 2 * cols, 4, cols, p, 99, 5, 102);
+  CHECK(whole == parts);
+  // Explicit ids give the same as offsets.
+  const std::int64_t ids[] = {100, 101, 102, 103, 104, 105};
+  std::vector<float> by_id(x.size());
+  host::dropout_forward(x.data(), by_id.data(), rows, cols, p, 99, 5, 0, ids);
+  CHECK(by_id == whole);
+  std::size_t dropped = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const bool keep = host::dropout_keep(99, 5, 100 + i / cols, i % cols, p);
+    CHECK((whole[i] != 0.0f) == keep);
+    if (keep) CHECK(whole[i] == doctest::Approx(x[i] / (1 - p)));
+    dropped += !keep;
+  }
+  // 222 Bernoulli(0.3) draws: mean 66.6, sd 6.8.
+  CHECK(dropped > 40);
+  CHECK(dropped < 95);
+  // Another step or seed gives another mask.
+  std::vector<float> other(x.size());
+  host::dropout_forward(x.data(), other.data(), rows, cols, p, 99, 6, 100);
+  CHECK(other != whole);
+  // Backward applies the same mask.
+  std::vector<float> ones(x.size(), 1.0f), dx(x.size());
+  host::dropout_backward(ones.data(), dx.data(), rows, cols, p, 99, 5, 100);
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK((dx[i] != 0.0f) == (whole[i] != 0.0f));
+  CHECK_THROWS_AS(host::dropout_forward(x.data(), other.data(), rows, cols, 1.0f, 1, 1, 0),
+                  dtrain::InvalidArgument);
+}
+
+TEST_CASE_TEMPLATE("optimizer kernels: fast path against the reference", T, float, double) {
+  const std::size_t n = 257;
+  auto p0 = random_vec<T>(n, 41), g = random_vec<T>(n, 42), buf0 = random_vec<T>(n, 43);
+  for (bool nesterov : {false, true})
+    for (bool first : {false, true}) {
+      host::SgdParams h;
+      h.lr = 0.05;
+      h.momentum = 0.9;
+      h.weight_decay = 0.01;
+      h.nesterov = nesterov;
+      h.first_step = first;
+      auto pa = p0, pb = p0, ba = buf0, bb = buf0;
+      host::ref::sgd_update(pa.data(), g.data(), ba.data(), n, h);
+      host::sgd_update(pb.data(), g.data(), bb.data(), n, h);
+      CHECK(max_rel_diff(pb, pa) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+      CHECK(max_rel_diff(bb, ba) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+    }
+  auto m0 = random_vec<T>(n, 44), v0 = random_vec<T>(n, 45, 0, 1);
+  host::AdamWParams h;
+  h.lr = 1e-2;
+  h.step = 3;
+  auto pa = p0, pb = p0, ma = m0, mb = m0, va = v0, vb = v0;
+  host::ref::adamw_update(pa.data(), g.data(), ma.data(), va.data(), n, h);
+  host::adamw_update(pb.data(), g.data(), mb.data(), vb.data(), n, h);
+  CHECK(max_rel_diff(pb, pa) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+  CHECK(max_rel_diff(mb, ma) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+  CHECK(max_rel_diff(vb, va) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
+}
+
+TEST_CASE("f16 and bf16: every bit pattern round-trips exactly through f32") {
+  std::vector<dtrain::half> h(65536), h2(65536);
+  std::vector<dtrain::bfloat16> b(65536), b2(65536);
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    h[i] = dtrain::half::from_bits(static_cast<std::uint16_t>(i));
+    b[i] = dtrain::bfloat16::from_bits(static_cast<std::uint16_t>(i));
+  }
+  std::vector<float> f(65536), g(65536);
+  host::convert(h.data(), f.data(), f.size());
+  host::convert(f.data(), h2.data(), f.size());
+  host::convert(b.data(), g.data(), g.size());
+  host::convert(g.data(), b2.data(), g.size());
+  std::size_t h_bad = 0, b_bad = 0;
+  for (std::uint32_t i = 0; i < 65536; ++i) {
+    const bool h_nan = std::isnan(f[i]), b_nan = std::isnan(g[i]);
+    // NaNs stay NaN (quiet); every other value, signed zeros and infinities included, is exact.
+    if (h_nan ? !std::isnan(static_cast<float>(h2[i])) : h2[i].bits != h[i].bits) ++h_bad;
+    if (b_nan ? !std::isnan(static_cast<float>(b2[i])) : b2[i].bits != b[i].bits) ++b_bad;
+  }
+  CHECK(h_bad == 0);
+  CHECK(b_bad == 0);
+}
+
+TEST_CASE("f16 and bf16: narrowing rounds to nearest even") {
+  const float in[] = {1.0f + std::ldexp(1.0f, -11),      // tie below: to 1.0
+                      1.0f + 3 * std::ldexp(1.0f, -11),  // tie: to even 1+2^-9
+                      65504.0f,
+                      65520.0f,  // max half; rounds to inf
+                      std::ldexp(1.0f, -24),
+                      std::ldexp(1.0f, -25)};  // min subnormal; tie to 0
+  dtrain::half out[6];
+  host::convert(in, out, 6);
+  CHECK(out[0].bits == 0x3c00);
+  CHECK(out[1].bits == 0x3c02);
+  CHECK(out[2].bits == 0x7bff);
+  CHECK(out[3].bits == 0x7c00);
+  CHECK(out[4].bits == 0x0001);
+  CHECK(out[5].bits == 0x0000);
+  const float bin[] = {1.0f + std::ldexp(1.0f, -8), 1.0f + 3 * std::ldexp(1.0f, -8)};
+  dtrain::bfloat16 bout[2];
+  host::convert(bin, bout, 2);
+  CHECK(bout[0].bits == 0x3f80);
+  CHECK(bout[1].bits == 0x3f82);
+}
+
+TEST_CASE("reduce_into for every op and dtype") {
+  using dtrain::ReduceOp;
+  const float fa[] = {1, -2, 3}, fb[] = {4, 5, -6};
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg}) {
+    float acc[3] = {fa[0], fa[1], fa[2]};
+    host::reduce_into(op, dtrain::BufferView(acc, 3, dtrain::DType::f32),
+                      dtrain::BufferView(const_cast<float*>(fb), 3, dtrain::DType::f32));
+    for (int i = 0; i < 3; ++i) {
+      float want = 0;
+      switch (op) {
+        case ReduceOp::sum:
+        case ReduceOp::avg: want = fa[i] + fb[i]; break;
+        case ReduceOp::prod: want = fa[i] * fb[i]; break;
+        case ReduceOp::min: want = std::min(fa[i], fb[i]); break;
+        case ReduceOp::max: want = std::max(fa[i], fb[i]); break;
+      }
+      CHECK(acc[i] == want);
+    }
+  }
+  std::int64_t ia[] = {7, -7}, ib[] = {2, 2};
+  host::reduce_into(ReduceOp::avg, ia, ib, 2);
+  host::scale_avg(ia, 2, 2);
+  CHECK(ia[0] == 4);
+  CHECK(ia[1] == -2);  // -5 / 2 truncates toward zero
+  dtrain::half ha[] = {dtrain::half(1.5f)}, hb[] = {dtrain::half(2.25f)};
+  host::reduce_into(ReduceOp::sum, ha, hb, 1);
+  CHECK(static_cast<float>(ha[0]) == 3.75f);
+  dtrain::bfloat16 ba[] = {dtrain::bfloat16(3.0f)}, bb[] = {dtrain::bfloat16(-1.0f)};
+  host::reduce_into(ReduceOp::max, ba, bb, 1);
+  CHECK(static_cast<float>(ba[0]) == 3.0f);
+  double d1[2], d2[3];
+  CHECK_THROWS_AS(host::reduce_into(ReduceOp::sum, dtrain::BufferView(d1, 2, dtrain::DType::f64),
+                                    dtrain::BufferView(d2, 3, dtrain::DType::f64)),
+                  dtrain::InvalidArgument);
+}

@@ -1,0 +1,258 @@
+// Optimizers: SGD against hand-computed steps, AdamW against its published update equations,
+// schedules, global-norm clipping, and exact checkpoint round trips.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <dtrain/core/rng.hpp>
+#include <dtrain/model/model.hpp>
+#include <dtrain/optim/optim.hpp>
+
+using namespace dtrain;
+
+namespace {
+template <class T>
+BufferView view(std::vector<T>& v) {
+  return BufferView(span<T>(v));
+}
+
+struct MemoryVisitor {
+  std::map<std::string, std::vector<char>> tensors;
+  std::map<std::string, std::int64_t> ints;
+  std::map<std::string, double> doubles;
+  std::map<std::string, std::string> strings;
+  bool load = false;
+  std::string prefix;
+  bool loading() const { return load; }
+  void tensor(const std::string& name, BufferView v, Shape shape) {
+    REQUIRE(element_count(shape) == v.count);
+    auto& t = tensors[prefix + name];
+    if (load) {
+      REQUIRE(t.size() == v.bytes());
+      std::memcpy(v.data, t.data(), v.bytes());
+    } else {
+      t.assign(static_cast<char*>(v.data), static_cast<char*>(v.data) + v.bytes());
+    }
+  }
+  void scalar(const std::string& n, std::int64_t& s) {
+    load ? void(s = ints.at(prefix + n)) : void(ints[prefix + n] = s);
+  }
+  void scalar(const std::string& n, double& s) {
+    load ? void(s = doubles.at(prefix + n)) : void(doubles[prefix + n] = s);
+  }
+  void scalar(const std::string& n, std::string& s) {
+    load ? void(s = strings.at(prefix + n)) : void(strings[prefix + n] = s);
+  }
+  template <class U>
+  void child(const std::string& name, U& sub) {
+    const std::string saved = prefix;
+    prefix += name + "/";
+    sub.visit_state(*this);
+    prefix = saved;
+  }
+};
+}  // namespace
+
+TEST_CASE("SGD: plain, weight decay, momentum and Nesterov by hand") {
+  std::vector<double> p = {1.0, -2.0}, g = {0.5, 0.25};
+  Sgd plain(view(p), view(g), 0.1);
+  plain.step();
+  CHECK(p[0] == doctest::Approx(0.95));
+  CHECK(p[1] == doctest::Approx(-2.025));
+
+  // Weight decay 0.1: d = g + 0.1 p = (0.6, 0.05).
+  p = {1.0, -2.0};
+  Sgd wd(view(p), view(g), 0.1, SgdOptions{0.0, 0.0, 0.1, false});
+  wd.step();
+  CHECK(p[0] == doctest::Approx(0.94));
+  CHECK(p[1] == doctest::Approx(-2.005));
+
+  // Momentum 0.9, grads 0.5 then 1.0: buf1 = 0.5, p1 = 1 - 0.05 = 0.95;
+  // buf2 = 0.45 + 1.0 = 1.45, p2 = 0.95 - 0.145 = 0.805.
+  std::vector<double> q = {1.0}, h = {0.5};
+  Sgd mom(view(q), view(h), 0.1, SgdOptions{0.9, 0.0, 0.0, false});
+  mom.step();
+  CHECK(q[0] == doctest::Approx(0.95));
+  h[0] = 1.0;
+  mom.step();
+  CHECK(q[0] == doctest::Approx(0.805));
+  CHECK(mom.step_count() == 2);
+
+  // Nesterov: step 1 uses g + 0.9 buf1 = 0.5 + 0.45 = 0.95 -> p = 0.905;
+  // step 2: buf2 = 1.45, update 1.0 + 0.9 * 1.45 = 2.305 -> p = 0.905 - 0.2305 = 0.6745.
+  q = {1.0};
+  h = {0.5};
+  Sgd nes(view(q), view(h), 0.1, SgdOptions{0.9, 0.0, 0.0, true});
+  nes.step();
+  CHECK(q[0] == doctest::Approx(0.905));
+  h[0] = 1.0;
+  nes.step();
+  CHECK(q[0] == doctest::Approx(0.6745));
+
+  // Dampening 0.5: buf2 = 0.9 * 0.5 + 0.5 * 1.0 = 0.95.
+  q = {1.0};
+  h = {0.5};
+  Sgd damp(view(q), view(h), 0.1, SgdOptions{0.9, 0.5, 0.0, false});
+  damp.step();
+  h[0] = 1.0;
+  damp.step();
+  CHECK(q[0] == doctest::Approx(0.95 - 0.095));
+
+  CHECK_THROWS_AS(Sgd(view(q), view(h), 0.1, SgdOptions{0.0, 0.0, 0.0, true}), InvalidArgument);
+}
+
+TEST_CASE("AdamW follows the published update equations") {
+  // Independent transcription of Loshchilov & Hutter, Algorithm 2 (with eta = 1, the schedule
+  // multiplier folded into lr): theta <- theta - lr*(mhat / (sqrt(vhat) + eps) + lambda*theta),
+  // where the decay term uses the pre-update theta.
+  const double lr = 0.01, b1 = 0.8, b2 = 0.95, eps = 1e-6, wd = 0.1;
+  const std::size_t n = 9;
+  RngStream rng(5, 0);
+  std::vector<double> p(n), ref_p(n), m(n, 0.0), v(n, 0.0), g(n);
+  for (std::size_t i = 0; i < n; ++i) p[i] = ref_p[i] = rng.normal();
+  AdamW opt(view(p), view(g), lr, AdamWOptions{b1, b2, eps, wd});
+  for (int t = 1; t <= 6; ++t) {
+    for (std::size_t i = 0; i < n; ++i) g[i] = rng.normal();
+    for (std::size_t i = 0; i < n; ++i) {
+      m[i] = b1 * m[i] + (1 - b1) * g[i];
+      v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i];
+      const double mhat = m[i] / (1 - std::pow(b1, t));
+      const double vhat = v[i] / (1 - std::pow(b2, t));
+      ref_p[i] = ref_p[i] - lr * (mhat / (std::sqrt(vhat) + eps) + wd * ref_p[i]);
+    }
+    opt.step();
+    for (std::size_t i = 0; i < n; ++i) CHECK(p[i] == doctest::Approx(ref_p[i]).epsilon(1e-12));
+  }
+  auto em = opt.exp_avg().as<double>();
+  for (std::size_t i = 0; i < n; ++i) CHECK(em[i] == doctest::Approx(m[i]).epsilon(1e-12));
+
+  // First step without decay: the bias-corrected update is lr * g / (|g| + eps) ~ lr * sign(g).
+  std::vector<float> pf = {0.0f, 0.0f}, gf = {3.0f, -1e-3f};
+  AdamW first(view(pf), view(gf), 0.1, AdamWOptions{0.9, 0.999, 1e-8, 0.0});
+  first.step();
+  CHECK(pf[0] == doctest::Approx(-0.1).epsilon(1e-6));
+  CHECK(pf[1] == doctest::Approx(0.1).epsilon(1e-4));
+}
+
+TEST_CASE("schedules: constant, step decay, warm-up then cosine") {
+  const Schedule c = 0.5;
+  CHECK(c.lr(0) == 0.5);
+  CHECK(c.lr(100000) == 0.5);
+  const auto s = Schedule::step_decay(1.0, 10, 0.5);
+  CHECK(s.lr(0) == 1.0);
+  CHECK(s.lr(9) == 1.0);
+  CHECK(s.lr(10) == 0.5);
+  CHECK(s.lr(25) == 0.25);
+  const auto w = Schedule::warmup_cosine(1.0, 4, 14, 0.1);
+  CHECK(w.lr(0) == doctest::Approx(0.25));
+  CHECK(w.lr(3) == doctest::Approx(1.0));
+  CHECK(w.lr(4) == doctest::Approx(1.0));
+  CHECK(w.lr(9) == doctest::Approx(0.55));  // halfway: min + (peak - min) / 2
+  CHECK(w.lr(14) == doctest::Approx(0.1));
+  CHECK(w.lr(1000) == doctest::Approx(0.1));
+  for (int t = 4; t < 14; ++t) CHECK(w.lr(t + 1) <= w.lr(t));
+  CHECK_THROWS_AS(Schedule::warmup_cosine(1.0, 10, 10), InvalidArgument);
+  CHECK_THROWS_AS(Schedule::step_decay(1.0, 0, 0.5), InvalidArgument);
+  // The optimizer uses lr(step) for the step about to be taken.
+  std::vector<double> p = {0.0}, g = {1.0};
+  Sgd opt(view(p), view(g), Schedule::step_decay(1.0, 1, 0.5));
+  opt.step();
+  opt.step();
+  opt.step();
+  CHECK(p[0] == doctest::Approx(-1.75));
+  CHECK(opt.current_lr() == doctest::Approx(0.125));
+}
+
+TEST_CASE("clip_grad_norm scales to the global norm") {
+  std::vector<float> g = {3.0f, 4.0f};
+  CHECK(clip_grad_norm(view(g), 1.0) == doctest::Approx(5.0));
+  CHECK(g[0] == doctest::Approx(0.6).epsilon(1e-5));
+  CHECK(g[1] == doctest::Approx(0.8).epsilon(1e-5));
+  std::vector<double> small = {0.3, 0.4};
+  CHECK(clip_grad_norm(view(small), 1.0) == doctest::Approx(0.5));
+  CHECK(small[0] == 0.3);
+  std::vector<double> bad = {NAN, 1.0};
+  CHECK(std::isnan(clip_grad_norm(view(bad), 1.0)));
+  CHECK(bad[1] == 1.0);
+  std::vector<std::int32_t> ints = {1};
+  CHECK_THROWS_AS(clip_grad_norm(view(ints), 1.0), InvalidArgument);
+  CHECK_THROWS_AS(clip_grad_norm(view(g), 0.0), InvalidArgument);
+}
+
+TEST_CASE_TEMPLATE("optimizer state round-trips exactly", Opt, Sgd, AdamW) {
+  BasicSequential<float> m{Linear(3, 4), Tanh(), Linear(4, 2)};
+  m.init(8);
+  auto make = [&]() {
+    if constexpr (std::is_same_v<Opt, Sgd>)
+      return Sgd(m, Schedule::warmup_cosine(0.1, 2, 20), SgdOptions{0.9, 0.0, 1e-3, true});
+    else
+      return AdamW(m, Schedule::warmup_cosine(0.01, 2, 20));
+  };
+  Opt a = make();
+  const float x[] = {0.1f, 0.2f, -0.3f, 1.0f, 0.5f, -1.0f};
+  const std::int32_t y[] = {0, 1};
+  auto train = [&](Opt& o, int steps) {
+    for (int i = 0; i < steps; ++i) {
+      m.zero_grad();
+      m.forward_backward(x, y, 2);
+      o.step();
+    }
+  };
+  train(a, 3);
+  MemoryVisitor saved;
+  saved.child("model", m);
+  saved.child("optimizer", a);
+  CHECK(saved.ints.at("optimizer/step") == 3);
+  CHECK(saved.strings.at("optimizer/schedule").find("warmup_cosine") == 0);
+  train(a, 4);
+  std::vector<float> expect(m.parameter_span().begin(), m.parameter_span().end());
+
+  m.init(12345);  // scramble, then restore model and a fresh optimizer
+  Opt b = make();
+  saved.load = true;
+  saved.child("model", m);
+  saved.child("optimizer", b);
+  CHECK(b.step_count() == 3);
+  train(b, 4);
+  CHECK(std::memcmp(expect.data(), m.parameters().data, m.parameters().bytes()) == 0);
+}
+
+TEST_CASE("optimizers reject mismatched arenas") {
+  std::vector<float> p(4), g(3);
+  std::vector<double> gd(4);
+  CHECK_THROWS_AS(Sgd(view(p), view(g), 0.1), InvalidArgument);
+  CHECK_THROWS_AS(AdamW(view(p), view(gd), 0.1), InvalidArgument);
+  CHECK_THROWS_AS(AdamW(view(p), view(p), 0.1, AdamWOptions{1.0, 0.999, 1e-8, 0.0}),
+                  InvalidArgument);
+}
+
+TEST_CASE("an MLP trained with AdamW and clipping fits a 3-class problem") {
+  // Three Gaussian blobs; the classes are separable, so training accuracy must reach 100%.
+  const std::int64_t n = 60;
+  RngStream rng(9, 1);
+  std::vector<float> x(n * 2);
+  std::vector<std::int32_t> y(n);
+  const float cx[] = {-2, 2, 0}, cy[] = {0, 0, 3};
+  for (std::int64_t i = 0; i < n; ++i) {
+    y[i] = static_cast<std::int32_t>(i % 3);
+    x[2 * i] = cx[y[i]] + 0.4f * static_cast<float>(rng.normal());
+    x[2 * i + 1] = cy[y[i]] + 0.4f * static_cast<float>(rng.normal());
+  }
+  Sequential m{Linear(2, 16), Gelu(), LayerNorm(16), Linear(16, 3)};
+  m.init(4);
+  AdamW opt(m, Schedule::warmup_cosine(0.05, 10, 200, 1e-3));
+  double loss = 0;
+  for (int step = 0; step < 200; ++step) {
+    m.zero_grad();
+    loss = m.forward_backward(x.data(), y.data(), n);
+    clip_grad_norm(m.gradients(), 5.0);
+    opt.step();
+  }
+  CHECK(loss < 0.05);
+  CHECK(m.accuracy(x.data(), y.data(), n) == 1.0);
+}

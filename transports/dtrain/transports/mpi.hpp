@@ -1,0 +1,249 @@
+// dtrain: the MPI transport, point-to-point messages on a duplicate of any communicator the
+// application hands in. Needs dtrain::mpi (links MPI). Never calls MPI_Init itself; MpiSession
+// is the opt-in helper for programs that are not MPI applications already.
+#pragma once
+
+#include <mpi.h>
+
+#include <climits>
+#include <cstddef>
+#include <string>
+#include <thread>
+
+#include <dtrain/comm/transport_traits.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/timer.hpp>
+
+namespace dtrain {
+namespace detail {
+inline std::string mpi_error_string(int code) {
+  char buf[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, buf, &len) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+}  // namespace detail
+}  // namespace dtrain
+
+/// Throws dtrain::TransportError naming the operation, the MPI call and MPI's own message.
+#define DTRAIN_CHECK_MPI(call, operation)                                                     \
+  do {                                                                                        \
+    const int dtrain_mpi_rc_ = (call);                                                        \
+    if (dtrain_mpi_rc_ != MPI_SUCCESS)                                                        \
+      ::dtrain::raise<::dtrain::TransportError>(                                              \
+          (operation), std::string(#call) + ": " + ::dtrain::detail::mpi_error_string(dtrain_mpi_rc_)); \
+  } while (0)
+
+namespace dtrain {
+
+/// Initialises MPI for programs that are not MPI applications yet (asks for
+/// MPI_THREAD_MULTIPLE by default so the communicator's progress thread can run) and finalises it
+/// on destruction if it did the initialisation. Create once, in main, before any transport.
+class MpiSession {
+ public:
+  MpiSession(int* argc, char*** argv, int required = MPI_THREAD_MULTIPLE) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) {
+      DTRAIN_CHECK_MPI(MPI_Init_thread(argc, argv, required, &provided_), "MpiSession");
+      owner_ = true;
+    } else {
+      MPI_Query_thread(&provided_);
+    }
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (owner_ && !finalized) MPI_Finalize();
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+  /// The thread level MPI granted.
+  int thread_level() const noexcept { return provided_; }
+
+ private:
+  bool owner_ = false;
+  int provided_ = MPI_THREAD_SINGLE;
+};
+
+/// Point-to-point transport over MPI. The constructor duplicates `comm` (collective over `comm`),
+/// so dtrain's messages never meet the application's; any communicator works, not only
+/// MPI_COMM_WORLD. Satisfies is_transport_v. Used by one thread at a time (the owner, or the
+/// communicator's progress thread, which is only started when MPI runs at MPI_THREAD_MULTIPLE).
+class MpiTransport {
+ public:
+  /// Handle of one send or receive.
+  struct Request {
+    MPI_Request req = MPI_REQUEST_NULL;
+    bool is_recv = false;
+  };
+
+  explicit MpiTransport(MPI_Comm comm) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized)
+      raise<TransportError>("MpiTransport",
+                            "MPI is not initialised: call MPI_Init_thread first (or create a "
+                            "dtrain::MpiSession in main)");
+    // Messages raised on this process name its world rank unless the thread already has one.
+    if (detail::thread_rank() < 0) MPI_Comm_rank(MPI_COMM_WORLD, &detail::thread_rank());
+    DTRAIN_CHECK_MPI(MPI_Comm_dup(comm, &comm_), "MpiTransport");
+    // Errors come back as codes so that they turn into dtrain exceptions, not aborts.
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    thread_multiple_ = level == MPI_THREAD_MULTIPLE;
+    setup_shared_segments();
+  }
+  ~MpiTransport() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+    if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
+    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+  }
+
+  /// Node-shared segments (an MPI-3 shared-memory window over the ranks of this communicator)
+  /// when every rank runs on this node; null otherwise or with DTRAIN_SHM=0. Created by the
+  /// constructor (collective); the shm all-reduce loads and stores through it.
+  SharedSegments* shared_segments() noexcept { return win_ == MPI_WIN_NULL ? nullptr : &segments_; }
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  /// The duplicated communicator (for the application's own MPI calls next to dtrain's).
+  MPI_Comm mpi_comm() const noexcept { return comm_; }
+
+  void isend(Request& r, int peer, int tag, const void* data, std::size_t bytes) {
+    check_bytes(bytes, "MPI isend");
+    r.is_recv = false;
+    DTRAIN_CHECK_MPI(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &r.req),
+                     "MPI isend");
+  }
+  void irecv(Request& r, int peer, int tag, void* data, std::size_t bytes) {
+    check_bytes(bytes, "MPI irecv");
+    r.is_recv = true;
+    DTRAIN_CHECK_MPI(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &r.req),
+                     "MPI irecv");
+  }
+  bool test(Request& r) {
+    if (r.req == MPI_REQUEST_NULL) return true;
+    int flag = 0;
+    MPI_Status st;
+    DTRAIN_CHECK_MPI(MPI_Test(&r.req, &flag, &st), r.is_recv ? "MPI receive" : "MPI send");
+    return flag != 0;
+  }
+  /// Polls MPI_Test: spinning for the first 50 us (a partner on another core answers within
+  /// that), then yielding the core between polls, and after 2 ms sleeping 20 us between polls so
+  /// that a long wait (a late rank, the progress thread) does not steal a core from computation.
+  bool wait_until(Request& r, const Deadline& deadline) {
+    if (test(r)) return true;
+    const double start = now_seconds();
+    for (unsigned i = 1;; ++i) {
+      if (test(r)) return true;
+      if ((i & 63u) == 0) {
+        const double waited = now_seconds() - start;
+        if (deadline.expired()) return false;
+        if (waited > 2e-3)
+          std::this_thread::sleep_for(std::chrono::microseconds(20));
+        else if (waited > 50e-6)
+          std::this_thread::yield();
+      }
+    }
+  }
+  /// Abandons an active request: a receive is cancelled, a send is released to complete on its
+  /// own. Never throws.
+  void cancel(Request& r) noexcept {
+    if (r.req == MPI_REQUEST_NULL) return;
+    if (r.is_recv) {
+      MPI_Cancel(&r.req);
+      MPI_Request_free(&r.req);
+    } else {
+      MPI_Request_free(&r.req);
+    }
+    r.req = MPI_REQUEST_NULL;
+  }
+  /// MPI needs no registration: returns the range unchanged.
+  MemoryRegion register_memory(void* data, std::size_t bytes, Space space) {
+    return MemoryRegion{data, bytes, space, 0, nullptr};
+  }
+  void deregister_memory(MemoryRegion&) noexcept {}
+  /// A progress thread may call MPI only at MPI_THREAD_MULTIPLE (the application may call MPI
+  /// at the same time).
+  bool allows_progress_thread() const noexcept { return thread_multiple_; }
+
+ private:
+  static void check_bytes(std::size_t bytes, const char* op) {
+    DTRAIN_REQUIRE(bytes <= static_cast<std::size_t>(INT_MAX), op,
+                   "message of " << bytes << " B exceeds the MPI int count limit");
+  }
+
+  // All ranks on one node: one shared window, a segment per rank (slots, then counters). The
+  // counters are C++ atomics in that memory, so synchronisation needs no MPI calls.
+  void setup_shared_segments() {
+    const auto cfg = detail::SharedSegmentConfig::from_env();
+    if (!cfg.enabled || size_ < 2) return;
+    DTRAIN_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_),
+                     "MpiTransport");
+    int node_size = 0;
+    MPI_Comm_size(node_, &node_size);
+    if (node_size != size_) {  // the same answer on every rank
+      MPI_Comm_free(&node_);
+      return;
+    }
+    MPI_Comm_set_errhandler(node_, MPI_ERRORS_RETURN);
+    void* base = nullptr;
+    const std::size_t bytes = cfg.segment_bytes();
+    int rc = MPI_Win_allocate_shared(static_cast<MPI_Aint>(bytes), 64, MPI_INFO_NULL, node_, &base,
+                                     &win_);
+    int ok = rc == MPI_SUCCESS ? 1 : 0, all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, node_);
+    if (!all_ok) {
+      if (rc == MPI_SUCCESS) MPI_Win_free(&win_);
+      win_ = MPI_WIN_NULL;
+      MPI_Comm_free(&node_);
+      return;
+    }
+    SharedSegments::init_flags(static_cast<unsigned char*>(base) + cfg.slots * cfg.slot_bytes,
+                               cfg.slots);
+    segments_.rank = rank_;
+    segments_.size = size_;
+    segments_.slots = cfg.slots;
+    segments_.slot_bytes = cfg.slot_bytes;
+    for (int q = 0; q < size_; ++q) {
+      MPI_Aint qbytes = 0;
+      int disp = 0;
+      void* qbase = nullptr;
+      DTRAIN_CHECK_MPI(MPI_Win_shared_query(win_, q, &qbytes, &disp, &qbase), "MpiTransport");
+      auto* b = static_cast<unsigned char*>(qbase);
+      segments_.data.push_back(b);
+      segments_.flags.push_back(
+          reinterpret_cast<std::atomic<std::uint64_t>*>(b + cfg.slots * cfg.slot_bytes));
+    }
+    MPI_Barrier(node_);  // every rank's counters exist before anyone reads them
+  }
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  MPI_Comm node_ = MPI_COMM_NULL;
+  MPI_Win win_ = MPI_WIN_NULL;
+  SharedSegments segments_;
+  int rank_ = 0;
+  int size_ = 1;
+  bool thread_multiple_ = false;
+};
+
+template <>
+struct transport_capabilities<MpiTransport> {
+  static constexpr bool supports_device_memory = false;
+  static constexpr bool requires_registration = false;
+  static constexpr bool one_sided = false;
+  static constexpr bool thread_safe = true;
+};
+
+static_assert(detail::check_transport<MpiTransport>(), "");
+
+}  // namespace dtrain
