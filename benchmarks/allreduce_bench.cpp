@@ -1,8 +1,9 @@
 // allreduce_bench: dtrain's all-reduce algorithms against the system MPI_Allreduce on the same
 // buffers, nccl-tests style (see shared/PERFORMANCE.md for the conventions).
 //
-//   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench -b 4K -e 64M -f 4 --algo ring,tree,rhd,auto,mpi
-//   build/benchmarks/allreduce_bench --transport loopback --ranks 4 -b 1K -e 1M
+//   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench -b 4K -e 64M -f 4 --algo
+//   ring,tree,rhd,auto,mpi build/benchmarks/allreduce_bench --transport loopback --ranks 4 -b 1K -e
+//   1M
 //
 // Flags: -b min bytes, -e max bytes, -f step factor, -n iterations, -w warm-up iterations,
 // -R rounds (each cell reports its best round),
@@ -55,10 +56,14 @@ std::size_t parse_size(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   std::string suf = end ? end : "";
-  if (suf == "K" || suf == "k") v *= 1024;
-  else if (suf == "M" || suf == "m") v *= 1024.0 * 1024;
-  else if (suf == "G" || suf == "g") v *= 1024.0 * 1024 * 1024;
-  else if (!suf.empty()) throw dtrain::InvalidArgument("bad size '" + s + "'");
+  if (suf == "K" || suf == "k")
+    v *= 1024;
+  else if (suf == "M" || suf == "m")
+    v *= 1024.0 * 1024;
+  else if (suf == "G" || suf == "g")
+    v *= 1024.0 * 1024 * 1024;
+  else if (!suf.empty())
+    throw dtrain::InvalidArgument("bad size '" + s + "'");
   return static_cast<std::size_t>(v);
 }
 
@@ -82,24 +87,39 @@ Options parse(int argc, char** argv) {
       if (i + 1 >= argc) throw dtrain::InvalidArgument("missing value after " + a);
       return argv[++i];
     };
-    if (a == "-b") o.min_bytes = parse_size(next());
-    else if (a == "-e") o.max_bytes = parse_size(next());
-    else if (a == "-f") o.factor = std::atof(next().c_str());
-    else if (a == "-n") o.iters = std::atoi(next().c_str());
-    else if (a == "-w") o.warmup = std::atoi(next().c_str());
-    else if (a == "-R") o.rounds = std::max(1, std::atoi(next().c_str()));
-    else if (a == "-c") o.check = std::atoi(next().c_str()) != 0;
-    else if (a == "-d") o.dtype = dtrain::dtype_from_name(next());
-    else if (a == "-o") o.op = dtrain::reduce_op_from_name(next());
-    else if (a == "--algo") o.algos = split(next());
-    else if (a == "--transport") o.transport = next();
-    else if (a == "--ranks") o.loopback_ranks = std::atoi(next().c_str());
-    else if (a == "--inplace") o.inplace = true;
-    else if (a == "--json") o.json = next();
+    if (a == "-b")
+      o.min_bytes = parse_size(next());
+    else if (a == "-e")
+      o.max_bytes = parse_size(next());
+    else if (a == "-f")
+      o.factor = std::atof(next().c_str());
+    else if (a == "-n")
+      o.iters = std::atoi(next().c_str());
+    else if (a == "-w")
+      o.warmup = std::atoi(next().c_str());
+    else if (a == "-R")
+      o.rounds = std::max(1, std::atoi(next().c_str()));
+    else if (a == "-c")
+      o.check = std::atoi(next().c_str()) != 0;
+    else if (a == "-d")
+      o.dtype = dtrain::dtype_from_name(next());
+    else if (a == "-o")
+      o.op = dtrain::reduce_op_from_name(next());
+    else if (a == "--algo")
+      o.algos = split(next());
+    else if (a == "--transport")
+      o.transport = next();
+    else if (a == "--ranks")
+      o.loopback_ranks = std::atoi(next().c_str());
+    else if (a == "--inplace")
+      o.inplace = true;
+    else if (a == "--json")
+      o.json = next();
     else if (a == "-h" || a == "--help") {
-      std::printf("usage: allreduce_bench [-b 4K] [-e 64M] [-f 4] [-n 20] [-w 5] [-R 3] [-c 1] [-d f32] "
-                  "[-o sum] [--algo ring,tree,rhd,rd,auto,mpi] [--transport mpi|loopback] "
-                  "[--ranks 2] [--inplace] [--json FILE]\n");
+      std::printf(
+          "usage: allreduce_bench [-b 4K] [-e 64M] [-f 4] [-n 20] [-w 5] [-R 3] [-c 1] [-d f32] "
+          "[-o sum] [--algo ring,tree,rhd,rd,auto,mpi] [--transport mpi|loopback] "
+          "[--ranks 2] [--inplace] [--json FILE]\n");
       std::exit(0);
     } else {
       throw dtrain::InvalidArgument("unknown flag " + a);
@@ -134,10 +154,18 @@ void fill(void* data, dtrain::DType t, std::size_t n, dtrain::ReduceOp op, int r
     switch (t) {
       case dtrain::DType::f32: static_cast<float*>(data)[i] = static_cast<float>(v); break;
       case dtrain::DType::f64: static_cast<double*>(data)[i] = v; break;
-      case dtrain::DType::i32: static_cast<std::int32_t*>(data)[i] = static_cast<std::int32_t>(v); break;
-      case dtrain::DType::i64: static_cast<std::int64_t*>(data)[i] = static_cast<std::int64_t>(v); break;
-      case dtrain::DType::f16: static_cast<dtrain::half*>(data)[i] = dtrain::half(static_cast<float>(v)); break;
-      case dtrain::DType::bf16: static_cast<dtrain::bfloat16*>(data)[i] = dtrain::bfloat16(static_cast<float>(v)); break;
+      case dtrain::DType::i32:
+        static_cast<std::int32_t*>(data)[i] = static_cast<std::int32_t>(v);
+        break;
+      case dtrain::DType::i64:
+        static_cast<std::int64_t*>(data)[i] = static_cast<std::int64_t>(v);
+        break;
+      case dtrain::DType::f16:
+        static_cast<dtrain::half*>(data)[i] = dtrain::half(static_cast<float>(v));
+        break;
+      case dtrain::DType::bf16:
+        static_cast<dtrain::bfloat16*>(data)[i] = dtrain::bfloat16(static_cast<float>(v));
+        break;
     }
   }
 }
@@ -149,7 +177,8 @@ double read(const void* data, dtrain::DType t, std::size_t i) {
     case dtrain::DType::i32: return static_cast<const std::int32_t*>(data)[i];
     case dtrain::DType::i64: return static_cast<double>(static_cast<const std::int64_t*>(data)[i]);
     case dtrain::DType::f16: return static_cast<float>(static_cast<const dtrain::half*>(data)[i]);
-    case dtrain::DType::bf16: return static_cast<float>(static_cast<const dtrain::bfloat16*>(data)[i]);
+    case dtrain::DType::bf16:
+      return static_cast<float>(static_cast<const dtrain::bfloat16*>(data)[i]);
   }
   return 0;
 }
@@ -216,13 +245,15 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   const std::size_t es = dtrain::size_of(o.dtype);
   const double bc = measure_bc(comm);
   if (print) {
-    std::printf("# dtrain allreduce_bench: p=%d transport=%s Bc=%.2f GB/s (memcpy of 256 MiB, %d "
-                "concurrent copiers)\n",
-                p, o.transport.c_str(), bc, p);
-    std::printf("# %s, dtype %s, op %s, %d iterations after %d warm-up, best of %d interleaved "
-                "rounds, slowest rank, check %s\n",
-                o.inplace ? "in-place" : "out-of-place", dtrain::name_of(o.dtype),
-                dtrain::name_of(o.op), o.iters, o.warmup, o.rounds, o.check ? "on" : "off");
+    std::printf(
+        "# dtrain allreduce_bench: p=%d transport=%s Bc=%.2f GB/s (memcpy of 256 MiB, %d "
+        "concurrent copiers)\n",
+        p, o.transport.c_str(), bc, p);
+    std::printf(
+        "# %s, dtype %s, op %s, %d iterations after %d warm-up, best of %d interleaved "
+        "rounds, slowest rank, check %s\n",
+        o.inplace ? "in-place" : "out-of-place", dtrain::name_of(o.dtype), dtrain::name_of(o.op),
+        o.iters, o.warmup, o.rounds, o.check ? "on" : "off");
     if (comm.config().default_algorithm == AllreduceAlgorithm::automatic) {
       const auto& m = comm.cost_model();
       std::printf("# cost model: alpha %.2f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f ns/B\n",
@@ -236,8 +267,8 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   // algorithms size by size, so that load from other processes on a shared machine hits them
   // alike; each cell reports its best round (the slowest rank's time within a round).
   std::vector<std::size_t> sizes;
-  for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(o.max_bytes) * 1.0001;
-       sz *= o.factor)
+  for (double sz = static_cast<double>(o.min_bytes);
+       sz <= static_cast<double>(o.max_bytes) * 1.0001; sz *= o.factor)
     sizes.push_back(static_cast<std::size_t>(sz) / es * es);
   struct Cell {
     std::string algo, shown;
@@ -315,8 +346,8 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   for (const std::string& a : algos) {
     if (print) {
       std::printf("\n# algo %s\n", a.c_str());
-      std::printf("%12s %12s %6s %6s %9s %11s %12s %12s %7s\n", "size(B)", "count", "type",
-                  "redop", "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+      std::printf("%12s %12s %6s %6s %9s %11s %12s %12s %7s\n", "size(B)", "count", "type", "redop",
+                  "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
     for (const Cell& c : cells) {
       if (c.algo != a) continue;
@@ -325,8 +356,8 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       rows.push_back(Row{a, c.bytes, c.count, c.best * 1e6, algbw, busbw, c.wrong});
       if (print)
         std::printf("%12zu %12zu %6s %6s %9s %11.2f %12.3f %12.3f %7lld\n", c.bytes, c.count,
-                    dtrain::name_of(o.dtype), dtrain::name_of(o.op), c.shown.c_str(),
-                    c.best * 1e6, algbw, busbw, c.wrong);
+                    dtrain::name_of(o.dtype), dtrain::name_of(o.op), c.shown.c_str(), c.best * 1e6,
+                    algbw, busbw, c.wrong);
     }
   }
   if (print) std::fflush(stdout);
@@ -336,8 +367,9 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
 void write_json(const std::string& path, const std::vector<Row>& rows, const Options& o, int p) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw dtrain::IoError("cannot write " + path);
-  std::fprintf(f, "{\"p\": %d, \"transport\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", \"rows\": [\n",
-               p, o.transport.c_str(), dtrain::name_of(o.dtype), dtrain::name_of(o.op));
+  std::fprintf(
+      f, "{\"p\": %d, \"transport\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", \"rows\": [\n", p,
+      o.transport.c_str(), dtrain::name_of(o.dtype), dtrain::name_of(o.op));
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::fprintf(f,

@@ -42,7 +42,7 @@ struct Args {
   std::string work;
   std::size_t batch = 128;
   int epochs = 2;
-  std::size_t depth = 2;
+  std::size_t depth = dtrain::LoaderOptions{}.prefetch_depth;
   std::string only;  // run only the rows whose name contains this
 };
 
@@ -123,13 +123,14 @@ void print_header(double read_mb_s, double pread_mb_s, std::size_t n, std::size_
       "# baseline, same bytes, same run: read() sequential %.0f MB/s per rank; pread() per sample, "
       "shuffled %.0f MB/s per rank\n",
       read_mb_s, pread_mb_s);
-  std::printf("# %-44s %12s %10s %10s\n", "configuration", "samples/s", "MB/s", "vs read()");
+  std::printf("# %-44s %12s %10s %10s %10s\n", "configuration", "samples/s", "MB/s", "vs read()",
+              "vs pread()");
 }
 
-void print_row(const Row& r, double base) {
+void print_row(const Row& r, double read_base, double pread_base) {
   if (g_rank == 0)
-    std::printf("  %-44s %12.0f %10.1f %10.2f\n", r.name.c_str(), r.samples_per_s, r.mb_per_s,
-                r.mb_per_s / base);
+    std::printf("  %-44s %12.0f %10.1f %10.3f %10.2f\n", r.name.c_str(), r.samples_per_s,
+                r.mb_per_s, r.mb_per_s / read_base, r.mb_per_s / pread_base);
 }
 
 // One or more epochs through a Loader; returns per-rank throughput of the slowest rank.
@@ -209,17 +210,29 @@ void step_share(const std::string& name, D& ds, const Args& a) {
   MPI_Barrier(MPI_COMM_WORLD);
   dtrain::Timer tt;
   std::size_t n = 0;
+  double in_step = 0;
   while (loader.next(b)) {
+    const dtrain::Timer ts;
     if (b.size == a.batch) mlp.run(b.features.as<float>().data());
+    in_step += ts.seconds();
     ++n;
   }
-  const double total = max_over_ranks(tt.seconds());
-  const double wait = max_over_ranks(loader.wait_seconds());
+  const double total_local = tt.seconds();
+  // The rank that waited most, with its own total (shares are per rank, not mixed across ranks).
+  struct {
+    double share;
+    int rank;
+  } mine{loader.wait_seconds() / total_local, g_rank}, worst{0, 0};
+  MPI_Allreduce(&mine, &worst, 1, MPI_DOUBLE_INT, MPI_MAXLOC, MPI_COMM_WORLD);
+  double v[4] = {total_local, loader.wait_seconds(), in_step, loader.read_seconds()};
+  MPI_Bcast(v, 4, MPI_DOUBLE, worst.rank, MPI_COMM_WORLD);
   if (g_rank == 0)
     std::printf(
-        "  %-28s steps %5zu  compute-only %7.3f s  with loader %7.3f s  waiting for data %6.3f s = "
-        "%5.1f%% of step time\n",
-        name.c_str(), n, compute, total, wait, 100.0 * wait / total);
+        "  %-26s steps %4zu  compute alone %6.3f s | loop: total %6.3f s, compute %6.3f s, "
+        "reader busy %6.3f s (%4.1f%% of compute), waiting %6.3f s = %5.1f%% of step time "
+        "(rank %d)\n",
+        name.c_str(), n, compute, v[0], v[2], v[3], 100.0 * v[3] / v[2], v[1], 100.0 * worst.share,
+        worst.rank);
 }
 #endif
 
@@ -386,7 +399,7 @@ int main(int argc, char** argv) {
         rows.push_back(run_loader("in-memory store (f32), shuffled", mem, true, a, elems));
       }
       for (const auto& r : rows)
-        if (!r.name.empty()) print_row(r, read_mb_s);
+        if (!r.name.empty()) print_row(r, read_mb_s, pread_mb_s);
     }
 #ifdef DTRAIN_HAVE_CBLAS
     if (g_rank == 0)

@@ -117,11 +117,25 @@ if(DTRAIN_HAVE_HIP)
       set(DTRAIN_GPU_HIPBLAS OFF)
     endif()
     if(DTRAIN_HIP_LANGUAGE)
+      # Where CMake's HIP language looks (<ROCm root>/lib/cmake/hip-lang); Debian installs it under
+      # the multiarch directory instead, which CMake 3.25 does not search.
+      find_file(DTRAIN_HIP_LANG_CONFIG hip-lang-config.cmake
+        PATHS /opt/rocm/lib/cmake/hip-lang /usr/lib/cmake/hip-lang NO_DEFAULT_PATH)
+      mark_as_advanced(DTRAIN_HIP_LANG_CONFIG)
+      if(NOT DTRAIN_HIP_LANG_CONFIG)
+        message(FATAL_ERROR "dtrain: DTRAIN_HIP_LANGUAGE=ON needs a full ROCm install (no "
+                            "lib/cmake/hip-lang/hip-lang-config.cmake under /opt/rocm or /usr, as with "
+                            "Debian's packaging); leave it OFF to compile HIP with hipcc directly")
+      endif()
       enable_language(HIP)
       set(CMAKE_HIP_ARCHITECTURES "${_dtrain_hip_archs}")
     endif()
     _dtrain_gpu_status("dtrain: GPU tests compile with hipcc for ${_dtrain_hip_archs} (hipBLAS ${DTRAIN_GPU_HIPBLAS})")
   endif()
+endif()
+
+if(NOT DTRAIN_GPU_DIALECTS)
+  _dtrain_gpu_status("dtrain: neither nvcc nor hipcc found; GPU tests and kernels_bench_<gpu> are not built")
 endif()
 
 # Every header a GPU unit may include: a change rebuilds the units.

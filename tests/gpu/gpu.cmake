@@ -3,3 +3,13 @@
 # and CTest reports them as skipped. tests/gpu/run_on_device.sh runs them on a GPU machine.
 include("${PROJECT_SOURCE_DIR}/cmake/dtrain_gpu.cmake")
 dtrain_add_gpu_test(NAME gpu_kernels SOURCE "${CMAKE_CURRENT_LIST_DIR}/kernels_gpu_test.cpp" TIMEOUT 300)
+
+# gpu.hpp's host-only path (plain C++ compiler with the vendor runtime).
+if(DTRAIN_HAVE_CUDA)
+  dtrain_add_unit_test(NAME gpu_host_api_cuda SOURCES "${CMAKE_CURRENT_LIST_DIR}/gpu_host_api_test.cpp"
+    LINK dtrain::cuda TIMEOUT 60 LABELS gpu)
+endif()
+if(DTRAIN_HAVE_HIP)
+  dtrain_add_unit_test(NAME gpu_host_api_hip SOURCES "${CMAKE_CURRENT_LIST_DIR}/gpu_host_api_test.cpp"
+    LINK dtrain::hip TIMEOUT 60 LABELS gpu)
+endif()

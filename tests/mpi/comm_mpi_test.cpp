@@ -99,7 +99,8 @@ void mpi_reference(MPI_Comm comm, DType t, ReduceOp op, const std::vector<unsign
       b = 2.2 * (p - 1) * u * as[i] / (op == ReduceOp::avg ? p : 1) + 2.2 * u * std::fabs(w);
     if (op == ReduceOp::prod) b = 2.2 * (p - 1) * u * as[i];
     if (narrow && op != ReduceOp::min && op != ReduceOp::max)
-      b += 2 * std::ldexp(1.0, t == DType::f16 ? -11 : -8) * (std::fabs(w) + b) + std::ldexp(1.0, -24);
+      b += 2 * std::ldexp(1.0, t == DType::f16 ? -11 : -8) * (std::fabs(w) + b) +
+           std::ldexp(1.0, -24);
     want[i] = w;
     tol[i] = b;
   }
@@ -111,14 +112,14 @@ void compare_all_algorithms(MPI_Comm mpi_comm) {
   const int p = comm.size(), r = comm.rank();
   std::uint64_t combo = 0;
   int failures = 0;
-  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000},
-                        std::size_t{100003}})
-    for (AllreduceAlgorithm algo : {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree,
-                                    AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd,
-                                    AllreduceAlgorithm::shm, AllreduceAlgorithm::automatic})
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100003}})
+    for (AllreduceAlgorithm algo :
+         {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::rhd,
+          AllreduceAlgorithm::rd, AllreduceAlgorithm::shm, AllreduceAlgorithm::automatic})
       for (DType t : {DType::f32, DType::f64, DType::i32, DType::i64, DType::f16, DType::bf16})
-        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max,
-                            ReduceOp::prod}) {
+        for (ReduceOp op :
+             {ReduceOp::sum, ReduceOp::avg, ReduceOp::min, ReduceOp::max, ReduceOp::prod}) {
           ++combo;
           if (n == 100003 && (t == DType::f64 || t == DType::i32 || op == ReduceOp::min))
             continue;  // keep the large count to a representative subset
@@ -203,7 +204,8 @@ TEST_CASE("reduce_scatter, allgather and broadcast agree with MPI") {
     CHECK(std::equal(mine.begin(), mine.begin() + counts[r], ref.begin()));
 
     std::vector<std::int32_t> all(n + 1), all_ref(n + 1);
-    comm.allgather(BufferView(mine.data(), counts[r], DType::i32), BufferView(all.data(), n, DType::i32));
+    comm.allgather(BufferView(mine.data(), counts[r], DType::i32),
+                   BufferView(all.data(), n, DType::i32));
     MPI_Allgatherv(mine.data(), counts[r], MPI_INT32_T, all_ref.data(), counts.data(),
                    displs.data(), MPI_INT32_T, MPI_COMM_WORLD);
     CHECK(std::equal(all.begin(), all.begin() + n, all_ref.begin()));
@@ -226,7 +228,8 @@ TEST_CASE("GradientSync over MPI overlaps and equals MPI_Allreduce / p") {
   GradientSync sync(comm, BufferView(span<float>(g)), 16384);
   for (int step = 0; step < 2; ++step) {
     for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i % 17) * (r + 1) + step);
-    MPI_Allreduce(g.data(), ref.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(g.data(), ref.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM,
+                  MPI_COMM_WORLD);
     for (auto& v : ref) v /= static_cast<float>(p);
     for (std::size_t end = g.size(); end > 0;) {
       const std::size_t len = std::min<std::size_t>(end, 7000);

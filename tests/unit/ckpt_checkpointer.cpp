@@ -232,8 +232,8 @@ static void bit_exact_resume(int ranks, dtrain::CheckpointStrategy strategy, boo
   fs::remove_all(dir);
 }
 
-TEST_CASE("bit-exact resume over 1, 2 and 3 thread ranks") {
-  for (int n : {1, 2, 3}) {
+TEST_CASE("bit-exact resume over 1, 2, 3 and 4 thread ranks") {
+  for (int n : {1, 2, 3, 4}) {
     CAPTURE(n);
     bit_exact_resume(n, dtrain::CheckpointStrategy::rank0, false);
   }
@@ -285,6 +285,31 @@ TEST_CASE("a failing background write surfaces on every rank at the next call") 
     else
       CHECK_THROWS_AS(ckpt.wait(), dtrain::RemoteError);
     ckpt.wait();  // the error is reported once
+  });
+  fs::remove(dir);
+}
+
+TEST_CASE("a failing synchronous write throws on every rank and leaves no rank waiting") {
+  const std::string dir = fresh_dir("sync_error");
+  run_ranks(3, [&](ThreadComm& comm) {
+    Checkpointer<ThreadComm> ckpt(comm, dir, CheckpointOptions{});
+    FakeRun a(comm.rank());
+    comm.barrier();
+    if (comm.rank() == 0) {
+      fs::remove_all(dir);
+      std::ofstream(dir) << "not a directory";
+    }
+    comm.barrier();
+    if (comm.rank() == 0)
+      CHECK_THROWS_WITH_AS(save_run(ckpt, 1, a), doctest::Contains(".ckpt-000000000001.h5.tmp"),
+                           dtrain::IoError);
+    else
+      CHECK_THROWS_WITH_AS(save_run(ckpt, 1, a), doctest::Contains("rank 0 failed"),
+                           dtrain::RemoteError);
+    // The communicator is still in step: a collective call works afterwards.
+    std::vector<std::int64_t> one{1};
+    comm.allreduce(dtrain::BufferView(one.data(), 1, dtrain::DType::i64), dtrain::ReduceOp::sum);
+    CHECK(one[0] == 3);
   });
   fs::remove(dir);
 }

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <string>
+#include <type_traits>
 
 #include <dtrain/ckpt/hdf5.hpp>
 #include <dtrain/comm/communicator.hpp>
@@ -44,7 +45,8 @@ TEST_CASE("bit-exact resume through Communicator<LoopbackTransport>") {
           std::apply([&](auto&&... o) { ckpt.maybe_save(s, o...); }, objects(run));
         }
       }
-      dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+      dtrain::Checkpointer ckpt(comm, dir);  // class template argument deduction
+      static_assert(std::is_same_v<decltype(ckpt), dtrain::Checkpointer<LoopComm>>);
       dtrain::test::FakeRun resumed(comm.rank());
       auto step =
           std::apply([&](auto&&... o) { return ckpt.restore_latest(o...); }, objects(resumed));

@@ -29,7 +29,8 @@ TEST_CASE("GradientSync equals allreduce(avg) and overlaps with backward") {
       CHECK(sync.bucket_range(0).first + sync.bucket_range(0).second == n);
       for (int step = 0; step < 3; ++step) {
         for (std::size_t i = 0; i < n; ++i)
-          grads[i] = static_cast<float>((t.rank() + 1) * (step + 1)) * 0.25f + static_cast<float>(i % 11);
+          grads[i] =
+              static_cast<float>((t.rank() + 1) * (step + 1)) * 0.25f + static_cast<float>(i % 11);
         ref = grads;
         comm.allreduce(BufferView(span<float>(ref)), ReduceOp::avg, AllreduceAlgorithm::ring);
         // "Backward": layers from the end of the arena towards the start.

@@ -40,9 +40,9 @@ TEST_CASE("plan execution does not allocate") {
       std::vector<std::uint16_t> h(333, 0x3c00);  // f16 ones: the widening path
       auto plan = comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)),
                                       ReduceOp::sum, algo);
-      auto plan16 = comm.plan_allreduce(BufferView(h.data(), h.size(), DType::f16),
-                                        BufferView(h.data(), h.size(), DType::f16), ReduceOp::avg,
-                                        algo);
+      auto plan16 =
+          comm.plan_allreduce(BufferView(h.data(), h.size(), DType::f16),
+                              BufferView(h.data(), h.size(), DType::f16), ReduceOp::avg, algo);
       auto bcast = comm.plan_broadcast(BufferView(span<float>(x)), 1);
       plan.execute();  // first execution may touch lazily created state
       const long before = g_allocations;

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include <dtrain/comm/any_transport.hpp>
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/transports/loopback.hpp>
@@ -173,7 +174,8 @@ TEST_CASE("plans execute many times and resolve automatic once") {
                                     ReduceOp::avg);
     CHECK(plan.algorithm() != AllreduceAlgorithm::automatic);
     for (int step = 0; step < 5; ++step) {
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = step + t.rank() * 3.0 + static_cast<double>(i);
+      for (std::size_t i = 0; i < x.size(); ++i)
+        x[i] = step + t.rank() * 3.0 + static_cast<double>(i);
       if (step % 2) {
         plan.execute();
       } else {
@@ -217,7 +219,8 @@ TEST_CASE("cost model: measured once, agreed by all ranks, picks by size") {
   CHECK(cm.best(64u << 20, 8) == AllreduceAlgorithm::rhd);   // same bytes as ring, fewer steps
   CHECK(cm.best(64u << 20, 6) == AllreduceAlgorithm::ring);  // rhd would pay the fold
   CHECK(cm.best(64u << 20, 2) == AllreduceAlgorithm::ring);
-  CHECK(cm.predict(AllreduceAlgorithm::rhd, 1 << 20, 6) > cm.predict(AllreduceAlgorithm::rhd, 1 << 20, 4));
+  CHECK(cm.predict(AllreduceAlgorithm::rhd, 1 << 20, 6) >
+        cm.predict(AllreduceAlgorithm::rhd, 1 << 20, 4));
   CHECK(cm.best(64u << 20, 64) != AllreduceAlgorithm::rd);
 }
 
@@ -229,11 +232,10 @@ TEST_CASE("DTRAIN_ALLREDUCE_ALGO overrides automatic; an argument overrides both
   run_loopback(2, [&](LoopbackTransport& t) {
     Communicator comm(t, c);
     std::vector<float> x(100, 1.0f);
-    CHECK(comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)),
-                              ReduceOp::sum)
+    CHECK(comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)), ReduceOp::sum)
               .algorithm() == AllreduceAlgorithm::tree);
-    CHECK(comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)),
-                              ReduceOp::sum, AllreduceAlgorithm::rhd)
+    CHECK(comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)), ReduceOp::sum,
+                              AllreduceAlgorithm::rhd)
               .algorithm() == AllreduceAlgorithm::rhd);
   });
   ::setenv("DTRAIN_ALLREDUCE_ALGO", "bogus", 1);
@@ -262,7 +264,8 @@ TEST_CASE("double binary tree: two spanning trees, interior nodes mostly disjoin
         max_depth = std::max(max_depth, d);
       }
       CHECK(roots == 1);
-      for (int r = 0; r < p; ++r) CHECK(kids_seen[r] == (detail::tree_links(k, r, p).parent >= 0 ? 1 : 0));
+      for (int r = 0; r < p; ++r)
+        CHECK(kids_seen[r] == (detail::tree_links(k, r, p).parent >= 0 ? 1 : 0));
       int lg = 0;
       while ((1 << lg) < p) ++lg;
       CHECK(max_depth <= lg + 1);
@@ -275,4 +278,42 @@ TEST_CASE("double binary tree: two spanning trees, interior nodes mostly disjoin
       }
     }
   }
+}
+
+TEST_CASE("shm needs shared segments: DTRAIN_SHM=0 turns them off, no silent fallback") {
+  ::setenv("DTRAIN_SHM", "0", 1);
+  run_loopback(2, [&](LoopbackTransport& t) {
+    CHECK(t.shared_segments() == nullptr);
+    Communicator comm(t, quick());
+    std::vector<float> x(10, 1.0f);
+    CHECK_THROWS_WITH_AS(
+        comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::shm),
+        doctest::Contains("shm needs a transport with node-shared segments"), InvalidArgument);
+    CostModel cm{1e-6, 1e-10, 1e-11};
+    CHECK(cm.best(1 << 20, 2) != AllreduceAlgorithm::shm);  // shm_alpha 0: not available
+    comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum);
+    CHECK(x[0] == 2.0f);
+  });
+  ::unsetenv("DTRAIN_SHM");
+  run_loopback(2, [&](LoopbackTransport& t) { CHECK(t.shared_segments() != nullptr); });
+}
+
+TEST_CASE("AnyTransport: runtime choice behind one communicator type") {
+  static_assert(is_transport_v<AnyTransport>, "");
+  run_loopback(3, [&](LoopbackTransport& lt) {
+    AnyTransport t(lt);
+    CHECK(t.rank() == lt.rank());
+    CHECK(t.shared_segments() == lt.shared_segments());
+    Communicator<AnyTransport> comm(t, quick());
+    for (auto algo : {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::rhd,
+                      AllreduceAlgorithm::rd, AllreduceAlgorithm::shm}) {
+      std::vector<std::int64_t> x(1001, t.rank() + 1);
+      comm.allreduce(BufferView(span<std::int64_t>(x)), ReduceOp::sum, algo);
+      CHECK(x[1000] == 6);
+    }
+    std::vector<float> y(10, 1.0f);
+    auto h = comm.iallreduce(BufferView(span<float>(y)), ReduceOp::max);
+    h.wait();
+    CHECK(y[0] == 1.0f);
+  });
 }

@@ -30,8 +30,8 @@ inline std::vector<unsigned char> make_input(DType t, ReduceOp op, std::size_t c
     const std::uint64_t bits = splitmix64(seed + i);
     const double unit = static_cast<double>(bits >> 11) * 0x1.0p-53;  // [0, 1)
     const double f = prod ? 0.5 + unit : -2.0 + 4.0 * unit;           // [0.5,1.5) or [-2,2)
-    const long long k = prod ? static_cast<long long>(bits % 7) - 3
-                             : static_cast<long long>(bits % 2001) - 1000;
+    const long long k =
+        prod ? static_cast<long long>(bits % 7) - 3 : static_cast<long long>(bits % 2001) - 1000;
     switch (t) {
       case DType::f32: {
         float v = static_cast<float>(f);
@@ -104,7 +104,8 @@ I load_int(const unsigned char* p) {
 /// (p-1)·u·|Π x| of the exact product, avg adds one division (u·|avg|), and a 16-bit result adds
 /// its single rounding (u16·|result| plus half the smallest subnormal). min and max are exact.
 /// Returns the index of the first bad element, or -1.
-inline long long first_mismatch(DType t, ReduceOp op, const std::vector<std::vector<unsigned char>>& inputs,
+inline long long first_mismatch(DType t, ReduceOp op,
+                                const std::vector<std::vector<unsigned char>>& inputs,
                                 const unsigned char* got, std::size_t count,
                                 std::size_t first_elem = 0) {
   const int p = static_cast<int>(inputs.size());
@@ -145,8 +146,8 @@ inline long long first_mismatch(DType t, ReduceOp op, const std::vector<std::vec
         case ReduceOp::min: want = mn; break;
         default: want = mx; break;
       }
-      const std::int64_t have = is32 ? load_int<std::int32_t>(got + i * es)
-                                     : load_int<std::int64_t>(got + i * es);
+      const std::int64_t have =
+          is32 ? load_int<std::int32_t>(got + i * es) : load_int<std::int64_t>(got + i * es);
       if (have != want) return static_cast<long long>(e);
       continue;
     }

@@ -67,12 +67,16 @@ TEST_CASE("hdf5: reads equal IDX reads of the same data for every layout") {
     hsize_t chunk;
     int gzip;
     std::size_t cache;
+    bool direct;
   };
   const Normalize t = Normalize::from_unit_range(0.2860f, 0.3530f);
   const std::size_t big = std::size_t(64) << 20;
   // The last layout's cache is smaller than one chunk (the dataset raises it to one chunk).
-  for (Layout layout : {Layout{"contiguous", 0, 0, big}, Layout{"chunked", 16, 0, big},
-                        Layout{"gzip", 7, 4, big}, Layout{"gzip_small_cache", 64, 1, 100}}) {
+  // "contiguous" is read with pread at the dataset's offset, "contiguous_h5" through H5Dread.
+  for (Layout layout :
+       {Layout{"contiguous", 0, 0, big, true}, Layout{"contiguous_h5", 0, 0, big, false},
+        Layout{"chunked", 16, 0, big, true}, Layout{"gzip", 7, 4, big, true},
+        Layout{"gzip_small_cache", 64, 1, 100, true}}) {
     CAPTURE(layout.name);
     const std::string path = dir.file(std::string(layout.name) + ".h5");
     dtrain::test::write_h5(
@@ -82,6 +86,8 @@ TEST_CASE("hdf5: reads equal IDX reads of the same data for every layout") {
                       Shape{static_cast<std::int64_t>(kN)}, s.labels.data(), layout.chunk, 0, 10}});
     Hdf5Options options;
     options.chunk_cache_bytes = layout.cache;
+    options.direct_reads = layout.direct;
+    if (layout.cache < 1000) options.label_cache_bytes = 0;  // labels read per batch too
     Hdf5Dataset ds(path, "train/images", "train/labels", options);
     CHECK(ds.driver() == Hdf5Driver::posix);  // MPI is not initialised in this test
     CHECK(ds.size() == kN);

@@ -244,6 +244,28 @@ TEST_CASE("loader: a batch that does not arrive in time is a TimeoutError; shutd
   CHECK(s.position() == 8);  // one batch of 2 on each of 4 ranks
 }
 
+TEST_CASE("loader: a dataset with collective reads is read in the caller's thread") {
+  struct Collective {
+    std::thread::id reader;
+    std::size_t size() const { return 10; }
+    Shape sample_shape() const { return Shape{1}; }
+    bool collective_reads() const { return true; }
+    void read(span<const std::int64_t> idx, span<float> f, span<std::int32_t> l, const Normalize&) {
+      reader = std::this_thread::get_id();
+      for (std::size_t i = 0; i < idx.size(); ++i) {
+        f[i] = static_cast<float>(idx[i]);
+        l[i] = 0;
+      }
+    }
+  } ds;
+  DistributedSampler s(10, 0, 1, 1);
+  Loader loader(ds, s, 3);  // default prefetch depth 2
+  Batch b;
+  REQUIRE(loader.next(b));
+  CHECK(ds.reader == std::this_thread::get_id());
+  CHECK(b.features.as<float>()[0] == static_cast<float>(b.indices[0]));
+}
+
 TEST_CASE("loader: ranks as threads sharing one dataset get disjoint shards covering the epoch") {
   TempDir dir;
   auto files = dtrain::test::write_synthetic_idx(dir, "d", 301, 3, 3, false);

@@ -19,9 +19,10 @@ using Batches = std::vector<std::vector<std::int64_t>>;
 
 namespace {
 
-// The epoch order of one rank from position 0, written the way it is usually specified: pad or
-// truncate the permutation to a multiple of W, take every W-th entry starting at r, cut into
-// batches of B. Shares nothing with the sampler's position arithmetic.
+// The epoch order of one rank from position 0, written the way it is specified: pad or truncate
+// the permutation to a multiple of W, so each rank has q samples; step j has b = min(B, q - jB)
+// rows per rank and covers the next b*W entries, rank r taking the r-th block of b. Shares nothing
+// with the sampler's position arithmetic.
 Batches reference_batches(const std::vector<std::int64_t>& perm, int world, int rank,
                           SamplerTail tail, std::size_t B, bool drop_last) {
   const std::size_t n = perm.size(), w = static_cast<std::size_t>(world);
@@ -32,15 +33,16 @@ Batches reference_batches(const std::vector<std::int64_t>& perm, int world, int 
   } else {
     list.resize(n / w * w);
   }
-  std::vector<std::int64_t> mine;
-  for (std::size_t i = static_cast<std::size_t>(rank); i < list.size(); i += w)
-    mine.push_back(list[i]);
+  const std::size_t q = list.size() / w;
   Batches out;
-  for (std::size_t i = 0; i < mine.size(); i += B) {
-    const std::size_t e = std::min(mine.size(), i + B);
-    if (drop_last && e - i < B) break;
-    out.emplace_back(mine.begin() + static_cast<std::ptrdiff_t>(i),
-                     mine.begin() + static_cast<std::ptrdiff_t>(e));
+  std::size_t start = 0;
+  for (std::size_t done = 0; done < q; done += B) {
+    const std::size_t b = std::min(B, q - done);
+    if (drop_last && b < B) break;
+    const auto first =
+        list.begin() + static_cast<std::ptrdiff_t>(start + static_cast<std::size_t>(rank) * b);
+    out.emplace_back(first, first + static_cast<std::ptrdiff_t>(b));
+    start += b * w;
   }
   return out;
 }

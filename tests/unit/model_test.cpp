@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <dtrain/core/rng.hpp>
@@ -191,6 +192,10 @@ TEST_CASE("init is deterministic per seed and follows Kaiming and Xavier scales"
   CHECK(std::memcmp(a.parameters().data, b.parameters().data, a.parameters().bytes()) == 0);
   b.init(43);
   CHECK(std::memcmp(a.parameters().data, b.parameters().data, a.parameters().bytes()) != 0);
+  // A fresh model is already initialised, as with seed 0.
+  Sequential fresh{Linear(400, 300), Relu(), Linear(300, 10, Init::xavier_normal)};
+  b.init(0);
+  CHECK(std::memcmp(fresh.parameters().data, b.parameters().data, b.parameters().bytes()) == 0);
   auto p = a.parameter_span();
   const auto& info = a.parameter_info();
   // Kaiming uniform: U(-sqrt(6/fan_in), sqrt(6/fan_in)), variance 2/fan_in.
@@ -353,6 +358,18 @@ struct CountingAllocator final : Allocator {
   }
   Space space() const noexcept override { return Space::host; }
 };
+// Hands out memory full of NaN bit patterns: the model must not depend on zeroed memory.
+struct DirtyAllocator final : Allocator {
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    void* p = default_allocator().allocate(bytes, alignment);
+    std::memset(p, 0xff, bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    default_allocator().deallocate(p, bytes);
+  }
+  Space space() const noexcept override { return Space::host; }
+};
 struct DeviceLikeAllocator final : Allocator {
   void* allocate(std::size_t, std::size_t) override { return nullptr; }
   void deallocate(void*, std::size_t) noexcept override {}
@@ -368,6 +385,12 @@ TEST_CASE("arenas come from the allocator given; bad models are rejected with a 
     CHECK(alloc.live == 2 * m.parameter_count() * sizeof(float));
   }
   CHECK(alloc.live == 0);
+  DirtyAllocator dirty;
+  Sequential d({Linear(3, 4), LayerNorm(4), Linear(4, 2)}, dirty);
+  for (float v : d.gradient_span()) CHECK(v == 0.0f);
+  const float x3[] = {1, 2, 3};
+  const std::int32_t y1[] = {1};
+  CHECK(std::isfinite(d.forward_backward(x3, y1, 1)));
   try {
     Sequential bad{Linear(4, 3), Linear(4, 2)};
     FAIL("width mismatch accepted");
@@ -480,6 +503,34 @@ TEST_CASE("loader batches and gradient syncs plug in directly") {
   CHECK_THROWS_AS(m.forward_backward(b, sync), InvalidArgument);
   b.features = Tensor({4, 3}, DType::f64);
   CHECK_THROWS_AS(m.forward_backward(b, sync), InvalidArgument);
+}
+
+TEST_CASE("models on concurrent threads (loopback ranks) compute what they compute alone") {
+  auto run = [](int rank, std::vector<float>& grads, double& loss) {
+    Sequential m{Linear(20, 64), Gelu(), LayerNorm(64), Dropout(0.25f), Linear(64, 5)};
+    m.init(77);
+    auto xs = random_vec(16 * 20, 100 + rank);
+    std::vector<float> x(xs.begin(), xs.end());
+    std::vector<std::int32_t> y(16);
+    for (int i = 0; i < 16; ++i) y[i] = (i + rank) % 5;
+    PassOptions opt;
+    opt.sample_offset = 16 * rank;
+    for (int step = 0; step < 3; ++step)
+      loss = m.forward_backward(x.data(), y.data(), 16, Loss::softmax_cross_entropy, {}, opt);
+    grads.assign(m.gradient_span().begin(), m.gradient_span().end());
+  };
+  const int ranks = 3;
+  std::vector<std::vector<float>> alone(ranks), together(ranks);
+  std::vector<double> l_alone(ranks), l_together(ranks);
+  for (int r = 0; r < ranks; ++r) run(r, alone[r], l_alone[r]);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] { run(r, together[r], l_together[r]); });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < ranks; ++r) {
+    CHECK(l_alone[r] == l_together[r]);
+    CHECK(alone[r] == together[r]);
+  }
 }
 
 TEST_CASE("an empty batch is a no-op with zero loss") {

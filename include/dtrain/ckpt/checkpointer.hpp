@@ -317,25 +317,52 @@ class Checkpointer {
         mark_saved(step);
         return;
       }
-      Timer phase;
-      fill_replicated_crcs(repl);
-      const double crc_ms = phase.millis();
+      // Checksums are computed while rank 0 writes the data: by the other ranks (p > 1) or by
+      // a helper thread (p == 1), and combined just before rank 0 stores them.
+      std::vector<std::int64_t> crcs(repl.size(), 0);
+      const std::size_t n_repl = repl.size();
+      std::vector<detail::CkptEntry>* target = &repl;
+      bool combined = false;
+      std::future<void> helper;
+      auto combine = [&] {
+        if (combined) return;
+        combined = true;
+        if (helper.valid()) helper.get();
+        if (p > 1 && !crcs.empty())
+          comm_.allreduce(BufferView(crcs.data(), crcs.size(), DType::i64), ReduceOp::sum);
+        for (std::size_t i = 0; i < n_repl; ++i)
+          (*target)[i].crc = static_cast<std::uint32_t>(crcs[i]);
+      };
       err = nullptr;
       if (rank == 0) {
         try {
           m.entries = std::move(repl);
+          target = &m.entries;
           for (auto& e : gathered) m.entries.push_back(std::move(e));
-          phase.reset();
+          if (p == 1)
+            helper = std::async(std::launch::async, [&, rank] {
+              detail::RankScope scope(rank);
+              crc_share(m.entries, n_repl, crcs, /*skip_rank0=*/false);
+            });
+          m.before_checksums = combine;
+          Timer phase;
           Format::write(tmp_path, m);
           const double write_ms = phase.millis();
           phase.reset();
           publish(tmp_path, final_path);
-          DTRAIN_LOG(debug, "checkpoint " << final_path << ": checksums " << crc_ms
-                                          << " ms, write+fsync " << write_ms << " ms, rename+prune "
-                                          << phase.millis() << " ms");
+          DTRAIN_LOG(debug, "checkpoint " << final_path << ": write+fsync " << write_ms
+                                          << " ms, rename+prune " << phase.millis() << " ms");
         } catch (...) {
           err = std::current_exception();
         }
+        try {
+          combine();  // the other ranks wait in the same allreduce even if the write failed
+        } catch (...) {
+          if (!err) err = std::current_exception();
+        }
+      } else {
+        crc_share(repl, n_repl, crcs, /*skip_rank0=*/true);
+        combine();
       }
       detail::ckpt_agree(comm_, err, op);
       mark_saved(step);
@@ -543,21 +570,29 @@ class Checkpointer {
                    "shapes); pass rank-specific state with dtrain::per_rank");
   }
 
-  /// Checksums of replicated tensors, computed in parallel: each rank hashes a byte-balanced
-  /// share, an allreduce(sum) assembles them (replicas are identical).
-  void fill_replicated_crcs(std::vector<detail::CkptEntry>& repl) {
+  /// This rank's byte-balanced share of the checksums of the first n (replicated) entries,
+  /// into crcs (zeros elsewhere, so that an allreduce(sum) assembles them: replicas are
+  /// identical). With skip_rank0 rank 0 gets no share (it is busy writing).
+  void crc_share(const std::vector<detail::CkptEntry>& entries, std::size_t n,
+                 std::vector<std::int64_t>& crcs, bool skip_rank0) const {
     const int p = comm_.size(), rank = comm_.rank();
-    std::vector<std::int64_t> crcs(repl.size(), 0);
-    std::vector<std::size_t> load(static_cast<std::size_t>(p), 0);
-    for (std::size_t i = 0; i < repl.size(); ++i) {
-      if (repl[i].kind != detail::EntryKind::tensor) continue;
-      const auto who =
+    const int first = skip_rank0 && p > 1 ? 1 : 0;
+    std::vector<std::size_t> load(static_cast<std::size_t>(p - first), 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (entries[i].kind != detail::EntryKind::tensor) continue;
+      const auto k =
           static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[who] += repl[i].bytes() + 1;
-      if (static_cast<int>(who) == rank)
-        crcs[i] = static_cast<std::int64_t>(crc32c(repl[i].data, repl[i].bytes()));
+      load[k] += entries[i].bytes() + 1;
+      if (static_cast<int>(k) + first == rank)
+        crcs[i] = static_cast<std::int64_t>(crc32c(entries[i].data, entries[i].bytes()));
     }
-    if (p > 1 && !crcs.empty())
+  }
+
+  /// Checksums of replicated tensors, computed in parallel over the ranks.
+  void fill_replicated_crcs(std::vector<detail::CkptEntry>& repl) {
+    std::vector<std::int64_t> crcs(repl.size(), 0);
+    crc_share(repl, repl.size(), crcs, false);
+    if (comm_.size() > 1 && !crcs.empty())
       comm_.allreduce(BufferView(crcs.data(), crcs.size(), DType::i64), ReduceOp::sum);
     for (std::size_t i = 0; i < repl.size(); ++i) repl[i].crc = static_cast<std::uint32_t>(crcs[i]);
   }

@@ -24,7 +24,7 @@
 
 namespace dtrain {
 
-namespace detail {
+namespace detail::ckpt_h5 {
 
 #ifdef H5_HAVE_PARALLEL
 template <class Comm, class = void>
@@ -421,7 +421,7 @@ inline void h5_read_group(H5ReadState& st, const std::string& path) {
   }
 }
 
-}  // namespace detail
+}  // namespace detail::ckpt_h5
 
 /// The HDF5 checkpoint format: one file per checkpoint, a group per object and layer, a dataset
 /// per tensor (true shape and dtype, crc32c attribute), attributes for scalars. Stateless; its
@@ -432,13 +432,13 @@ struct Hdf5Format {
   /// Writes the whole manifest from this process (all entries' bytes must be present), then
   /// makes the file durable (flush, close, fsync). Local, blocking.
   static void write(const std::string& path, const detail::CkptManifest& m) {
-    detail::H5Session session;
+    detail::ckpt_h5::H5Session session;
     const char* op = "checkpoint write";
-    detail::H5Handle fapl = detail::h5_file_access(true);
-    detail::H5Handle file(
+    detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(true);
+    detail::ckpt_h5::H5Handle file(
         DTRAIN_CKPT_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), op, path),
         H5Fclose);
-    detail::h5_write_manifest(file, m, detail::H5WriteRole{});
+    detail::ckpt_h5::h5_write_manifest(file, m, detail::ckpt_h5::H5WriteRole{});
     DTRAIN_CKPT_H5(H5Fflush(file, H5F_SCOPE_GLOBAL), op, path);
     DTRAIN_CKPT_H5(file.close(), op, path);
     detail::fsync_path(path, false, op);
@@ -447,7 +447,7 @@ struct Hdf5Format {
   /// True when `comm` exposes an MPI communicator and HDF5 was built for MPI-IO.
   template <class Comm>
   static constexpr bool supports_parallel() {
-    return detail::comm_has_mpi_comm<Comm>::value;
+    return detail::ckpt_h5::comm_has_mpi_comm<Comm>::value;
   }
 
   /// Collective over `comm`: every rank calls it with the same manifest metadata. Rank r's
@@ -457,23 +457,24 @@ struct Hdf5Format {
   static void write_parallel(const std::string& path, const detail::CkptManifest& m, Comm& comm,
                              bool slices) {
 #ifdef H5_HAVE_PARALLEL
-    if constexpr (detail::comm_has_mpi_comm<Comm>::value) {
-      detail::H5Session session;
+    if constexpr (detail::ckpt_h5::comm_has_mpi_comm<Comm>::value) {
+      detail::ckpt_h5::H5Session session;
       const char* op = "checkpoint write";
       MPI_Comm mc = comm.transport().mpi_comm();
-      detail::H5Handle fapl(DTRAIN_CKPT_H5(H5Pcreate(H5P_FILE_ACCESS), op, path), H5Pclose);
+      detail::ckpt_h5::H5Handle fapl(DTRAIN_CKPT_H5(H5Pcreate(H5P_FILE_ACCESS), op, path),
+                                     H5Pclose);
       DTRAIN_CKPT_H5(H5Pset_fapl_mpio(fapl, mc, MPI_INFO_NULL), op, path);
       DTRAIN_CKPT_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST), op, path);
       DTRAIN_CKPT_H5(H5Pset_coll_metadata_write(fapl, true), op, path);
-      detail::H5Handle file(
+      detail::ckpt_h5::H5Handle file(
           DTRAIN_CKPT_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), op, path),
           H5Fclose);
-      detail::H5WriteRole role;
+      detail::ckpt_h5::H5WriteRole role;
       role.parallel = true;
       role.slices = slices;
       role.rank = comm.rank();
       role.size = comm.size();
-      detail::h5_write_manifest(file, m, role);
+      detail::ckpt_h5::h5_write_manifest(file, m, role);
       DTRAIN_CKPT_H5(H5Fflush(file, H5F_SCOPE_GLOBAL), op, path);
       DTRAIN_CKPT_H5(file.close(), op, path);
       if (role.rank == 0) detail::fsync_path(path, false, op);
@@ -489,45 +490,45 @@ struct Hdf5Format {
   /// Throws IoError for a damaged, truncated or foreign file and InvalidArgument for a
   /// dtrain checkpoint of an unknown format version.
   static detail::CkptManifest read(const std::string& path) {
-    detail::H5Session session;
+    detail::ckpt_h5::H5Session session;
     const char* op = "checkpoint read";
-    detail::H5Handle fapl = detail::h5_file_access(false);
-    detail::H5Handle file(DTRAIN_CKPT_H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), op, path),
-                          H5Fclose);
+    detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(false);
+    detail::ckpt_h5::H5Handle file(
+        DTRAIN_CKPT_H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), op, path), H5Fclose);
     detail::CkptManifest m;
     const std::string where = path + ":/";
-    if (detail::h5_get_str(file, "format", where) != detail::checkpoint_format_name)
+    if (detail::ckpt_h5::h5_get_str(file, "format", where) != detail::checkpoint_format_name)
       raise<IoError>(op, path + ": not a dtrain checkpoint (attribute 'format')");
-    m.format_version = detail::h5_get_i64(file, "format_version", where);
+    m.format_version = detail::ckpt_h5::h5_get_i64(file, "format_version", where);
     if (m.format_version != detail::checkpoint_format_version)
       raise<InvalidArgument>(op, path + ": unknown checkpoint format version " +
                                      std::to_string(m.format_version) +
                                      " (this library reads version " +
                                      std::to_string(detail::checkpoint_format_version) + ")");
-    m.library_version = detail::h5_get_str(file, "library_version", where);
-    m.step = detail::h5_get_i64(file, "step", where);
-    m.world_size = detail::h5_get_i64(file, "world_size", where);
-    m.strategy = detail::h5_get_str(file, "write_strategy", where);
+    m.library_version = detail::ckpt_h5::h5_get_str(file, "library_version", where);
+    m.step = detail::ckpt_h5::h5_get_i64(file, "step", where);
+    m.world_size = detail::ckpt_h5::h5_get_i64(file, "world_size", where);
+    m.strategy = detail::ckpt_h5::h5_get_str(file, "write_strategy", where);
     {
-      auto v = detail::h5_get_attr(file, "created_unix", where);
+      auto v = detail::ckpt_h5::h5_get_attr(file, "created_unix", where);
       m.created_unix = v.kind == detail::EntryKind::f64 ? v.f64 : 0.0;
     }
-    const std::int64_t expected = detail::h5_get_i64(file, "entry_count", where);
+    const std::int64_t expected = detail::ckpt_h5::h5_get_i64(file, "entry_count", where);
     {
-      detail::H5Handle d(
+      detail::ckpt_h5::H5Handle d(
           DTRAIN_CKPT_H5(H5Dopen2(file, "/config", H5P_DEFAULT), op, path + ":/config"), H5Dclose);
-      detail::H5Handle ty(DTRAIN_CKPT_H5(H5Dget_type(d), op, path + ":/config"), H5Tclose);
+      detail::ckpt_h5::H5Handle ty(DTRAIN_CKPT_H5(H5Dget_type(d), op, path + ":/config"), H5Tclose);
       std::string buf(H5Tget_size(ty), '\0');
       DTRAIN_CKPT_H5(H5Dread(d, ty, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), op,
                      path + ":/config");
       while (!buf.empty() && buf.back() == '\0') buf.pop_back();
-      const auto crc = detail::h5_get_i64(d, "crc32c", path + ":/config");
+      const auto crc = detail::ckpt_h5::h5_get_i64(d, "crc32c", path + ":/config");
       if (static_cast<std::uint32_t>(crc) != crc32c(buf.data(), buf.size()))
         raise<IoError>(op, path + ":/config: checksum mismatch");
       m.config = std::move(buf);
     }
-    detail::H5ReadState st{file, &m, path};
-    detail::h5_read_group(st, "/");
+    detail::ckpt_h5::H5ReadState st{file, &m, path};
+    detail::ckpt_h5::h5_read_group(st, "/");
     if (static_cast<std::int64_t>(m.entries.size()) != expected)
       raise<IoError>(op, path + ": holds " + std::to_string(m.entries.size()) +
                              " entries, its header says " + std::to_string(expected));

@@ -33,9 +33,9 @@ constexpr const char* name_of(AllreduceAlgorithm a) noexcept {
 /// otherwise.
 inline AllreduceAlgorithm allreduce_algorithm_from_name(const std::string& s) {
   if (s == "auto" || s == "automatic") return AllreduceAlgorithm::automatic;
-  for (AllreduceAlgorithm a : {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree,
-                               AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd,
-                               AllreduceAlgorithm::shm})
+  for (AllreduceAlgorithm a :
+       {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::rhd,
+        AllreduceAlgorithm::rd, AllreduceAlgorithm::shm})
     if (s == name_of(a)) return a;
   raise<InvalidArgument>("allreduce_algorithm_from_name",
                          "unknown all-reduce algorithm '" + s + "' (auto ring tree rhd rd shm)");

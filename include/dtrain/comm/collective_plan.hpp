@@ -40,7 +40,8 @@ class CollectivePlan {
   void execute() { detail::execute_in_order(*state(), *impl_); }
 
   /// Collective, non-blocking: queues the collective and returns at once. The buffers must not
-  /// be touched until the handle completes; a plan runs at most once at a time.
+  /// be touched until the handle completes; a plan runs at most once at a time and must outlive
+  /// the handle.
   CollectiveHandle start() {
     state()->engine.submit(*impl_);
     return CollectiveHandle(impl_.get());

@@ -33,10 +33,12 @@ struct CommConfig {
   /// malformed values.
   static CommConfig from_env() {
     CommConfig c;
-    if (const char* s = std::getenv("DTRAIN_COMM_TIMEOUT_S")) c.timeout_s = parse(s, "DTRAIN_COMM_TIMEOUT_S");
+    if (const char* s = std::getenv("DTRAIN_COMM_TIMEOUT_S"))
+      c.timeout_s = parse(s, "DTRAIN_COMM_TIMEOUT_S");
     if (const char* s = std::getenv("DTRAIN_COMM_SEGMENT_BYTES"))
       c.segment_bytes = static_cast<std::size_t>(parse(s, "DTRAIN_COMM_SEGMENT_BYTES"));
-    if (const char* s = std::getenv("DTRAIN_COMM_CHECK")) c.check_fingerprints = std::string(s) != "0";
+    if (const char* s = std::getenv("DTRAIN_COMM_CHECK"))
+      c.check_fingerprints = std::string(s) != "0";
     if (const char* s = std::getenv("DTRAIN_COMM_PROGRESS")) {
       const std::string v = s;
       DTRAIN_REQUIRE(v == "thread" || v == "caller", "CommConfig::from_env",
@@ -45,9 +47,12 @@ struct CommConfig {
     }
     if (const char* s = std::getenv("DTRAIN_ALLREDUCE_ALGO"); s && *s)
       c.default_algorithm = allreduce_algorithm_from_name(s);
-    if (const char* s = std::getenv("DTRAIN_COMM_ALPHA")) c.cost_model.alpha = parse(s, "DTRAIN_COMM_ALPHA");
-    if (const char* s = std::getenv("DTRAIN_COMM_BETA")) c.cost_model.beta = parse(s, "DTRAIN_COMM_BETA");
-    if (const char* s = std::getenv("DTRAIN_COMM_GAMMA")) c.cost_model.gamma = parse(s, "DTRAIN_COMM_GAMMA");
+    if (const char* s = std::getenv("DTRAIN_COMM_ALPHA"))
+      c.cost_model.alpha = parse(s, "DTRAIN_COMM_ALPHA");
+    if (const char* s = std::getenv("DTRAIN_COMM_BETA"))
+      c.cost_model.beta = parse(s, "DTRAIN_COMM_BETA");
+    if (const char* s = std::getenv("DTRAIN_COMM_GAMMA"))
+      c.cost_model.gamma = parse(s, "DTRAIN_COMM_GAMMA");
     return c;
   }
 

@@ -2,12 +2,16 @@
 // barrier) over any transport that satisfies is_transport_v.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
@@ -139,7 +143,9 @@ class Communicator {
                       AllreduceAlgorithm algo = AllreduceAlgorithm::automatic) {
     return Plan(make_plan(allreduce_spec(in, out, op, algo)));
   }
-  Plan plan_broadcast(BufferView buf, int root) { return Plan(make_plan(broadcast_spec(buf, root))); }
+  Plan plan_broadcast(BufferView buf, int root) {
+    return Plan(make_plan(broadcast_spec(buf, root)));
+  }
   Plan plan_reduce_scatter(BufferView in, BufferView out, ReduceOp op) {
     return Plan(make_plan(reduce_scatter_spec(in, out, op)));
   }
@@ -162,8 +168,8 @@ class Communicator {
   }
 
   /// The alpha-beta-gamma model. Collective the first time when no model was given: ranks pair
-  /// up (r, r^1) for a ping-pong (alpha) and a 1 MiB exchange (beta), time a local 1 MiB
-  /// reduction (gamma) and copy, time a one-chunk shm all-reduce when the transport has
+  /// up (r, r^1) for a ping-pong (alpha) and a 4 MiB exchange (beta), time a local 4 MiB
+  /// reduction (gamma), time a one-chunk and a 4 MiB shm all-reduce when the transport has
   /// node-shared segments, and agree on the maximum of each so every rank selects alike.
   const CostModel& cost_model() {
     if (!state_->cost.valid()) measure_cost_model();
@@ -187,10 +193,11 @@ class Communicator {
   }
 
   static void require_host(const BufferView& b, const char* op) {
-    DTRAIN_REQUIRE(b.space == Space::host, op,
-                   "buffer in " << name_of(b.space)
-                                << " memory; this transport moves host memory only");
-    DTRAIN_REQUIRE(b.data != nullptr || b.count == 0, op, "null buffer of " << b.count << " elements");
+    DTRAIN_REQUIRE(
+        b.space == Space::host, op,
+        "buffer in " << name_of(b.space) << " memory; this transport moves host memory only");
+    DTRAIN_REQUIRE(b.data != nullptr || b.count == 0, op,
+                   "null buffer of " << b.count << " elements");
   }
   static bool overlap(const BufferView& a, const BufferView& b) {
     const auto* a0 = static_cast<const char*>(a.data);
@@ -235,8 +242,8 @@ class Communicator {
     const std::size_t want = partition_count(in.count, size(), rank());
     DTRAIN_REQUIRE(in.dtype == out.dtype && out.count == want, "reduce_scatter",
                    "output must be " << want << " x " << name_of(in.dtype) << " (rank " << rank()
-                                     << "'s part of " << in.count << "), got " << out.count
-                                     << " x " << name_of(out.dtype));
+                                     << "'s part of " << in.count << "), got " << out.count << " x "
+                                     << name_of(out.dtype));
     DTRAIN_REQUIRE(!overlap(in, out), "reduce_scatter", "input and output overlap");
     Spec s = make_spec(detail::CollectiveKind::reduce_scatter);
     s.op = op;
@@ -319,7 +326,10 @@ class Communicator {
       };
       std::uint64_t word = 0, got = 0;
       double best = 1e30;
-      for (int i = 0; i < 23; ++i) {
+      // The minimum over bursts spread in time: on a shared machine a partner descheduled for a
+      // whole burst would otherwise pass for latency.
+      for (int i = 0; i < 68; ++i) {
+        if (i % 16 == 15) std::this_thread::sleep_for(std::chrono::microseconds(200));
         const double t0 = now_seconds();
         if (r < partner) {
           t.isend(a, partner, kTag, &word, 8);
@@ -335,7 +345,8 @@ class Communicator {
         if (i >= 3) best = std::min(best, now_seconds() - t0);
       }
       m[0] = best / 2;
-      constexpr std::size_t big = 1 << 20;
+      // Beyond the caches, so that beta describes the bandwidth-bound regime it is used for.
+      constexpr std::size_t big = 4 << 20;
       std::vector<unsigned char> sbuf(big, 1), rbuf(big);
       best = 1e30;
       for (int i = 0; i < 6; ++i) {
@@ -348,39 +359,61 @@ class Communicator {
       }
       m[1] = std::max((best - m[0]) / static_cast<double>(big), 1e-13);
     }
-    double shm[2] = {0, 0};  // counter hand-off seconds, copy seconds per byte
+    double shm[2] = {0, 0};  // counter hand-off seconds, shm seconds per byte
     {
-      std::vector<float> x(1 << 18, 1.0f), y(1 << 18, 2.0f);
-      double best = 1e30, best_copy = 1e30;
+      std::vector<float> x(1 << 20, 1.0f), y(1 << 20, 2.0f);  // 4 MiB each, as for beta
+      double best = 1e30;
       for (int i = 0; i < 4; ++i) {
-        double t0 = now_seconds();
+        const double t0 = now_seconds();
         detail::reduce_into(x.data(), x.data(), y.data(), x.size(), DType::f32, ReduceOp::sum);
         best = std::min(best, now_seconds() - t0);
-        t0 = now_seconds();
-        std::memcpy(y.data(), x.data(), x.size() * sizeof(float));
-        best_copy = std::min(best_copy, now_seconds() - t0);
       }
       m[2] = best / static_cast<double>(x.size() * sizeof(float));
-      shm[1] = best_copy / static_cast<double>(x.size() * sizeof(float));
     }
     const bool has_shm = shared_segments_of(t) != nullptr;
     if (has_shm) {
-      // A one-chunk shm all-reduce costs three counter hand-offs.
-      float tiny[8] = {};
+      // The fingerprint exchange every collective pays (ceil(log2 p) message rounds) is left out
+      // of every algorithm's model alike, so it is taken out of these timings.
+      int rounds = 0;
+      for (int d = 1; d < p; d <<= 1) ++rounds;
+      const double check = st.config.check_fingerprints ? rounds * m[0] : 0.0;
       Spec s = make_spec(detail::CollectiveKind::allreduce);
       s.dtype = DType::f32;
+      s.algo = AllreduceAlgorithm::shm;
+      // A bandwidth-bound shm all-reduce (4 MiB, as for beta), first: it also warms the
+      // segments up for the latency measurement below.
+      constexpr std::size_t big_count = 1 << 20;
+      std::vector<float> v(big_count, 1.0f);
+      s.count = big_count;
+      s.in = v.data();
+      s.out = v.data();
+      auto big_plan = make_plan(s);
+      double big_best = 1e30;
+      for (int i = 0; i < 5; ++i) {
+        std::fill(v.begin(), v.end(), 1.0f);
+        const double t0 = now_seconds();
+        detail::execute_in_order(st, *big_plan);
+        if (i >= 1) big_best = std::min(big_best, now_seconds() - t0);
+      }
+      // A one-chunk shm all-reduce costs three counter hand-offs.
+      float tiny[8] = {};
       s.count = 8;
       s.in = tiny;
       s.out = tiny;
-      s.algo = AllreduceAlgorithm::shm;
       auto plan = make_plan(s);
       double best = 1e30;
-      for (int i = 0; i < 23; ++i) {
+      for (int i = 0; i < 132; ++i) {
+        if (i % 16 == 15) std::this_thread::sleep_for(std::chrono::microseconds(200));
         const double t0 = now_seconds();
         detail::execute_in_order(st, *plan);
         if (i >= 3) best = std::min(best, now_seconds() - t0);
       }
-      shm[0] = best / 3;
+      shm[0] = std::max(best - check, 0.25 * best) / 3;
+      // Per byte: the big run without its chunks' counter hand-offs.
+      const double bytes = static_cast<double>(big_count * sizeof(float));
+      const double chunks =
+          std::ceil(bytes / static_cast<double>(shared_segments_of(t)->slot_bytes));
+      shm[1] = std::max(big_best - check - 3 * chunks * shm[0], 0.5 * big_best) / bytes;
     }
     double agreed[5] = {m[0], m[1], m[2], shm[0], shm[1]};
     Spec s = make_spec(detail::CollectiveKind::allreduce);
@@ -394,7 +427,7 @@ class Communicator {
     CostModel cm{std::max(agreed[0], 1e-9), std::max(agreed[1], 1e-13), agreed[2]};
     if (has_shm) {
       cm.shm_alpha = std::max(agreed[3], 1e-9);
-      cm.copy = std::max(agreed[4], 1e-13);
+      cm.shm_beta = std::max(agreed[4], 1e-13);
       cm.shm_chunk = static_cast<double>(shared_segments_of(t)->slot_bytes);
     }
     st.cost = cm;

@@ -19,9 +19,11 @@ struct CostModel {
   double beta = 0;
   double gamma = 0;
   /// Node-shared segments (0 when the transport has none): one counter hand-off between ranks
-  /// in seconds, the local copy cost in seconds per byte, and the pipelining chunk in bytes.
+  /// in seconds, the shm algorithm's cost per byte of vector (copies in and out, cross-core
+  /// traffic and reduction together, measured on a bandwidth-bound vector), and its pipelining
+  /// chunk in bytes.
   double shm_alpha = 0;
-  double copy = 0;
+  double shm_beta = 0;
   double shm_chunk = 256 * 1024;
 
   bool valid() const noexcept { return alpha > 0 && beta > 0 && gamma >= 0; }
@@ -43,8 +45,7 @@ struct CostModel {
       case AllreduceAlgorithm::ring:
         return 2 * (fp - 1) * alpha + 2 * (fp - 1) / fp * n * beta + (fp - 1) / fp * n * gamma;
       case AllreduceAlgorithm::rhd:
-        return 2 * lg * alpha + 2 * (fpp - 1) / fpp * n * beta + (fpp - 1) / fpp * n * gamma +
-               fold;
+        return 2 * lg * alpha + 2 * (fpp - 1) / fpp * n * beta + (fpp - 1) / fpp * n * gamma + fold;
       case AllreduceAlgorithm::rd: return lg * (alpha + n * beta + n * gamma) + fold;
       case AllreduceAlgorithm::tree: {
         // Pipelined double binary tree: the depth costs latency per segment in flight; each rank
@@ -54,10 +55,9 @@ struct CostModel {
       }
       case AllreduceAlgorithm::shm: {
         if (shm_alpha <= 0) return 1e300;  // not available
-        // Per chunk: three counter hand-offs; per byte: copied in, its share reduced against
-        // the other p-1 inputs, copied out.
+        // Per chunk: three counter hand-offs; per byte: what the measurement saw.
         const double chunks = std::ceil(n / shm_chunk);
-        return 3 * std::max(chunks, 1.0) * shm_alpha + n * (2 * copy + (fp - 1) / fp * gamma);
+        return 3 * std::max(chunks, 1.0) * shm_alpha + n * shm_beta;
       }
       case AllreduceAlgorithm::automatic: break;
     }

@@ -13,6 +13,9 @@
 //   void cancel(Request&) noexcept;            abandons an active operation (error paths)
 //   MemoryRegion register_memory(void*, std::size_t, Space);   plan-time registration hook
 //   void deregister_memory(MemoryRegion&) noexcept;
+// and optionally
+//   SharedSegments* shared_segments() noexcept;   node-shared memory for the shm algorithm
+//   bool allows_progress_thread() const;          whether a progress thread may drive it
 //
 // Messages between one (sender, receiver, tag) triple match in the order they were posted, and a
 // receive names the exact byte count the matching send carries. Ranks never post a send to
@@ -64,7 +67,7 @@ struct SharedSegments {
   int size = 1;
   int slots = 0;
   std::size_t slot_bytes = 0;
-  std::vector<unsigned char*> data;               ///< data[q]: rank q's slots
+  std::vector<unsigned char*> data;                ///< data[q]: rank q's slots
   std::vector<std::atomic<std::uint64_t>*> flags;  ///< flags[q]: rank q's counters
   std::uint64_t next_chunk = 0;                    ///< chunks this rank has processed so far
 
@@ -73,8 +76,8 @@ struct SharedSegments {
     return 3 * static_cast<std::size_t>(slots) * kFlagStride * sizeof(std::uint64_t);
   }
   std::atomic<std::uint64_t>& flag(int q, int kind, int slot) const noexcept {
-    return flags[static_cast<std::size_t>(q)][(static_cast<std::size_t>(kind) * slots + slot) *
-                                               kFlagStride];
+    return flags[static_cast<std::size_t>(q)]
+                [(static_cast<std::size_t>(kind) * slots + slot) * kFlagStride];
   }
   unsigned char* slot(int q, int s) const noexcept {
     return data[static_cast<std::size_t>(q)] + static_cast<std::size_t>(s) * slot_bytes;
@@ -158,16 +161,18 @@ struct has_isend<T, std::void_t<decltype(std::declval<T&>().isend(
 template <class T, class = void>
 struct has_irecv : std::false_type {};
 template <class T>
-struct has_irecv<T, std::void_t<decltype(std::declval<T&>().irecv(
-                        std::declval<typename T::Request&>(), 0, 0, static_cast<void*>(nullptr),
-                        std::size_t{}))>> : std::true_type {};
+struct has_irecv<
+    T, std::void_t<decltype(std::declval<T&>().irecv(std::declval<typename T::Request&>(), 0, 0,
+                                                     static_cast<void*>(nullptr), std::size_t{}))>>
+    : std::true_type {};
 
 template <class T, class = void>
 struct has_test : std::false_type {};
 template <class T>
-struct has_test<T, std::enable_if_t<std::is_same_v<
-                       bool, decltype(std::declval<T&>().test(
-                                 std::declval<typename T::Request&>()))>>> : std::true_type {};
+struct has_test<T,
+                std::enable_if_t<std::is_same_v<bool, decltype(std::declval<T&>().test(
+                                                          std::declval<typename T::Request&>()))>>>
+    : std::true_type {};
 
 template <class T, class = void>
 struct has_wait_until : std::false_type {};
@@ -181,18 +186,20 @@ struct has_wait_until<
 template <class T, class = void>
 struct has_cancel : std::false_type {};
 template <class T>
-struct has_cancel<T, std::void_t<decltype(std::declval<T&>().cancel(
-                         std::declval<typename T::Request&>()))>> : std::true_type {};
+struct has_cancel<
+    T, std::void_t<decltype(std::declval<T&>().cancel(std::declval<typename T::Request&>()))>>
+    : std::true_type {};
 
 template <class T, class = void>
 struct has_registration : std::false_type {};
 template <class T>
 struct has_registration<
-    T, std::enable_if_t<std::is_same_v<MemoryRegion, decltype(std::declval<T&>().register_memory(
-                                                         static_cast<void*>(nullptr),
-                                                         std::size_t{}, Space::host))>,
-                        std::void_t<decltype(std::declval<T&>().deregister_memory(
-                            std::declval<MemoryRegion&>()))>>> : std::true_type {};
+    T,
+    std::enable_if_t<
+        std::is_same_v<MemoryRegion, decltype(std::declval<T&>().register_memory(
+                                         static_cast<void*>(nullptr), std::size_t{}, Space::host))>,
+        std::void_t<decltype(std::declval<T&>().deregister_memory(std::declval<MemoryRegion&>()))>>>
+    : std::true_type {};
 
 template <class T, class = void>
 struct has_progress_query : std::false_type {};
@@ -204,9 +211,8 @@ struct has_progress_query<
 template <class T, class = void>
 struct has_shared_segments : std::false_type {};
 template <class T>
-struct has_shared_segments<
-    T, std::enable_if_t<std::is_same_v<SharedSegments*,
-                                       decltype(std::declval<T&>().shared_segments())>>>
+struct has_shared_segments<T, std::enable_if_t<std::is_same_v<
+                                  SharedSegments*, decltype(std::declval<T&>().shared_segments())>>>
     : std::true_type {};
 
 }  // namespace detail
@@ -222,11 +228,10 @@ SharedSegments* shared_segments_of(T& t) noexcept {
 
 /// True when T provides every member the collectives need (see the top of this header).
 template <class T>
-inline constexpr bool is_transport_v =
-    detail::has_request_type<T>::value && detail::has_rank_size<T>::value &&
-    detail::has_isend<T>::value && detail::has_irecv<T>::value && detail::has_test<T>::value &&
-    detail::has_wait_until<T>::value && detail::has_cancel<T>::value &&
-    detail::has_registration<T>::value;
+inline constexpr bool is_transport_v = detail::has_request_type<T>::value&&
+    detail::has_rank_size<T>::value&& detail::has_isend<T>::value&& detail::has_irecv<T>::value&&
+        detail::has_test<T>::value&& detail::has_wait_until<T>::value&&
+            detail::has_cancel<T>::value&& detail::has_registration<T>::value;
 
 namespace detail {
 /// Fires one static_assert per missing member so the compiler names what is wrong.

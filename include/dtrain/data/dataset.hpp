@@ -52,6 +52,23 @@ template <class D>
 inline constexpr bool is_dataset_v =
     dataset_has_size_v<D>&& dataset_has_sample_shape_v<D>&& dataset_has_read_v<D>;
 
+namespace detail {
+template <class D>
+using dataset_collective_t =
+    decltype(static_cast<bool>(std::declval<const D&>().collective_reads()));
+}  // namespace detail
+
+/// Optional requirement: `bool collective_reads() const`, true when read() is collective over the
+/// ranks (every rank must call it equally often, in the same order). A Loader then reads in the
+/// caller's thread, so that the number of reads never depends on how far a background thread got.
+template <class D>
+bool reads_collectively(const D& d) {
+  if constexpr (detail::detects<D, detail::dataset_collective_t>::value)
+    return static_cast<bool>(d.collective_reads());
+  else
+    return false;
+}
+
 /// Number of feature elements in one sample of `d`. Local, pure.
 template <class D>
 std::size_t sample_elements(const D& d) {

@@ -4,17 +4,20 @@
 // ------------------------
 // For epoch e the sampler forms a permutation P of [0, N): a Fisher-Yates shuffle driven by
 // Philox (seed, stream derived from e), or the identity without shuffling. P depends only on
-// (seed, epoch, N), never on the number of ranks, so every rank computes it without communication.
+// (seed, epoch, N), never on the number of ranks, so every rank computes it without communication
+// (it is held as N 64-bit indices, shared by copies of the sampler).
 //
 // The sampler's state is a *global position* g: the number of entries of P the whole job has
-// consumed this epoch. The batch that starts at g gives rank r of W the entries
-//     P[(g + i*W + r) mod N]   for i = 0 .. b-1,
-// and moves g to g + b*W. Ranks interleave row by row, so after any number of steps the consumed
-// part of the epoch is exactly the prefix P[0, g): the shards of a step are disjoint, their union
-// is the next b*W entries of P, and the state needs no rank count. Restoring with a different W
-// continues the same P from the same g; from there on the new W interleaves.
+// consumed this epoch. A step takes the next b*W entries of P, where b is the step's batch size
+// (the same on every rank), and gives rank r of W the r-th block of b of them:
+//     P[(g + r*b + i) mod N]   for i = 0 .. b-1,
+// moving g to g + b*W. So after any number of steps the consumed part of the epoch is exactly the
+// prefix P[0, g): the shards of a step are disjoint, their union is the next b*W entries of P, and
+// the state needs no rank count. Restoring with a different W continues the same P from the same
+// g; from there on the new W splits each step. Blocks (rather than every W-th entry) keep each
+// rank's rows contiguous in the file when shuffling is off, so they are read as one run.
 //
-// The tail (the last entries of P that do not fill a row of W):
+// The tail (the last entries of P that do not divide evenly among the W ranks):
 //   SamplerTail::pad  (default) the remaining R = N - g entries are extended to ceil(R/W)*W by
 //                     wrapping to the start of P (P[0], P[1], ...), so every rank gets
 //                     ceil(R/W) samples and no sample is dropped; a few appear twice.
@@ -163,9 +166,8 @@ class DistributedSampler {
   void indices_at(std::uint64_t g, std::size_t batch_size, std::vector<std::int64_t>& out) const {
     const std::size_t b = batch_rows_at(g, batch_size);
     out.resize(b);
-    const std::uint64_t w = static_cast<std::uint64_t>(world_),
-                        r = static_cast<std::uint64_t>(rank_);
-    for (std::size_t i = 0; i < b; ++i) out[i] = permuted((g + i * w + r) % num_samples_);
+    const std::uint64_t first = g + static_cast<std::uint64_t>(rank_) * b;
+    for (std::size_t i = 0; i < b; ++i) out[i] = permuted((first + i) % num_samples_);
   }
   /// Global position after the batch that starts at g.
   std::uint64_t position_after(std::uint64_t g, std::size_t batch_size) const {

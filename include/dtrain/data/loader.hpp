@@ -1,6 +1,7 @@
 // dtrain: Loader, batches for the training loop, filled ahead of time by a background thread.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/log.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/core/timer.hpp>
 #include <dtrain/data/batch.hpp>
@@ -24,10 +26,13 @@ namespace dtrain {
 
 /// Options of Loader.
 struct LoaderOptions {
-  /// Batches read ahead by the background thread (2 = double buffering). 0 reads each batch in the
-  /// caller's thread inside next() (no thread; for datasets that must not be read concurrently
-  /// with the caller, e.g. MPI-IO without MPI_THREAD_MULTIPLE).
-  std::size_t prefetch_depth = 2;
+  /// Batches read ahead by the background thread (1 = double buffering: one in use, one being
+  /// read). The thread refills once half of them are consumed, several per wake-up. 0 reads each
+  /// batch in the caller's thread inside next() (no thread; for datasets that must not be read
+  /// concurrently with the caller, e.g. MPI-IO without MPI_THREAD_MULTIPLE). Memory: this many
+  /// batches plus the caller's. When every core already runs a rank, the reader waits for the
+  /// scheduler at each wake-up; a deeper read-ahead (8) hides that (benchmarks/results/data.md).
+  std::size_t prefetch_depth = 4;
   /// Applied to every feature while the batch is filled.
   Normalize transform{};
   /// Deliver features as [B, elements] instead of [B, ...sample shape] (same memory).
@@ -47,6 +52,7 @@ struct LoaderOptions {
 /// thread at a time; the dataset and the sampler must outlive the loader. The background thread
 /// calls only dataset.read(); its errors are rethrown by the next() that would have returned the
 /// failed batch. The destructor stops the thread after the read in progress (mid-epoch is fine).
+/// A dataset whose reads are collective (reads_collectively()) is read in the caller's thread.
 template <class Dataset>
 class Loader {
   static_assert(dataset_has_size_v<Dataset>,
@@ -69,6 +75,12 @@ class Loader {
                                              << dataset.size());
     sample_shape_ = dataset.sample_shape();
     elements_ = element_count(sample_shape_, "Loader");
+    if (opt_.prefetch_depth > 0 && reads_collectively(dataset)) {
+      // A background thread could have issued a different number of collective reads on each
+      // rank when the loop stops or the sampler jumps, leaving the others waiting forever.
+      DTRAIN_LOG(debug, "Loader: the dataset reads collectively; reading in the caller's thread");
+      opt_.prefetch_depth = 0;
+    }
     if (opt_.prefetch_depth > 0) {
       slots_.resize(opt_.prefetch_depth);
       worker_ = std::thread([this] { work(); });
@@ -81,7 +93,7 @@ class Loader {
         std::lock_guard<std::mutex> lock(mutex_);
         stop_ = true;
       }
-      cv_.notify_all();
+      work_cv_.notify_all();
       worker_.join();
     }
   }
@@ -116,6 +128,9 @@ class Loader {
   std::size_t remaining_batches() const { return sampler_.remaining_batches(batch_); }
   /// Seconds the caller spent inside next() (waiting for data: the loader's share of step time).
   double wait_seconds() const noexcept { return wait_seconds_; }
+  /// Seconds spent filling batches (reading and transforming), on whichever thread did it: the
+  /// loader's own cost, which the read-ahead hides when a core is free for it. Thread-safe.
+  double read_seconds() const noexcept { return static_cast<double>(read_ns_.load()) * 1e-9; }
   /// Batches handed over since construction.
   std::size_t delivered() const noexcept { return delivered_; }
 
@@ -164,6 +179,12 @@ class Loader {
 
   // Fills `b` with batch j of `plan`. Runs on the worker (or the caller for depth 0).
   void fill(Batch& b, const Plan& plan, std::size_t j) {
+    const Timer timer;
+    struct Account {
+      const Timer& t;
+      std::atomic<std::int64_t>& total;
+      ~Account() { total += static_cast<std::int64_t>(t.seconds() * 1e9); }
+    } account{timer, read_ns_};
     std::uint64_t g = plan.start;
     // Positions advance by batch_*W until the last batch, so batch j starts at start + j*B*W.
     g += static_cast<std::uint64_t>(j) * batch_ *
@@ -213,6 +234,8 @@ class Loader {
     next_deliver_ = 0;
   }
 
+  std::size_t low_water() const noexcept { return slots_.size() / 2; }
+
   // Discards the read-ahead and starts a pass from the sampler's state. Caller holds mutex_.
   void start_pass_locked() {
     start_plan();
@@ -221,7 +244,7 @@ class Loader {
     for (auto& s : slots_)
       if (s.state == SlotState::ready)
         s.state = SlotState::free;  // a filling slot is freed by the worker
-    cv_.notify_all();
+    work_cv_.notify_all();
   }
 
   bool next_async(Batch& out) {
@@ -234,9 +257,10 @@ class Loader {
     auto ready = [&] { return slot.state == SlotState::ready && slot.pass == pass_; };
     while (!ready()) {
       if (opt_.timeout_s < 0) {
-        cv_.wait(lock);
-      } else if (cv_.wait_for(lock, std::chrono::duration<double>(std::max(
-                                        0.0, deadline.remaining()))) == std::cv_status::timeout &&
+        ready_cv_.wait(lock);
+      } else if (ready_cv_.wait_for(
+                     lock, std::chrono::duration<double>(std::max(0.0, deadline.remaining()))) ==
+                     std::cv_status::timeout &&
                  !ready() && deadline.expired()) {
         raise<TimeoutError>("Loader::next",
                             "batch " + std::to_string(j) + " of epoch " +
@@ -247,7 +271,9 @@ class Loader {
     }
     ++next_deliver_;
     slot.state = SlotState::free;
-    cv_.notify_all();
+    // Wake the reader only at the low-water mark, so that it refills several slots per wake-up:
+    // on a node where every core runs a rank, each wake-up waits for the scheduler.
+    if (next_fill_ <= next_deliver_ + low_water()) work_cv_.notify_one();
     if (slot.error) {
       std::exception_ptr e = std::move(slot.error);
       slot.error = nullptr;
@@ -261,11 +287,15 @@ class Loader {
   void work() {
     detail::RankScope rank_scope(sampler_.rank());
     std::unique_lock<std::mutex> lock(mutex_);
+    bool streak = false;  // keep filling until the ring is full, then sleep to the low-water mark
+    auto can_fill = [&] {
+      return plan_ && next_fill_ < plan_->batches &&
+             slots_[next_fill_ % slots_.size()].state == SlotState::free &&
+             next_fill_ < next_deliver_ + slots_.size();
+    };
     for (;;) {
-      cv_.wait(lock, [&] {
-        return stop_ || (plan_ && next_fill_ < plan_->batches &&
-                         slots_[next_fill_ % slots_.size()].state == SlotState::free &&
-                         next_fill_ < next_deliver_ + slots_.size());
+      work_cv_.wait(lock, [&] {
+        return stop_ || (can_fill() && (streak || next_fill_ <= next_deliver_ + low_water()));
       });
       if (stop_) return;
       const std::size_t j = next_fill_++;
@@ -291,7 +321,8 @@ class Loader {
         // After a failure, read no further: the caller will see the error and restart.
         if (error) next_fill_ = plan_->batches;
       }
-      cv_.notify_all();
+      streak = can_fill();
+      ready_cv_.notify_one();
     }
   }
 
@@ -309,11 +340,13 @@ class Loader {
   std::size_t next_deliver_ = 0;
   Batch current_;
   double wait_seconds_ = 0.0;
+  std::atomic<std::int64_t> read_ns_{0};
   std::size_t delivered_ = 0;
 
   // Shared with the worker, guarded by mutex_.
   std::mutex mutex_;
-  std::condition_variable cv_;
+  std::condition_variable work_cv_;   // the reader waits here
+  std::condition_variable ready_cv_;  // the caller waits here
   std::vector<Slot> slots_;
   std::uint64_t pass_ = 0;
   std::size_t next_fill_ = 0;

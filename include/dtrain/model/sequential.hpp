@@ -25,18 +25,20 @@ namespace dtrain {
 namespace detail {
 // Anything with ready(offset, count), such as GradientSync.
 template <class S, class = void>
-struct has_ready : std::false_type {};
+struct is_grad_sink : std::false_type {};
 template <class S>
-struct has_ready<S, std::void_t<decltype(std::declval<S&>().ready(std::size_t{}, std::size_t{}))>>
+struct is_grad_sink<S,
+                    std::void_t<decltype(std::declval<S&>().ready(std::size_t{}, std::size_t{}))>>
     : std::true_type {};
 // A loader batch: features and labels tensors, per-row dataset indices and a row count.
 template <class B, class = void>
-struct is_batch : std::false_type {};
+struct is_loader_batch : std::false_type {};
 template <class B>
-struct is_batch<B, std::void_t<decltype(BufferView(std::declval<const B&>().features.view())),
-                               decltype(BufferView(std::declval<const B&>().labels.view())),
-                               decltype(std::declval<const B&>().indices.data()),
-                               decltype(std::size_t(std::declval<const B&>().size))>>
+struct is_loader_batch<B,
+                       std::void_t<decltype(BufferView(std::declval<const B&>().features.view())),
+                                   decltype(BufferView(std::declval<const B&>().labels.view())),
+                                   decltype(std::declval<const B&>().indices.data()),
+                                   decltype(std::size_t(std::declval<const B&>().size))>>
     : std::true_type {};
 }  // namespace detail
 
@@ -51,6 +53,8 @@ struct PassOptions {
   /// Training mode enables dropout; evaluation passes do not advance the step counter.
   bool training = true;
   /// Step that selects dropout masks; negative: the model's own count of training forwards.
+  /// Pass the optimizer step when micro-batch counts differ between runs (e.g. other rank
+  /// counts), so that masks depend only on (seed, step, sample, element).
   std::int64_t step = -1;
   /// Global index of the first sample of the batch (row r is sample sample_offset + r) ...
   std::int64_t sample_offset = 0;
@@ -80,8 +84,8 @@ class BasicSequential {
  public:
   using value_type = T;
 
-  /// Builds the layers and allocates the arenas. Widths are checked layer to layer; throws
-  /// InvalidArgument on a mismatch or when no layer fixes the input width.
+  /// Builds the layers, allocates the arenas and initialises as init(0). Widths are checked layer
+  /// to layer; throws InvalidArgument on a mismatch or when no layer fixes the input width.
   BasicSequential(std::initializer_list<LayerSpec> layers, Allocator& alloc = default_allocator())
       : BasicSequential(std::vector<LayerSpec>(layers), alloc) {}
   explicit BasicSequential(const std::vector<LayerSpec>& layers,
@@ -104,7 +108,7 @@ class BasicSequential {
       DTRAIN_REQUIRE(width > 0, "Sequential",
                      "layer " << i << " (" << layer->kind()
                               << ") comes before any layer that fixes the input width");
-      if (i == 0 || widths_.empty()) widths_.push_back(width);
+      if (widths_.empty()) widths_.push_back(width);
       const std::string prefix =
           "layers/" + std::to_string(i) + "_" + std::string(layer->kind()) + "/";
       for (auto& p : layer->params()) {
@@ -128,7 +132,8 @@ class BasicSequential {
     T* g = static_cast<T*>(grads_.raw());
     for (std::size_t i = 0; i < layers_.size(); ++i)
       layers_[i]->bind(p ? p + offsets_[i] : nullptr, g ? g + offsets_[i] : nullptr);
-    zero_grad();
+    // Never leave the arena as whatever the allocator returned (it need not be zeroed).
+    init(0);
   }
 
   BasicSequential(BasicSequential&&) noexcept = default;
@@ -247,7 +252,7 @@ class BasicSequential {
 
   /// Same, reporting finished gradient ranges to `sync.ready(offset, count)` (e.g. GradientSync,
   /// whose bucket all-reduces then overlap the rest of backward).
-  template <class Sync, class = std::enable_if_t<detail::has_ready<Sync>::value>>
+  template <class Sync, class = std::enable_if_t<detail::is_grad_sink<Sync>::value>>
   double forward_backward(const T* x, const std::int32_t* labels, std::int64_t batch, Loss loss,
                           Sync& sync, const PassOptions& options = {}) {
     return forward_backward(
@@ -259,9 +264,9 @@ class BasicSequential {
   /// forward, loss, backward, reporting gradient ranges to `sync.ready`. Dropout masks follow the
   /// batch's dataset indices unless options.sample_ids is set, so they do not depend on the rank
   /// count. Returns the mean loss. Local, blocking; throws InvalidArgument on a shape mismatch.
-  template <
-      class Batch, class Sync,
-      class = std::enable_if_t<detail::is_batch<Batch>::value && detail::has_ready<Sync>::value>>
+  template <class Batch, class Sync,
+            class = std::enable_if_t<detail::is_loader_batch<Batch>::value &&
+                                     detail::is_grad_sink<Sync>::value>>
   double forward_backward(const Batch& batch, Sync& sync, Loss loss = Loss::softmax_cross_entropy,
                           PassOptions options = {}) {
     const BufferView f = batch.features.view(), l = batch.labels.view();

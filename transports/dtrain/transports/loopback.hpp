@@ -40,8 +40,8 @@ struct LoopbackOp {
   LoopbackOp* next = nullptr;
   std::atomic<int> state{idle};
   bool is_send = false;
-  int owner = -1;    // rank that posted it
-  int peer = -1;     // destination (send) or source (receive)
+  int owner = -1;  // rank that posted it
+  int peer = -1;   // destination (send) or source (receive)
   int tag = 0;
   int mailbox = -1;  // rank whose mailbox queues it
   const void* send_data = nullptr;
@@ -113,8 +113,8 @@ class LoopbackWorld {
       for (int i = 0; i < size; ++i) {
         segments_.emplace_back(static_cast<unsigned char*>(std::aligned_alloc(64, bytes)));
         if (!segments_.back()) raise<Error>("LoopbackWorld", "out of memory for shared segments");
-        SharedSegments::init_flags(segments_.back().get() + seg_config_.slots * seg_config_.slot_bytes,
-                                   seg_config_.slots);
+        SharedSegments::init_flags(
+            segments_.back().get() + seg_config_.slots * seg_config_.slot_bytes, seg_config_.slots);
       }
     }
   }
@@ -182,15 +182,17 @@ class LoopbackTransport {
       segments_.slot_bytes = c.slot_bytes;
       for (auto& seg : world.segments_) {
         segments_.data.push_back(seg.get());
-        segments_.flags.push_back(reinterpret_cast<std::atomic<std::uint64_t>*>(
-            seg.get() + c.slots * c.slot_bytes));
+        segments_.flags.push_back(
+            reinterpret_cast<std::atomic<std::uint64_t>*>(seg.get() + c.slots * c.slot_bytes));
       }
     }
   }
 
   /// The world's shared segments (every thread maps them), or null for a world of one rank or
   /// with DTRAIN_SHM=0. Used by the shm all-reduce.
-  SharedSegments* shared_segments() noexcept { return segments_.data.empty() ? nullptr : &segments_; }
+  SharedSegments* shared_segments() noexcept {
+    return segments_.data.empty() ? nullptr : &segments_;
+  }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_->size(); }

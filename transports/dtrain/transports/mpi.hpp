@@ -26,12 +26,13 @@ inline std::string mpi_error_string(int code) {
 }  // namespace dtrain
 
 /// Throws dtrain::TransportError naming the operation, the MPI call and MPI's own message.
-#define DTRAIN_CHECK_MPI(call, operation)                                                     \
-  do {                                                                                        \
-    const int dtrain_mpi_rc_ = (call);                                                        \
-    if (dtrain_mpi_rc_ != MPI_SUCCESS)                                                        \
-      ::dtrain::raise<::dtrain::TransportError>(                                              \
-          (operation), std::string(#call) + ": " + ::dtrain::detail::mpi_error_string(dtrain_mpi_rc_)); \
+#define DTRAIN_CHECK_MPI(call, operation)                                                  \
+  do {                                                                                     \
+    const int dtrain_mpi_rc_ = (call);                                                     \
+    if (dtrain_mpi_rc_ != MPI_SUCCESS)                                                     \
+      ::dtrain::raise<::dtrain::TransportError>(                                           \
+          (operation),                                                                     \
+          std::string(#call) + ": " + ::dtrain::detail::mpi_error_string(dtrain_mpi_rc_)); \
   } while (0)
 
 namespace dtrain {
@@ -137,20 +138,22 @@ class MpiTransport {
     DTRAIN_CHECK_MPI(MPI_Test(&r.req, &flag, &st), r.is_recv ? "MPI receive" : "MPI send");
     return flag != 0;
   }
-  /// Polls MPI_Test: spinning for the first 50 us (a partner on another core answers within
-  /// that), then yielding the core between polls, and after 2 ms sleeping 20 us between polls so
-  /// that a long wait (a late rank, the progress thread) does not steal a core from computation.
+  /// Polls MPI_Test: spinning for the first few microseconds (a partner on another core
+  /// answers within that), then yielding the core between polls (a partner sharing this core,
+  /// more ranks than free cores, needs it; with nothing else runnable a yield returns at once),
+  /// and after 2 ms sleeping 20 us between polls so that a long wait (a late rank, the progress
+  /// thread) does not steal a core from computation.
   bool wait_until(Request& r, const Deadline& deadline) {
     if (test(r)) return true;
     const double start = now_seconds();
     for (unsigned i = 1;; ++i) {
       if (test(r)) return true;
-      if ((i & 63u) == 0) {
+      if ((i & 15u) == 0) {
         const double waited = now_seconds() - start;
         if (deadline.expired()) return false;
         if (waited > 2e-3)
           std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else if (waited > 50e-6)
+        else if (waited > 5e-6)
           std::this_thread::yield();
       }
     }

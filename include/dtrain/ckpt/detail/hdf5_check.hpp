@@ -10,7 +10,7 @@
 
 #include <dtrain/core/error.hpp>
 
-namespace dtrain::detail {
+namespace dtrain::detail::ckpt_h5 {
 
 /// The HDF5 builds we target are not thread-safe: every checkpoint HDF5 call (including the
 /// asynchronous writer's) holds this lock.
@@ -97,19 +97,10 @@ R h5_check(R rc, const char* operation, const std::string& context, const char* 
   return rc;
 }
 
-}  // namespace dtrain::detail
+}  // namespace dtrain::detail::ckpt_h5
 
-// Used by the checkpoint code; independent of whichever DTRAIN_CHECK_H5 another header defines.
+// The checkpoint code's HDF5 check. It is deliberately not named DTRAIN_CHECK_H5 and all of the
+// helpers live in detail::ckpt_h5, so this header can be included next to the data subsystem's
+// HDF5 support (which defines DTRAIN_CHECK_H5 and its own detail::H5Handle).
 #define DTRAIN_CKPT_H5(call, operation, context) \
-  ::dtrain::detail::h5_check((call), (operation), (context), #call)
-
-#ifndef DTRAIN_CHECK_H5
-/// Evaluates an HDF5 call returning hid_t or herr_t; a negative result throws dtrain::IoError
-/// naming `operation`, the context (`stream_expr`) and HDF5's own error text.
-#define DTRAIN_CHECK_H5(call, operation, stream_expr)                                   \
-  ([&]() {                                                                              \
-    std::ostringstream dtrain_h5_os_;                                                   \
-    dtrain_h5_os_ << stream_expr;                                                       \
-    return ::dtrain::detail::h5_check((call), (operation), dtrain_h5_os_.str(), #call); \
-  }())
-#endif
+  ::dtrain::detail::ckpt_h5::h5_check((call), (operation), (context), #call)

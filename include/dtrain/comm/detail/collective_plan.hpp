@@ -133,11 +133,7 @@ class PlanImpl final : public Job {
     const std::size_t seg_bytes = std::max<std::size_t>(comm.config.segment_bytes, 64);
     seg_elems_ = std::max<std::size_t>(1, seg_bytes / es_);
     const std::size_t n = s.count;
-    if (widen_) {
-      wide_in_.resize(n * 4);
-      if (s.kind == CollectiveKind::reduce_scatter)
-        wide_out_.resize((block_begin(n, p_, r_ + 1) - block_begin(n, p_, r_)) * 4);
-    }
+    if (widen_) wide_in_.resize(n * 4);
     std::size_t nreq = 2;  // fingerprint exchange
     if (p_ > 1) {
       switch (s.kind) {
@@ -168,7 +164,8 @@ class PlanImpl final : public Job {
                              "ranks on one node, DTRAIN_SHM not 0)");
               break;
             case AllreduceAlgorithm::automatic:
-              raise<InvalidArgument>("allreduce plan", "algorithm must be resolved before planning");
+              raise<InvalidArgument>("allreduce plan",
+                                     "algorithm must be resolved before planning");
           }
           break;
       }
@@ -179,7 +176,6 @@ class PlanImpl final : public Job {
     register_range(const_cast<void*>(s.in), in_bytes());
     register_range(s.out, out_bytes());
     register_range(wide_in_.data(), wide_in_.size());
-    register_range(wide_out_.data(), wide_out_.size());
     register_range(scratch_.data(), scratch_.size());
     register_range(tmp_.data(), tmp_.size());
     register_range(&check_mine_, sizeof(CheckState));
@@ -319,7 +315,8 @@ class PlanImpl final : public Job {
       case CollectiveKind::allgather: {
         const std::size_t b0 = block_begin(n, p_, r_), b1 = block_begin(n, p_, r_ + 1);
         uchar* out = static_cast<uchar*>(s_.out);
-        if (b1 > b0 && out + b0 * es_ != s_.in) std::memmove(out + b0 * es_, s_.in, (b1 - b0) * es_);
+        if (b1 > b0 && out + b0 * es_ != s_.in)
+          std::memmove(out + b0 * es_, s_.in, (b1 - b0) * es_);
         run_ring(out, out, false, true);
         return;
       }
@@ -492,7 +489,8 @@ class PlanImpl final : public Job {
       if (c >= nseg) return;
       std::size_t off, len;
       tree_seg(k, c, off, len);
-      if (len) irecv(child_recv(k, ch, c), links_[k].children[ch], 1 + k, slot(k, ch, c), len * es_);
+      if (len)
+        irecv(child_recv(k, ch, c), links_[k].children[ch], 1 + k, slot(k, ch, c), len * es_);
     };
     // Whether this rank's upward message for the segment was read from `out` (then the
     // downward receive into `out` must wait for it).
@@ -661,8 +659,7 @@ class PlanImpl final : public Job {
         const std::size_t plo = rhd_lo_[step], phi = rhd_hi_[step];
         // This rank holds [lo, hi); the partner holds the rest of [plo, phi).
         const std::size_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo;
-        exchange(partner, out, lo, hi - lo, out, olo, ohi - olo,
-                 [](std::size_t, std::size_t) {});
+        exchange(partner, out, lo, hi - lo, out, olo, ohi - olo, [](std::size_t, std::size_t) {});
         lo = plo;
         hi = phi;
       }
@@ -675,12 +672,14 @@ class PlanImpl final : public Job {
 
   // ---- shm: reduce-scatter + all-gather through node-shared segments ------------------------
   // The vector goes through in chunks of one slot. For chunk g (numbered across collectives, so
-  // the counters only grow) in slot s = g % slots, every rank copies its input chunk into its
-  // own slot and raises counter 0; reduces its part of the chunk (partition r of p) across all
-  // slots into its own slot and raises counter 1; copies every rank's reduced part out and
-  // raises counter 2. A slot is refilled only after every rank raised counter 2 for its previous
-  // chunk, so up to `slots` chunks are in flight and the copies of one chunk overlap the
-  // reduction of another.
+  // the counters only grow) in slot s = g % slots, every rank copies into its own slot the parts
+  // of its input chunk that the other ranks reduce (partition q of p belongs to rank q) and
+  // raises counter 0; reduces its own part straight from its private input and the other
+  // ranks' slots into its output, publishes that result in its slot and raises counter 1; copies
+  // the other ranks' results out and raises counter 2. A rank's own part is thus never copied
+  // in, and each byte is read from private memory once and written there once. A slot is
+  // refilled only after every rank raised counter 2 for its previous chunk, so up to `slots`
+  // chunks are in flight and the copies of one chunk overlap the reduction of another.
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
     const auto& f = w.flag(q, kind, s);
     if (f.load(std::memory_order_acquire) >= target) return;
@@ -691,12 +690,14 @@ class PlanImpl final : public Job {
         if (deadline_.expired())
           raise<TimeoutError>(operation_label(fp_), concat("wait for rank ", q, " timed out after ",
                                                            deadline_.budget(), " s"));
-        // Spin while a partner on another core is about to answer, then give the core away
-        // (ranks may outnumber cores).
+        // Spin for a couple of microseconds (a partner running on another core answers within
+        // that), then yield between polls: when the partner shares this core (more ranks than
+        // free cores, a busy machine) every hand-off needs the core given away, and a yield with
+        // nothing else runnable returns at once. After 2 ms, sleep between polls.
         const double waited = now_seconds() - start;
         if (waited > 2e-3)
           std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else if (waited > 20e-6)
+        else if (waited > 2e-6)
           std::this_thread::yield();
       }
     }
@@ -713,22 +714,29 @@ class PlanImpl final : public Job {
       const std::uint64_t g = w.next_chunk + k;
       const int slot = static_cast<int>(g % static_cast<std::uint64_t>(S));
       const std::size_t c0 = k * chunk, cl = std::min(chunk, n - c0);
+      const std::size_t b0 = block_begin(cl, p, r), b1 = block_begin(cl, p, r + 1);
+      uchar* my_slot = w.slot(r, slot);
       if (g >= static_cast<std::uint64_t>(S))
         for (int q = 0; q < p; ++q) wait_counter(w, q, 2, slot, g - S + 1);
-      std::memcpy(w.slot(r, slot), in + c0 * es_, cl * es_);
+      // Everything but this rank's own part, which it reduces from `in` directly.
+      if (b0) std::memcpy(my_slot, in + c0 * es_, b0 * es_);
+      if (cl > b1) std::memcpy(my_slot + b1 * es_, in + (c0 + b1) * es_, (cl - b1) * es_);
       w.flag(r, 0, slot).store(g + 1, std::memory_order_release);
-      const std::size_t b0 = block_begin(cl, p, r), bl = block_begin(cl, p, r + 1) - b0;
-      uchar* mine = w.slot(r, slot) + b0 * es_;
+      const std::size_t bl = b1 - b0;
+      uchar* dst = out + (c0 + b0) * es_;
+      const uchar* first = in + (c0 + b0) * es_;
       for (int i = 1; i < p; ++i) {
         const int q = (r + i) % p;
         wait_counter(w, q, 0, slot, g + 1);
-        if (bl) reduce_into(mine, mine, w.slot(q, slot) + b0 * es_, bl, wdtype_, s_.op);
+        if (bl)
+          reduce_into(dst, i == 1 ? first : dst, w.slot(q, slot) + b0 * es_, bl, wdtype_, s_.op);
       }
-      if (avg && bl) finalize_avg(mine, bl, wdtype_, p);
+      if (avg && bl) finalize_avg(dst, bl, wdtype_, p);
+      if (bl) std::memcpy(my_slot + b0 * es_, dst, bl * es_);
       w.flag(r, 1, slot).store(g + 1, std::memory_order_release);
-      for (int i = 0; i < p; ++i) {
+      for (int i = 1; i < p; ++i) {
         const int q = (r + i) % p;
-        if (q != r) wait_counter(w, q, 1, slot, g + 1);
+        wait_counter(w, q, 1, slot, g + 1);
         const std::size_t q0 = block_begin(cl, p, q), ql = block_begin(cl, p, q + 1) - q0;
         if (ql) std::memcpy(out + (c0 + q0) * es_, w.slot(q, slot) + q0 * es_, ql * es_);
       }
@@ -788,7 +796,7 @@ class PlanImpl final : public Job {
   std::size_t nseg_ = 0;
   std::size_t nreq_ = 0;
   std::unique_ptr<Request[]> reqs_;
-  std::vector<uchar> wide_in_, wide_out_, scratch_, tmp_;
+  std::vector<uchar> wide_in_, scratch_, tmp_;
   std::vector<MemoryRegion> regions_;
   CheckState check_mine_{}, check_peer_{};
   std::uint64_t seq_ = 0;

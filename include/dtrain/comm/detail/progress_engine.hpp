@@ -65,8 +65,8 @@ class ProgressEngine {
 
   /// Queues `j` (user thread). Blocks while the queue is full. Never allocates.
   void submit(Job& j) {
-    DTRAIN_REQUIRE(j.status.load() != Job::queued && j.status.load() != Job::running,
-                   j.label(), "started again before the previous start completed");
+    DTRAIN_REQUIRE(j.status.load() != Job::queued && j.status.load() != Job::running, j.label(),
+                   "started again before the previous start completed");
     j.error = nullptr;
     j.engine = this;
     std::unique_lock<std::mutex> lock(m_);

@@ -67,7 +67,10 @@ class H5Handle {
   void reset() noexcept {
     if (id_ >= 0 && close_) {
       std::lock_guard<std::recursive_mutex> lock(h5_mutex());
-      close_(id_);
+      // Parallel HDF5 shuts itself down in MPI_Finalize; an object destroyed after that holds an
+      // identifier that no longer exists, which is not an error worth printing.
+      h5_quiet();
+      if (H5Iis_valid(id_) > 0) close_(id_);
     }
     id_ = -1;
   }

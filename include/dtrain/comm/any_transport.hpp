@@ -1,0 +1,129 @@
+// dtrain: AnyTransport, a type-erased transport for choosing MPI, loopback or another transport
+// at run time behind one Communicator<AnyTransport> type.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include <dtrain/comm/transport_traits.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/timer.hpp>
+
+namespace dtrain {
+
+/// Wraps any transport (by reference; it must outlive the wrapper) behind virtual calls. Costs
+/// one indirect call per operation; each Request allocates its underlying request once, on first
+/// use, so plans (which reuse their requests) still execute without allocating. Satisfies
+/// is_transport_v and forwards shared segments and the progress-thread answer.
+class AnyTransport {
+  struct Iface {
+    virtual ~Iface() = default;
+    virtual int rank() const = 0;
+    virtual int size() const = 0;
+    virtual void* new_request() = 0;
+    virtual void delete_request(void* r) noexcept = 0;
+    virtual void isend(void* r, int peer, int tag, const void* data, std::size_t bytes) = 0;
+    virtual void irecv(void* r, int peer, int tag, void* data, std::size_t bytes) = 0;
+    virtual bool test(void* r) = 0;
+    virtual bool wait_until(void* r, const Deadline& d) = 0;
+    virtual void cancel(void* r) noexcept = 0;
+    virtual MemoryRegion register_memory(void* p, std::size_t bytes, Space s) = 0;
+    virtual void deregister_memory(MemoryRegion& m) noexcept = 0;
+    virtual SharedSegments* shared_segments() noexcept = 0;
+    virtual bool allows_progress_thread() const = 0;
+  };
+
+  template <class T>
+  struct Impl final : Iface {
+    using Req = typename T::Request;
+    explicit Impl(T& t) : t_(&t) {}
+    static Req& req(void* r) noexcept { return *static_cast<Req*>(r); }
+    int rank() const override { return t_->rank(); }
+    int size() const override { return t_->size(); }
+    void* new_request() override { return new Req(); }
+    void delete_request(void* r) noexcept override { delete static_cast<Req*>(r); }
+    void isend(void* r, int peer, int tag, const void* data, std::size_t bytes) override {
+      t_->isend(req(r), peer, tag, data, bytes);
+    }
+    void irecv(void* r, int peer, int tag, void* data, std::size_t bytes) override {
+      t_->irecv(req(r), peer, tag, data, bytes);
+    }
+    bool test(void* r) override { return t_->test(req(r)); }
+    bool wait_until(void* r, const Deadline& d) override { return t_->wait_until(req(r), d); }
+    void cancel(void* r) noexcept override { t_->cancel(req(r)); }
+    MemoryRegion register_memory(void* p, std::size_t bytes, Space s) override {
+      return t_->register_memory(p, bytes, s);
+    }
+    void deregister_memory(MemoryRegion& m) noexcept override { t_->deregister_memory(m); }
+    SharedSegments* shared_segments() noexcept override { return shared_segments_of(*t_); }
+    bool allows_progress_thread() const override {
+      return detail::transport_allows_progress_thread(*t_);
+    }
+    T* t_;
+  };
+
+ public:
+  /// Handle of one operation; must not move while active (like every transport's request).
+  class Request {
+   public:
+    Request() = default;
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
+    ~Request() {
+      if (impl_) {
+        owner_->cancel(impl_);
+        owner_->delete_request(impl_);
+      }
+    }
+
+   private:
+    friend class AnyTransport;
+    void* get(Iface* owner) {
+      if (!impl_) {
+        impl_ = owner->new_request();
+        owner_ = owner;
+      }
+      DTRAIN_ASSERT(owner_ == owner);
+      return impl_;
+    }
+    void* impl_ = nullptr;
+    Iface* owner_ = nullptr;
+  };
+
+  /// Local: wraps `t`, which must satisfy is_transport_v and outlive this object.
+  template <class T, class = std::enable_if_t<!std::is_same_v<std::decay_t<T>, AnyTransport>>>
+  explicit AnyTransport(T& t) : impl_(std::make_unique<Impl<T>>(t)) {
+    static_assert(detail::check_transport<T>(), "AnyTransport wraps dtrain transports only");
+  }
+
+  int rank() const { return impl_->rank(); }
+  int size() const { return impl_->size(); }
+  void isend(Request& r, int peer, int tag, const void* data, std::size_t bytes) {
+    impl_->isend(r.get(impl_.get()), peer, tag, data, bytes);
+  }
+  void irecv(Request& r, int peer, int tag, void* data, std::size_t bytes) {
+    impl_->irecv(r.get(impl_.get()), peer, tag, data, bytes);
+  }
+  bool test(Request& r) { return !r.impl_ || impl_->test(r.impl_); }
+  bool wait_until(Request& r, const Deadline& d) {
+    return !r.impl_ || impl_->wait_until(r.impl_, d);
+  }
+  void cancel(Request& r) noexcept {
+    if (r.impl_) impl_->cancel(r.impl_);
+  }
+  MemoryRegion register_memory(void* p, std::size_t bytes, Space s) {
+    return impl_->register_memory(p, bytes, s);
+  }
+  void deregister_memory(MemoryRegion& m) noexcept { impl_->deregister_memory(m); }
+  SharedSegments* shared_segments() noexcept { return impl_->shared_segments(); }
+  bool allows_progress_thread() const { return impl_->allows_progress_thread(); }
+
+ private:
+  std::unique_ptr<Iface> impl_;
+};
+
+static_assert(detail::check_transport<AnyTransport>(), "");
+
+}  // namespace dtrain
