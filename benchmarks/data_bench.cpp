@@ -123,13 +123,13 @@ void print_header(double read_mb_s, double pread_mb_s, std::size_t n, std::size_
       "# baseline, same bytes, same run: read() sequential %.0f MB/s per rank; pread() per sample, "
       "shuffled %.0f MB/s per rank\n",
       read_mb_s, pread_mb_s);
-  std::printf("# %-44s %12s %10s %10s %10s\n", "configuration", "samples/s", "MB/s", "vs read()",
+  std::printf("# %-48s %12s %10s %10s %10s\n", "configuration", "samples/s", "MB/s", "vs read()",
               "vs pread()");
 }
 
 void print_row(const Row& r, double read_base, double pread_base) {
   if (g_rank == 0)
-    std::printf("  %-44s %12.0f %10.1f %10.3f %10.2f\n", r.name.c_str(), r.samples_per_s,
+    std::printf("  %-48s %12.0f %10.1f %10.3f %10.2f\n", r.name.c_str(), r.samples_per_s,
                 r.mb_per_s, r.mb_per_s / read_base, r.mb_per_s / pread_base);
 }
 
@@ -369,8 +369,9 @@ int main(int argc, char** argv) {
             run_loader("idx gzip (decompressed at open), shuffled", idx_gz, true, a, elems));
       }
       auto h5row = [&](const char* label, const char* file, bool shuffle, dtrain::Hdf5Driver drv,
-                       bool coll, std::size_t cache) {
+                       bool coll, std::size_t cache, bool direct = true) {
         dtrain::Hdf5Options o;
+        o.direct_reads = direct;
         o.driver = drv;
         o.collective = coll;
         o.chunk_cache_bytes = cache;
@@ -381,8 +382,12 @@ int main(int argc, char** argv) {
       const std::size_t big = std::size_t(64) << 20, small = std::size_t(1) << 20;
       h5row("hdf5 contiguous, sequential, posix", "contiguous.h5", false, D::posix, false, big);
       h5row("hdf5 contiguous, shuffled, posix", "contiguous.h5", true, D::posix, false, big);
+      h5row("hdf5 contiguous, shuffled, posix, H5Dread", "contiguous.h5", true, D::posix, false,
+            big, false);
       h5row("hdf5 contiguous, sequential, mpio indep", "contiguous.h5", false, D::mpio, false, big);
       h5row("hdf5 contiguous, shuffled, mpio indep", "contiguous.h5", true, D::mpio, false, big);
+      h5row("hdf5 contiguous, shuffled, mpio indep, H5Dread", "contiguous.h5", true, D::mpio, false,
+            big, false);
       h5row("hdf5 contiguous, shuffled, mpio collective", "contiguous.h5", true, D::mpio, true,
             big);
       h5row("hdf5 chunk 1024, shuffled, cache 64 MiB", "chunked.h5", true, D::posix, false, big);

@@ -157,13 +157,16 @@ TEST_CASE("mpi data: parallel HDF5 reads equal IDX reads, independent and collec
   const Normalize t = Normalize::from_unit_range(0.5f, 0.25f);
   for (const char* name : {"d.h5", "chunked.h5"})
     for (Hdf5Driver driver : {Hdf5Driver::automatic, Hdf5Driver::posix})
-      for (bool collective : {false, true}) {
+      for (int mode :
+           {0, 1, 2}) {  // 0: independent, pread/MPI_File_read_at; 1: H5Dread; 2: collective
+        const bool collective = mode == 2;
         if (collective && driver == Hdf5Driver::posix) continue;
         CAPTURE(name);
-        CAPTURE(collective);
+        CAPTURE(mode);
         Hdf5Options opt;
         opt.driver = driver;
         opt.collective = collective;
+        opt.direct_reads = mode == 0;
         Hdf5Dataset ds(files.file(name), "train/images", "train/labels", MPI_COMM_WORLD, opt);
         // The test main asks for MPI_THREAD_MULTIPLE, so automatic means MPI-IO.
         CHECK(ds.driver() == (driver == Hdf5Driver::posix ? Hdf5Driver::posix : Hdf5Driver::mpio));

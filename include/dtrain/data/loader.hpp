@@ -30,8 +30,8 @@ struct LoaderOptions {
   /// read). The thread refills once half of them are consumed, several per wake-up. 0 reads each
   /// batch in the caller's thread inside next() (no thread; for datasets that must not be read
   /// concurrently with the caller, e.g. MPI-IO without MPI_THREAD_MULTIPLE). Memory: this many
-  /// batches plus the caller's. When every core already runs a rank, the reader waits for the
-  /// scheduler at each wake-up; a deeper read-ahead (8) hides that (benchmarks/results/data.md).
+  /// batches plus the caller's. When every core already runs a rank, each wake-up of the reader
+  /// waits for the scheduler; a deeper read-ahead (8) refills more batches per wake-up.
   std::size_t prefetch_depth = 4;
   /// Applied to every feature while the batch is filled.
   Normalize transform{};

@@ -8,16 +8,14 @@
 #include <string>
 #include <utility>
 
+#include <dtrain/core/detail/hdf5_mutex.hpp>
 #include <dtrain/core/error.hpp>
 
 namespace dtrain::detail::ckpt_h5 {
 
 /// The HDF5 builds we target are not thread-safe: every checkpoint HDF5 call (including the
-/// asynchronous writer's) holds this lock.
-inline std::recursive_mutex& ckpt_h5_mutex() {
-  static std::recursive_mutex m;
-  return m;
-}
+/// asynchronous writer's) holds the process-wide HDF5 lock that the data loader also takes.
+inline std::recursive_mutex& ckpt_h5_mutex() { return hdf5_library_mutex(); }
 
 /// Collects the innermost messages of the current HDF5 error stack ("H5Dwrite: can't ...").
 inline std::string h5_error_text() {

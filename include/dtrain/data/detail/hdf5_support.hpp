@@ -8,18 +8,16 @@
 
 #include <hdf5.h>
 
+#include <dtrain/core/detail/hdf5_mutex.hpp>
 #include <dtrain/core/error.hpp>
 
 namespace dtrain {
 namespace detail {
 
 /// The HDF5 builds we target are not thread-safe (no H5_HAVE_THREADSAFE), yet a Loader reads from
-/// its own thread. Every HDF5 call of the data subsystem holds this process-wide lock; other code
-/// that calls HDF5 while a Loader may be reading an Hdf5Dataset must hold it too.
-inline std::recursive_mutex& h5_mutex() {
-  static std::recursive_mutex m;
-  return m;
-}
+/// its own thread. Every HDF5 call of the data subsystem holds the process-wide HDF5 lock, which
+/// the checkpoint writer takes too; other code calling HDF5 next to a Loader must hold it as well.
+inline std::recursive_mutex& h5_mutex() { return hdf5_library_mutex(); }
 
 /// Turns off HDF5's automatic printing of its error stack (we put the stack into the exception
 /// message instead). Idempotent; call with h5_mutex held.
