@@ -142,14 +142,14 @@ int run(const Config& cfg) {
   dtrain::detail::RankScope scope(rank);
   const dtrain::Timer wall;
 
-  // 1. Shard: each rank reads only the rows its sampler hands it (the loader reads in the
-  //    caller's thread: HDF5 with MPI-IO is used from one thread per rank).
+  // 1. Shard: each rank reads only the rows its sampler hands it, on the loader's background
+  //    thread (double buffering), through parallel HDF5 (MPI-IO at MPI_THREAD_MULTIPLE).
   dtrain::Hdf5Dataset train(cfg.data, "train/images", "train/labels", comm.transport().mpi_comm());
   dtrain::Hdf5Dataset test(cfg.data, "test/images", "test/labels", comm.transport().mpi_comm());
   const auto norm = dtrain::Normalize::from_unit_range(0.2860f, 0.3530f);
   dtrain::DistributedSampler sampler(train.size(), comm, cfg.seed);
   dtrain::LoaderOptions lopt;
-  lopt.prefetch_depth = 0;
+  lopt.prefetch_depth = 2;
   lopt.transform = norm;
   lopt.flatten = true;
   dtrain::Loader loader(train, sampler, cfg.batch, lopt);
