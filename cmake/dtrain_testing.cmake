@@ -40,15 +40,15 @@ endif()
 
 set(DTRAIN_DEFAULT_TEST_TIMEOUT 300)
 
-# dtrain_add_unit_test(NAME n SOURCES ... [LINK ...] [TIMEOUT s] [LABELS ...])
+# dtrain_add_unit_test(NAME n SOURCES ... [LINK ...] [TIMEOUT s] [LABELS ...] [ARGS ...])
 function(dtrain_add_unit_test)
-  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LINK;LABELS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;TIMEOUT" "SOURCES;LINK;LABELS;ARGS" ${ARGN})
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT ${DTRAIN_DEFAULT_TEST_TIMEOUT})
   endif()
   add_executable(${A_NAME} ${A_SOURCES})
   target_link_libraries(${A_NAME} PRIVATE dtrain_test_main dtrain::core ${A_LINK})
-  add_test(NAME ${A_NAME} COMMAND ${A_NAME})
+  add_test(NAME ${A_NAME} COMMAND ${A_NAME} ${A_ARGS})
   # The in-process watchdog fires a little before CTest's timeout so the report names the test.
   math(EXPR _wd "${A_TIMEOUT} - 5")
   set_tests_properties(${A_NAME} PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "unit;${A_LABELS}"

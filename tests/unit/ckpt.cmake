@@ -4,7 +4,15 @@ dtrain_add_unit_test(NAME ckpt_crc32c_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckp
   TIMEOUT 60)
 if(DTRAIN_HAVE_HDF5)
   dtrain_add_unit_test(NAME ckpt_checkpointer_test
-    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_checkpointer.cpp LINK dtrain::hdf5 TIMEOUT 120)
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_checkpointer.cpp LINK dtrain::hdf5 TIMEOUT 120
+    ARGS "--test-case-exclude=*single damaged byte*")
+  # The random byte-damage case runs on its own: after HDF5 1.10 has parsed deliberately corrupted
+  # metadata it cannot release some of its internal caches at exit ("infinite loop closing
+  # library"), which LeakSanitizer reports as leaks inside libhdf5. Only this test suppresses them.
+  add_test(NAME ckpt_checkpointer_damage_test
+    COMMAND ckpt_checkpointer_test "--test-case=*single damaged byte*")
+  set_tests_properties(ckpt_checkpointer_damage_test PROPERTIES TIMEOUT 120 LABELS "unit"
+    ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115;LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/ckpt/lsan_hdf5_corrupt.supp:print_suppressions=0")
 
   dtrain_add_unit_test(NAME ckpt_communicator_test
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_communicator.cpp LINK dtrain::hdf5 dtrain::loopback
