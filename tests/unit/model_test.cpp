@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/memory_state.hpp"
+
 #include <dtrain/core/rng.hpp>
 #include <dtrain/core/state.hpp>
 #include <dtrain/model/model.hpp>
@@ -275,45 +277,7 @@ TEST_CASE("gradient accumulation over micro-batches equals the full batch") {
 }
 
 namespace {
-// In-memory checkpoint visitor: saves tensors and scalars by name, or loads them back.
-struct MemoryVisitor {
-  std::map<std::string, std::vector<char>> tensors;
-  std::map<std::string, Shape> shapes;
-  std::map<std::string, std::int64_t> ints;
-  std::map<std::string, double> doubles;
-  std::map<std::string, std::string> strings;
-  bool load = false;
-  std::string prefix;
-  bool loading() const { return load; }
-  void tensor(const std::string& name, BufferView v, Shape shape) {
-    const std::string key = prefix + name;
-    REQUIRE(element_count(shape) == v.count);
-    if (load) {
-      REQUIRE(tensors.count(key));
-      REQUIRE(shapes[key] == shape);
-      std::memcpy(v.data, tensors[key].data(), v.bytes());
-    } else {
-      tensors[key].assign(static_cast<char*>(v.data), static_cast<char*>(v.data) + v.bytes());
-      shapes[key] = shape;
-    }
-  }
-  void scalar(const std::string& name, std::int64_t& s) {
-    load ? void(s = ints.at(prefix + name)) : void(ints[prefix + name] = s);
-  }
-  void scalar(const std::string& name, double& s) {
-    load ? void(s = doubles.at(prefix + name)) : void(doubles[prefix + name] = s);
-  }
-  void scalar(const std::string& name, std::string& s) {
-    load ? void(s = strings.at(prefix + name)) : void(strings[prefix + name] = s);
-  }
-  template <class U>
-  void child(const std::string& name, U& sub) {
-    const std::string saved = prefix;
-    prefix += name + "/";
-    sub.visit_state(*this);
-    prefix = saved;
-  }
-};
+using MemoryVisitor = dtrain::test::MemoryState;
 }  // namespace
 
 TEST_CASE("Sequential state round-trips exactly through the state protocol") {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "support/memory_state.hpp"
+
 #include <dtrain/core/rng.hpp>
 #include <dtrain/model/model.hpp>
 #include <dtrain/optim/optim.hpp>
@@ -21,41 +23,7 @@ BufferView view(std::vector<T>& v) {
   return BufferView(span<T>(v));
 }
 
-struct MemoryVisitor {
-  std::map<std::string, std::vector<char>> tensors;
-  std::map<std::string, std::int64_t> ints;
-  std::map<std::string, double> doubles;
-  std::map<std::string, std::string> strings;
-  bool load = false;
-  std::string prefix;
-  bool loading() const { return load; }
-  void tensor(const std::string& name, BufferView v, Shape shape) {
-    REQUIRE(element_count(shape) == v.count);
-    auto& t = tensors[prefix + name];
-    if (load) {
-      REQUIRE(t.size() == v.bytes());
-      std::memcpy(v.data, t.data(), v.bytes());
-    } else {
-      t.assign(static_cast<char*>(v.data), static_cast<char*>(v.data) + v.bytes());
-    }
-  }
-  void scalar(const std::string& n, std::int64_t& s) {
-    load ? void(s = ints.at(prefix + n)) : void(ints[prefix + n] = s);
-  }
-  void scalar(const std::string& n, double& s) {
-    load ? void(s = doubles.at(prefix + n)) : void(doubles[prefix + n] = s);
-  }
-  void scalar(const std::string& n, std::string& s) {
-    load ? void(s = strings.at(prefix + n)) : void(strings[prefix + n] = s);
-  }
-  template <class U>
-  void child(const std::string& name, U& sub) {
-    const std::string saved = prefix;
-    prefix += name + "/";
-    sub.visit_state(*this);
-    prefix = saved;
-  }
-};
+using MemoryVisitor = dtrain::test::MemoryState;
 }  // namespace
 
 TEST_CASE("SGD: plain, weight decay, momentum and Nesterov by hand") {
