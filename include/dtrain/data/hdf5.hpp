@@ -56,7 +56,7 @@
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/data/dataset.hpp>
-#include <dtrain/data/detail/hdf5_support.hpp>
+#include <dtrain/detail/hdf5.hpp>
 #include <dtrain/data/transform.hpp>
 
 #ifndef H5_HAVE_PARALLEL

@@ -1,4 +1,5 @@
-// dtrain: private HDF5 helpers for the data subsystem: error capture, handles, a process lock.
+// dtrain: private HDF5 support shared by the data loader and the checkpoint code: the process
+// lock, error capture, handle ownership and the DTRAIN_CHECK_H5 check.
 #pragma once
 
 #include <mutex>
@@ -8,22 +9,26 @@
 
 #include <hdf5.h>
 
-#include <dtrain/core/detail/hdf5_mutex.hpp>
 #include <dtrain/core/error.hpp>
 
-namespace dtrain {
-namespace detail {
+namespace dtrain::detail {
 
-/// The HDF5 builds we target are not thread-safe (no H5_HAVE_THREADSAFE), yet a Loader reads from
-/// its own thread. Every HDF5 call of the data subsystem holds the process-wide HDF5 lock, which
-/// the checkpoint writer takes too; other code calling HDF5 next to a Loader must hold it as well.
-inline std::recursive_mutex& h5_mutex() { return hdf5_library_mutex(); }
+/// Debian's parallel HDF5 (and most cluster builds) is compiled without thread safety, so no two
+/// threads of a process may be inside the library at once; the Loader's background thread and the
+/// asynchronous checkpoint writer are such threads. Every dtrain call into HDF5 holds this
+/// process-wide recursive lock (recursive because helpers nest); other code calling HDF5 next to
+/// a Loader or a Checkpointer must hold it as well.
+inline std::recursive_mutex& h5_mutex() {
+  static std::recursive_mutex m;
+  return m;
+}
 
 /// Turns off HDF5's automatic printing of its error stack (we put the stack into the exception
 /// message instead). Idempotent; call with h5_mutex held.
 inline void h5_quiet() noexcept { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
 
-/// The current HDF5 error stack as one line ("msg (function); msg (function)"), then clears it.
+/// The current HDF5 error stack as one line ("HDF5: msg [minor] (function); ..."), innermost
+/// first, then clears it. Call with h5_mutex held.
 inline std::string h5_error_stack() {
   std::string out;
   auto walk = [](unsigned n, const H5E_error2_t* e, void* data) -> herr_t {
@@ -42,7 +47,7 @@ inline std::string h5_error_stack() {
   return out.empty() ? "no HDF5 error stack" : "HDF5: " + out;
 }
 
-/// Owns an hid_t and closes it with the matching H5?close. Move-only.
+/// Owns an hid_t and closes it with the matching H5?close. Move-only; converts to hid_t.
 class H5Handle {
  public:
   using Closer = herr_t (*)(hid_t);
@@ -61,25 +66,39 @@ class H5Handle {
   H5Handle(const H5Handle&) = delete;
   H5Handle& operator=(const H5Handle&) = delete;
   hid_t get() const noexcept { return id_; }
+  operator hid_t() const noexcept { return id_; }  // NOLINT: handles stand in for ids in calls
   explicit operator bool() const noexcept { return id_ >= 0; }
-  void reset() noexcept {
+
+  /// Closes now and returns the close's status (a file close flushes, so its error matters).
+  herr_t close() noexcept {
+    herr_t rc = 0;
     if (id_ >= 0 && close_) {
       std::lock_guard<std::recursive_mutex> lock(h5_mutex());
       // Parallel HDF5 shuts itself down in MPI_Finalize; an object destroyed after that holds an
       // identifier that no longer exists, which is not an error worth printing.
       h5_quiet();
-      if (H5Iis_valid(id_) > 0) close_(id_);
+      if (H5Iis_valid(id_) > 0) rc = close_(id_);
     }
     id_ = -1;
+    return rc;
   }
+  void reset() noexcept { (void)close(); }
 
  private:
   hid_t id_ = -1;
   Closer close_ = nullptr;
 };
 
-}  // namespace detail
-}  // namespace dtrain
+/// Throws dtrain::IoError naming `operation`, `context`, the call and HDF5's error stack when `rc`
+/// (an hid_t, herr_t or htri_t) is negative; returns rc otherwise. Call with h5_mutex held.
+template <class R>
+R h5_check(R rc, const char* operation, const std::string& context, const char* call_text) {
+  if (rc < 0)
+    raise<IoError>(operation, context + ": " + call_text + " failed: " + h5_error_stack());
+  return rc;
+}
+
+}  // namespace dtrain::detail
 
 /// Throws dtrain::IoError when an HDF5 call's result (herr_t, hid_t or htri_t) is negative; the
 /// message names the operation, `stream_expr` (say which file and dataset) and the HDF5 error
@@ -93,3 +112,8 @@ class H5Handle {
       ::dtrain::raise<::dtrain::IoError>((operation), dtrain_h5_os_.str());       \
     }                                                                             \
   } while (0)
+
+/// Expression form for code that uses the checked result: returns the call's result, throws
+/// IoError naming the operation, `context` (a std::string), the call's text and the HDF5 stack.
+#define DTRAIN_H5_CALL(call, operation, context) \
+  ::dtrain::detail::h5_check((call), (operation), (context), #call)
