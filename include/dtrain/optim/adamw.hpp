@@ -86,10 +86,7 @@ class AdamW {
     v.tensor("exp_avg", exp_avg_.view(), shape);
     v.tensor("exp_avg_sq", exp_avg_sq_.view(), shape);
     v.scalar("step", step_);
-    std::string sched = schedule_.describe();
-    const std::string current = sched;
-    v.scalar("schedule", sched);
-    if (v.loading()) detail::note_schedule(sched, current, "AdamW");
+    detail::visit_schedule(v, schedule_, "AdamW");
   }
 
  private:

@@ -76,10 +76,7 @@ class Sgd {
     if (opt_.momentum != 0.0)
       v.tensor("momentum", momentum_.view(), Shape{static_cast<std::int64_t>(params_.count)});
     v.scalar("step", step_);
-    std::string sched = schedule_.describe();
-    const std::string current = sched;
-    v.scalar("schedule", sched);
-    if (v.loading()) detail::note_schedule(sched, current, "Sgd");
+    detail::visit_schedule(v, schedule_, "Sgd");
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/optim/schedule.hpp>
 
 namespace dtrain {
 namespace detail {
@@ -32,10 +33,15 @@ struct has_arenas<M, std::void_t<decltype(BufferView(std::declval<M&>().paramete
                                  decltype(BufferView(std::declval<M&>().gradients()))>>
     : std::true_type {};
 
-// Loading a schedule description that differs is allowed (a run may be resumed with a new
-// schedule on purpose) but worth a warning.
-inline void note_schedule(const std::string& saved, const std::string& current, const char* who) {
-  if (!saved.empty() && saved != current)
+// The schedule is checkpointed as its description. Loading a description that differs is allowed
+// (a run may be resumed with a new schedule on purpose) but worth a warning; the optimizer keeps
+// the schedule it was constructed with.
+template <class V>
+void visit_schedule(V& v, const Schedule& schedule, const char* who) {
+  std::string saved = schedule.describe();
+  const std::string current = saved;
+  v.scalar("schedule", saved);
+  if (v.loading() && !saved.empty() && saved != current)
     DTRAIN_LOG(warn, who << ": checkpoint was written with schedule " << saved
                          << ", continuing with " << current);
 }
