@@ -85,42 +85,32 @@ inline H5Handle h5_dataspace(const Shape& shape) {
 }
 
 // Attribute writers. In a parallel file every rank calls them with identical values.
-inline void h5_put_attr_i64(hid_t obj, const char* name, std::int64_t v, const std::string& where) {
+// One scalar attribute of file type `file_type`, written from `value` in memory type `mem_type`.
+inline void h5_put_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type,
+                        const void* value, const std::string& where) {
   const char* op = "checkpoint write";
   H5Handle sp = h5_dataspace({});
-  H5Handle a(DTRAIN_H5_CALL(H5Acreate2(obj, name, H5T_STD_I64LE, sp, H5P_DEFAULT, H5P_DEFAULT), op,
+  H5Handle a(DTRAIN_H5_CALL(H5Acreate2(obj, name, file_type, sp, H5P_DEFAULT, H5P_DEFAULT), op,
                             where + "@" + name),
              H5Aclose);
-  DTRAIN_H5_CALL(H5Awrite(a, H5T_NATIVE_INT64, &v), op, where + "@" + name);
+  DTRAIN_H5_CALL(H5Awrite(a, mem_type, value), op, where + "@" + name);
+}
+inline void h5_put_attr_i64(hid_t obj, const char* name, std::int64_t v, const std::string& where) {
+  h5_put_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v, where);
 }
 inline void h5_put_attr_u32(hid_t obj, const char* name, std::uint32_t v,
                             const std::string& where) {
-  const char* op = "checkpoint write";
-  H5Handle sp = h5_dataspace({});
-  H5Handle a(DTRAIN_H5_CALL(H5Acreate2(obj, name, H5T_STD_U32LE, sp, H5P_DEFAULT, H5P_DEFAULT), op,
-                            where + "@" + name),
-             H5Aclose);
-  DTRAIN_H5_CALL(H5Awrite(a, H5T_NATIVE_UINT32, &v), op, where + "@" + name);
+  h5_put_attr(obj, name, H5T_STD_U32LE, H5T_NATIVE_UINT32, &v, where);
 }
 inline void h5_put_attr_f64(hid_t obj, const char* name, double v, const std::string& where) {
-  const char* op = "checkpoint write";
-  H5Handle sp = h5_dataspace({});
-  H5Handle a(DTRAIN_H5_CALL(H5Acreate2(obj, name, H5T_IEEE_F64LE, sp, H5P_DEFAULT, H5P_DEFAULT), op,
-                            where + "@" + name),
-             H5Aclose);
-  DTRAIN_H5_CALL(H5Awrite(a, H5T_NATIVE_DOUBLE, &v), op, where + "@" + name);
+  h5_put_attr(obj, name, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, &v, where);
 }
 inline void h5_put_attr_str(hid_t obj, const char* name, const std::string& v,
                             const std::string& where) {
-  const char* op = "checkpoint write";
-  H5Handle sp = h5_dataspace({});
   H5Handle ty = h5_string_type(v.size());
   std::string padded = v;
   if (padded.empty()) padded.push_back('\0');
-  H5Handle a(DTRAIN_H5_CALL(H5Acreate2(obj, name, ty, sp, H5P_DEFAULT, H5P_DEFAULT), op,
-                            where + "@" + name),
-             H5Aclose);
-  DTRAIN_H5_CALL(H5Awrite(a, ty, padded.data()), op, where + "@" + name);
+  h5_put_attr(obj, name, ty, ty, padded.data(), where);
 }
 
 /// Reads a scalar attribute of any integer, float or fixed-length string type.
