@@ -16,6 +16,8 @@ DTRAIN_PACKAGES=(
   dataset-fashion-mnist
   python3-h5py
   clang-format
+  libcli11-dev
+  gnuplot-nox
 )
 
 # ensure_packages [extra packages...]: installs what is missing (as root) or prints the exact
