@@ -19,14 +19,18 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <mutex>
+#include <new>
+#include <string>
 #include <vector>
 
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include <dtrain/data/hdf5.hpp>
 #include <dtrain/data/idx.hpp>
+
+#include "common/cli.hpp"
 
 namespace {
 
@@ -40,41 +44,33 @@ struct Args {
   bool skip_missing = false;
 };
 
-[[noreturn]] void usage(const char* msg) {
-  std::fprintf(stderr,
-               "convert_idx_to_hdf5: %s\nusage: convert_idx_to_hdf5 --out FILE [--src DIR] "
-               "[--chunk ROWS] [--gzip LEVEL] [--skip-missing]\n",
-               msg);
-  std::exit(2);
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) usage(("missing value after " + k).c_str());
-      return argv[++i];
-    };
-    if (k == "--out")
-      a.out = value();
-    else if (k == "--src")
-      a.src = value();
-    else if (k == "--chunk")
-      a.chunk = std::strtoul(value().c_str(), nullptr, 10);
-    else if (k == "--gzip")
-      a.gzip = std::atoi(value().c_str());
-    else if (k == "--skip-missing")
-      a.skip_missing = true;
-    else if (k == "--help" || k == "-h")
-      usage("help");
-    else
-      usage(("unknown argument " + k).c_str());
+// Returns -1 to continue, or the exit code (0 after --help, 2 after a bad option).
+int parse(int argc, char** argv, Args& a) {
+  CLI::App app(
+      "Converts Fashion-MNIST IDX files (plain or gzip) into one HDF5 file for Hdf5Dataset, "
+      "then reads it back and compares every sample.",
+      "convert_idx_to_hdf5");
+  app.add_option("--out", a.out, "HDF5 file to write (written as FILE.tmp, renamed when complete)")
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--src", a.src,
+                 "folder with {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (Debian: "
+                 "dataset-fashion-mnist)")
+      ->type_name("DIR");
+  dtrain_cli::add_int(app, "--chunk", a.chunk,
+                      "store the datasets chunked by this many rows (0: contiguous, best for "
+                      "shuffled reads)",
+                      0, 1 << 30);
+  dtrain_cli::add_int(app, "--gzip", a.gzip, "gzip level of the chunks (needs --chunk)", 0, 9);
+  app.add_flag("--skip-missing", a.skip_missing,
+               "exit 77 (skipped) instead of 2 when the source files are absent (tests)");
+  const int code = dtrain_cli::run_parser(app, argc, argv);
+  if (code >= 0) return code;
+  if (a.gzip > 0 && a.chunk == 0) {
+    std::fprintf(stderr, "convert_idx_to_hdf5: --gzip needs --chunk\n");
+    return 2;
   }
-  if (a.out.empty()) usage("--out FILE is required");
-  if (a.gzip < 0 || a.gzip > 9) usage("--gzip takes a level 0..9");
-  if (a.gzip > 0 && a.chunk == 0) usage("--gzip needs --chunk");
-  return a;
+  return -1;
 }
 
 bool exists(const std::string& p) {
@@ -148,6 +144,57 @@ dtrain::detail::H5Handle write_dataset(hid_t file, const std::string& name,
   return d;
 }
 
+// An IDX header can declare far more data than its file holds; gzip files are decompressed into a
+// buffer of the declared size, so an absurd count would end in a bare std::bad_alloc. Deflate
+// cannot compress better than about 1032:1, which bounds what a file of this size can hold.
+void check_declared_size(const std::string& path) {
+  const char* op = "convert_idx_to_hdf5";
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw dtrain::make_error<dtrain::IoError>(
+        op, "cannot stat '" + path + "': " + std::strerror(errno));
+  gzFile z = ::gzopen(path.c_str(), "rb");
+  if (!z) throw dtrain::make_error<dtrain::IoError>(op, "zlib cannot open '" + path + "'");
+  unsigned char head[4 + 4 * 255] = {0};
+  const int got = ::gzread(z, head, 4);
+  const int ndim = got == 4 ? head[3] : 0;
+  const int dgot = ndim > 0 ? ::gzread(z, head + 4, static_cast<unsigned>(4 * ndim)) : 0;
+  ::gzclose(z);
+  if (got != 4 || dgot != 4 * ndim) return;  // too short: read_idx says exactly what is wrong
+  const std::size_t esize = dtrain::detail::idx_type_size(head[2]);
+  if (esize == 0) return;  // not an IDX type code: read_idx names it
+  long double declared = static_cast<long double>(esize);
+  std::string dims;
+  for (int i = 0; i < ndim; ++i) {
+    const unsigned char* d = head + 4 + 4 * i;
+    const std::uint32_t v = (std::uint32_t(d[0]) << 24) | (std::uint32_t(d[1]) << 16) |
+                            (std::uint32_t(d[2]) << 8) | std::uint32_t(d[3]);
+    declared *= v;
+    dims += (i ? " x " : "") + std::to_string(v);
+  }
+  const long double limit = 1032.0L * static_cast<long double>(st.st_size) + 4096.0L;
+  if (declared > limit) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.3Lg", declared);
+    throw dtrain::make_error<dtrain::IoError>(
+        op, "'" + path + "': the header declares [" + dims + "] elements of " +
+                std::to_string(esize) + " B (" + text + " B), more than a " +
+                std::to_string(static_cast<long long>(st.st_size)) +
+                " B file can hold; the file is damaged or not an IDX file");
+  }
+}
+
+// read_idx with the size check first, and out-of-memory reported with the file's name.
+dtrain::IdxArray read_checked(const std::string& path) {
+  check_declared_size(path);
+  try {
+    return dtrain::read_idx(path);
+  } catch (const std::bad_alloc&) {
+    throw dtrain::make_error<dtrain::IoError>("convert_idx_to_hdf5",
+                                              "not enough memory to read '" + path + "'");
+  }
+}
+
 struct Split {
   const char* group;  // "train" / "test"
   const char* stem;   // "train" / "t10k"
@@ -193,7 +240,8 @@ std::size_t verify(const std::string& file, const Split& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  Args args;
+  if (const int code = parse(argc, argv, args); code >= 0) return code;
   std::vector<Split> splits{{"train", "train", "", ""}, {"test", "t10k", "", ""}};
   for (auto& s : splits) {
     s.images = find_source(args.src, std::string(s.stem) + "-images-idx3-ubyte");
@@ -206,11 +254,11 @@ int main(int argc, char** argv) {
       return args.skip_missing ? 77 : 2;
     }
   }
+  // Every failure removes the temporary file (and a written file that does not read back).
+  const std::string tmp = args.out + ".tmp";
   try {
-    const std::string tmp = args.out + ".tmp";
     {
-      std::lock_guard<std::recursive_mutex> lock(dtrain::detail::h5_mutex());
-      dtrain::detail::h5_quiet();
+      dtrain::detail::H5Session h5;  // HDF5 lock, error printing off until the file is done
       dtrain::detail::H5Handle file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
                                     H5Fclose);
       CHECK_H5(file.get(), "creating '" << tmp << "'");
@@ -220,8 +268,8 @@ int main(int argc, char** argv) {
           file.get(), "source",
           "Fashion-MNIST (Zalando Research), converted from IDX files in " + args.src);
       for (const auto& s : splits) {
-        const dtrain::IdxArray images = dtrain::read_idx(s.images);
-        const dtrain::IdxArray labels = dtrain::read_idx(s.labels);
+        const dtrain::IdxArray images = read_checked(s.images);
+        const dtrain::IdxArray labels = read_checked(s.labels);
         // Same validation as the loader: counts, element type, label range.
         const dtrain::IdxDataset check(s.images, s.labels);
         if (images.type != 0x08 || labels.type != 0x08)
@@ -265,8 +313,15 @@ int main(int argc, char** argv) {
     std::printf("wrote %s (%s); read back through Hdf5Dataset: %zu mismatching samples\n",
                 args.out.c_str(),
                 args.chunk ? (args.gzip ? "chunked, gzip" : "chunked") : "contiguous", bad);
-    return bad == 0 ? 0 : 1;
+    if (bad != 0) {
+      std::remove(args.out.c_str());
+      std::fprintf(stderr, "convert_idx_to_hdf5: removed %s: it does not read back as written\n",
+                   args.out.c_str());
+      return 1;
+    }
+    return 0;
   } catch (const std::exception& e) {
+    std::remove(tmp.c_str());
     std::fprintf(stderr, "%s\n", e.what());
     return 1;
   }

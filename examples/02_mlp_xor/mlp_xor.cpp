@@ -3,7 +3,7 @@
 // XOR is the smallest task a linear model cannot solve, so reaching 100% accuracy shows the hidden
 // layer, its gradients and the optimizer working together. The example checks itself: it exits
 // non-zero unless the training loss falls below 0.05 and every held-out point is classified
-// correctly. Run: ./mlp_xor [steps]
+// correctly. Run: ./mlp_xor [--max-steps N] [--seed N] (--help lists the options)
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +12,8 @@
 #include <dtrain/core/rng.hpp>
 #include <dtrain/model/model.hpp>
 #include <dtrain/optim/optim.hpp>
+
+#include "common/cli.hpp"
 
 namespace {
 // Points around the four corners of the unit square (sd 0.1, so the classes do not overlap); the
@@ -31,7 +33,13 @@ void make_xor(std::int64_t n, std::uint64_t seed, std::vector<float>& x,
 }  // namespace
 
 int main(int argc, char** argv) {
-  const int steps = argc > 1 ? std::atoi(argv[1]) : 300;
+  std::int64_t steps = 300;
+  std::uint64_t seed = 2024;
+  CLI::App app("Example 02: an MLP learns noisy XOR on one process (self-checking).", "mlp_xor");
+  dtrain_cli::add_int(app, "--max-steps", steps, "optimizer steps (more than the 20 warm-up steps)",
+                      21, 1000000);
+  dtrain_cli::add_seed(app, seed);
+  if (const int code = dtrain_cli::run_parser(app, argc, argv); code >= 0) return code;
   const std::int64_t batch = 64;
   std::vector<float> x_train, x_test;
   std::vector<std::int32_t> y_train, y_test;
@@ -40,18 +48,19 @@ int main(int argc, char** argv) {
 
   dtrain::Sequential model{dtrain::Linear(2, 32), dtrain::Tanh(), dtrain::Linear(32, 32),
                            dtrain::Gelu(), dtrain::Linear(32, 2)};
-  model.init(2024);  // every rank passing this seed would hold the same parameters
+  model.init(seed);  // every rank passing this seed would hold the same parameters
   dtrain::AdamW opt(model, dtrain::Schedule::warmup_cosine(0.02, 20, steps, 1e-4));
 
   double loss = 0;
-  for (int step = 0; step < steps; ++step) {
+  for (std::int64_t step = 0; step < steps; ++step) {
     const std::int64_t first = (step % 8) * batch;
     model.zero_grad();
     loss = model.forward_backward(x_train.data() + 2 * first, y_train.data() + first, batch);
     dtrain::clip_grad_norm(model.gradients(), 1.0);
     opt.step();
     if (step % 50 == 0 || step == steps - 1)
-      std::printf("step %4d  loss %.4f  lr %.5f\n", step, loss, opt.current_lr());
+      std::printf("step %4lld  loss %.4f  lr %.5f\n", static_cast<long long>(step), loss,
+                  opt.current_lr());
   }
   const double acc = model.accuracy(x_test.data(), y_test.data(), 256);
   std::printf("final loss %.4f, held-out accuracy %.4f (%zu parameters)\n", loss, acc,
