@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/failure.hpp>
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
@@ -117,14 +118,23 @@ class Hdf5Dataset {
               Hdf5Options options = {})
       : Hdf5Dataset(file, features, labels, MPI_COMM_WORLD, options) {}
 
+  /// Local with the posix driver. With mpio the file close is collective; a dataset destroyed by
+  /// an exception (stack unwinding) or while the job fails (job_failing()) therefore does not
+  /// close it: its HDF5 identifiers are leaked until the process ends, so that a failing rank
+  /// never waits for its peers (see <dtrain/core/failure.hpp>).
   ~Hdf5Dataset() {
     if (direct_fd_ >= 0) ::close(direct_fd_);
     if (direct_mpi_ != MPI_FILE_NULL) {
       int finalized = 0;
       MPI_Finalized(&finalized);
-      if (!finalized) MPI_File_close(&direct_mpi_);
+      if (!finalized) MPI_File_close(&direct_mpi_);  // MPI_COMM_SELF: local
     }
-    std::lock_guard<std::recursive_mutex> lock(detail::h5_mutex());
+    detail::H5Session session;
+    if (driver_ == Hdf5Driver::mpio && unwind_.failing()) {
+      for (auto* h : {&features_, &labels_, &fspace_, &lspace_, &dxpl_, &file_id_})
+        (void)h->release();
+      return;
+    }
     features_.reset();
     labels_.reset();
     fspace_.reset();
@@ -185,8 +195,7 @@ class Hdf5Dataset {
 
     if (direct()) read_rows_direct();
     {
-      std::lock_guard<std::recursive_mutex> lock(detail::h5_mutex());
-      detail::h5_quiet();
+      detail::H5Session session;
       if (!direct())
         read_rows(features_.get(), fspace_.get(), fkind_.memtype, fstage_.data(), file_shape_,
                   features_name_);
@@ -414,8 +423,7 @@ class Hdf5Dataset {
     if (::stat(file_.c_str(), &st) != 0)
       raise<IoError>(op, "cannot open '" + file_ + "': " + std::strerror(errno));
 
-    std::lock_guard<std::recursive_mutex> lock(detail::h5_mutex());
-    detail::h5_quiet();
+    detail::H5Session session;
     detail::H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
     DTRAIN_CHECK_H5(fapl.get(), op, "'" << file_ << "'");
     dxpl_ = detail::H5Handle(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
@@ -623,6 +631,7 @@ class Hdf5Dataset {
     }
   }
 
+  UnwindGuard unwind_;  // first member: counts the exceptions in flight at construction
   std::string file_, features_name_, labels_name_;
   Hdf5Options opt_;
   Hdf5Driver driver_ = Hdf5Driver::posix;

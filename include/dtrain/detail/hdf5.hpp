@@ -1,5 +1,5 @@
 // dtrain: private HDF5 support shared by the data loader and the checkpoint code: the process
-// lock, error capture, handle ownership and the DTRAIN_CHECK_H5 check.
+// lock and HDF5 session, error capture, handle ownership and the DTRAIN_CHECK_H5 check.
 #pragma once
 
 #include <mutex>
@@ -23,9 +23,26 @@ inline std::recursive_mutex& h5_mutex() {
   return m;
 }
 
-/// Turns off HDF5's automatic printing of its error stack (we put the stack into the exception
-/// message instead). Idempotent; call with h5_mutex held.
-inline void h5_quiet() noexcept { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+/// The scope of dtrain's calls into HDF5: holds the process-wide HDF5 lock and turns off HDF5's
+/// automatic printing of its error stack (dtrain puts the stack into the exception message
+/// instead); the destructor restores the handler that was installed before, so an application's
+/// own HDF5 error printing is left as it was. Nests (the lock is recursive; an inner session
+/// restores the silenced state of the outer one). Local; one per thread at a time.
+class H5Session {
+ public:
+  H5Session() : lock_(h5_mutex()) {
+    H5Eget_auto2(H5E_DEFAULT, &func_, &data_);
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  }
+  ~H5Session() { H5Eset_auto2(H5E_DEFAULT, func_, data_); }
+  H5Session(const H5Session&) = delete;
+  H5Session& operator=(const H5Session&) = delete;
+
+ private:
+  std::unique_lock<std::recursive_mutex> lock_;
+  H5E_auto2_t func_ = nullptr;
+  void* data_ = nullptr;
+};
 
 /// The current HDF5 error stack as one line ("HDF5: msg [minor] (function); ..."), innermost
 /// first, then clears it. Call with h5_mutex held.
@@ -73,16 +90,18 @@ class H5Handle {
   herr_t close() noexcept {
     herr_t rc = 0;
     if (id_ >= 0 && close_) {
-      std::lock_guard<std::recursive_mutex> lock(h5_mutex());
       // Parallel HDF5 shuts itself down in MPI_Finalize; an object destroyed after that holds an
       // identifier that no longer exists, which is not an error worth printing.
-      h5_quiet();
+      H5Session session;
       if (H5Iis_valid(id_) > 0) rc = close_(id_);
     }
     id_ = -1;
     return rc;
   }
   void reset() noexcept { (void)close(); }
+  /// Gives up ownership without closing (the identifier leaks until the process ends). For
+  /// destructors on the unwind path, where the close would be collective (see UnwindGuard).
+  hid_t release() noexcept { return std::exchange(id_, -1); }
 
  private:
   hid_t id_ = -1;

@@ -107,4 +107,17 @@ inline void remove_file_quietly(const std::string& path) {
   std::filesystem::remove(path, ec);
 }
 
+/// Rank 0 of a save: makes the finished temporary durable under its final name, then deletes
+/// all but the newest `keep_last` checkpoints of the run directory. Local, blocking.
+inline void publish_checkpoint(const std::string& tmp_path, const std::string& final_path,
+                               const std::string& dir, const std::string& prefix,
+                               const char* extension, int keep_last) {
+  const char* op = "checkpoint save";
+  rename_path(tmp_path, final_path, op);
+  fsync_path(dir, true, op);
+  const auto found = list_checkpoint_files(dir, prefix, extension);
+  for (std::size_t i = static_cast<std::size_t>(keep_last); i < found.size(); ++i)
+    remove_file_quietly(found[i].path);
+}
+
 }  // namespace dtrain::detail

@@ -1,0 +1,43 @@
+// dtrain: the settings of a Checkpointer and its write strategies. Plain data, no dependencies.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace dtrain {
+
+/// Who writes what. Per-rank state always ends up in the same file as the replicated state.
+enum class CheckpointStrategy : unsigned char {
+  automatic,        ///< the measured fastest that the communicator and options allow
+  rank0,            ///< per-rank state is gathered to rank 0, which writes the file alone
+  parallel_rank0,   ///< MPI-IO file: rank 0 writes replicated tensors, each rank its own state
+  parallel_slices,  ///< MPI-IO file: every rank writes a disjoint axis-0 slice of each tensor
+};
+
+constexpr const char* name_of(CheckpointStrategy s) noexcept {
+  switch (s) {
+    case CheckpointStrategy::automatic: return "automatic";
+    case CheckpointStrategy::rank0: return "rank0";
+    case CheckpointStrategy::parallel_rank0: return "parallel_rank0";
+    case CheckpointStrategy::parallel_slices: return "parallel_slices";
+  }
+  return "?";
+}
+
+/// Settings of a Checkpointer. Plain data.
+struct CheckpointOptions {
+  std::int64_t every_steps = 0;  ///< maybe_save saves when step % every_steps == 0 (0: never)
+  double every_seconds = 0;  ///< ... or when this much time passed since the last save (0: never)
+  int keep_last = 3;         ///< valid checkpoints kept in the run directory (>= 1)
+  bool async = false;        ///< write from a host snapshot on a background thread
+  std::string config;        ///< stored verbatim in every file (e.g. the run's configuration)
+  CheckpointStrategy strategy = CheckpointStrategy::automatic;
+  std::string prefix = "ckpt";  ///< files are <prefix>-<step, 12 digits>.h5
+  /// Restoring on a different number of ranks always restores replicated state; per-rank
+  /// objects are then an error unless this is set, in which case they keep their current state.
+  bool reset_per_rank_on_resize = false;
+  /// Deadline for waiting on a background write.
+  double wait_timeout_seconds = 3600;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,163 @@
+// dtrain: the restore path. Rank 0 has read and verified the file; this distributes its content:
+// metadata to every rank, a check pass on every rank (nothing is modified until all agree that
+// the objects match the file), then replicated tensors by broadcast and per-rank state to its
+// owner.
+#pragma once
+
+#include <cstring>
+#include <exception>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <dtrain/ckpt/checkpoint_options.hpp>
+#include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/detail/collectives.hpp>
+#include <dtrain/ckpt/detail/manifest.hpp>
+#include <dtrain/ckpt/detail/objects.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/log.hpp>
+
+namespace dtrain::detail {
+
+template <class Comm>
+struct CkptFetch {
+  Comm* comm;
+  int rank;
+  bool broadcast;  // rank 0 holds the bytes and broadcasts them
+};
+
+template <class Comm>
+void ckpt_fetch_entry(void* ctx, const CkptEntry& e, BufferView dst) {
+  auto* c = static_cast<CkptFetch<Comm>*>(ctx);
+  const std::size_t n = e.bytes();
+  if ((c->rank == 0 || !c->broadcast) && n) std::memcpy(dst.data, e.data, n);
+  if (c->broadcast && dst.count) c->comm->broadcast(dst, 0);
+}
+
+/// Collective. `m` holds the file's content on rank 0 (anything elsewhere); fills the objects
+/// on every rank. Throws (on every rank) InvalidArgument when the objects do not match.
+template <class Comm, class... Ts>
+void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
+                     const std::string& file, const Named<Ts>&... objects) {
+  const char* op = "checkpoint restore";
+  const int rank = comm.rank(), p = comm.size();
+  // Everyone gets the file's metadata (names, shapes, scalars) from rank 0.
+  {
+    BlobWriter w;
+    if (rank == 0) {
+      encode_header(w, m);
+      w.put_i64(static_cast<std::int64_t>(m.entries.size()));
+      for (const auto& e : m.entries) encode_entry(w, e, false);
+    }
+    if (p > 1) {
+      ckpt_bcast_bytes(comm, w.bytes(), 0);
+      if (rank != 0) {
+        BlobReader r(w.bytes().data(), w.bytes().size());
+        decode_header(r, m);
+        const auto n = r.get_i64();
+        m.entries.clear();
+        for (std::int64_t i = 0; i < n; ++i) m.entries.push_back(decode_entry(r));
+      }
+    }
+  }
+  LoadVisitor::Index index;
+  for (const auto& e : m.entries) index[e.path] = &e;
+  const bool resized = m.world_size != p;
+
+  // Check pass: nothing is modified until every rank agrees that everything matches.
+  std::string trace;
+  std::exception_ptr err;
+  try {
+    std::set<std::string> names;
+    (check_top_name(objects, names), ...);
+    std::string first;
+    std::set<std::string> visited;
+    auto one = [&](const auto& n) {
+      if (!first.empty()) return;
+      std::string prefix = "/" + n.name;
+      if (n.placement == Placement::per_rank) {
+        if (resized) {
+          if (!opt.reset_per_rank_on_resize)
+            first = "per-rank object '" + n.name + "': the checkpoint was written by " +
+                    std::to_string(m.world_size) + " ranks and this run has " + std::to_string(p) +
+                    " (set CheckpointOptions::reset_per_rank_on_resize to keep its current "
+                    "state)";
+          return;
+        }
+        prefix = "/ranks/" + std::to_string(rank) + "/" + n.name;
+      }
+      LoadVisitor v(index, prefix, LoadVisitor::Mode::check);
+      visit_object(v, *n.object);
+      if (n.placement == Placement::replicated) trace += v.trace();
+      visited.insert(v.visited().begin(), v.visited().end());
+      if (!v.mismatch().empty()) first = v.mismatch();
+      for (const auto& e : m.entries)
+        if (rank == 0 && e.path.compare(0, prefix.size() + 1, prefix + "/") == 0 &&
+            !visited.count(e.path))
+          DTRAIN_LOG(warn, "checkpoint " << file << " holds " << e.path
+                                         << ", which the object does not visit; ignored");
+    };
+    (one(objects), ...);
+    if (!first.empty()) raise<InvalidArgument>(op, file + " does not match the objects: " + first);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  ckpt_agree(comm, err, op);
+  DTRAIN_REQUIRE(ckpt_same_everywhere(comm, crc32c(trace.data(), trace.size()),
+                                      static_cast<std::uint32_t>(trace.size())),
+                 op,
+                 "replicated objects differ in structure between ranks; pass rank-specific "
+                 "state with dtrain::per_rank");
+
+  // Replicated state: rank 0 fills its objects from the file and broadcasts tensor by tensor.
+  CkptFetch<Comm> bc{&comm, rank, p > 1};
+  auto apply_replicated = [&](const auto& n) {
+    if (n.placement != Placement::replicated) return;
+    LoadVisitor v(index, "/" + n.name, LoadVisitor::Mode::apply, &ckpt_fetch_entry<Comm>, &bc);
+    visit_object(v, *n.object);
+  };
+  (apply_replicated(objects), ...);
+
+  // Per-rank state: rank 0 sends each rank its own entries.
+  if (!resized) {
+    for (int s = 0; s < p; ++s) {
+      std::vector<CkptEntry> own;
+      if (s == 0) {
+        if (rank != 0) continue;
+      } else {
+        BlobWriter w;
+        if (rank == 0) {
+          std::int64_t count = 0;
+          for (const auto& e : m.entries) count += e.owner == s;
+          w.put_i64(count);
+          for (const auto& e : m.entries)
+            if (e.owner == s) encode_entry(w, e, true);
+        }
+        ckpt_bcast_bytes(comm, w.bytes(), 0);
+        if (rank != s) continue;
+        BlobReader r(w.bytes().data(), w.bytes().size());
+        const auto n = r.get_i64();
+        for (std::int64_t i = 0; i < n; ++i) own.push_back(decode_entry(r));
+      }
+      LoadVisitor::Index own_index;
+      if (s == 0)
+        own_index = index;
+      else
+        for (const auto& e : own) own_index[e.path] = &e;
+      CkptFetch<Comm> local{&comm, rank, false};
+      auto apply_own = [&](const auto& n) {
+        if (n.placement != Placement::per_rank) return;
+        LoadVisitor v(own_index, "/ranks/" + std::to_string(rank) + "/" + n.name,
+                      LoadVisitor::Mode::apply, &ckpt_fetch_entry<Comm>, &local);
+        visit_object(v, *n.object);
+      };
+      (apply_own(objects), ...);
+    }
+  } else if (rank == 0 && opt.reset_per_rank_on_resize) {
+    DTRAIN_LOG(warn, "checkpoint " << file << " was written by " << m.world_size
+                                   << " ranks; per-rank objects keep their current state");
+  }
+}
+
+}  // namespace dtrain::detail

@@ -1,0 +1,87 @@
+// dtrain: the host snapshot of a checkpoint's tensors (asynchronous saves write from it while
+// training goes on), and the checksums of replicated tensors computed in parallel over the ranks.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/detail/manifest.hpp>
+#include <dtrain/comm/reduce_op.hpp>
+#include <dtrain/core/dtype.hpp>
+#include <dtrain/core/span.hpp>
+
+namespace dtrain::detail {
+
+/// Copies a tensor entry's `bytes` bytes from its source memory (entry.data) into host memory.
+/// This is the one place where the checkpoint code reads tensor memory for a snapshot, so that
+/// tensors living in device memory only need a copy function of their space (an execution
+/// policy's copy_d2h followed by a synchronize); the collector accepts host tensors today, for
+/// which it is a memcpy.
+using CkptCopyToHost = void (*)(void* host_dst, const CkptEntry& src, std::size_t bytes);
+
+inline void ckpt_copy_host(void* host_dst, const CkptEntry& src, std::size_t bytes) {
+  if (bytes) std::memcpy(host_dst, src.data, bytes);
+}
+
+/// The snapshot buffer of asynchronous saves: one arena kept between saves, so that a later
+/// snapshot costs a copy, not fresh page faults. Local; owned by one Checkpointer (rank 0).
+class SnapshotArena {
+ public:
+  /// Copies every tensor entry that still points at caller memory into the arena (with `copy`)
+  /// and points the entry there. The arena must outlive the entries' use.
+  void take(std::vector<CkptEntry>& entries, CkptCopyToHost copy = &ckpt_copy_host) {
+    auto aligned = [](std::size_t n) { return (n + 63) / 64 * 64; };
+    std::size_t total = 0;
+    for (const auto& e : entries)
+      if (e.kind == EntryKind::tensor && e.storage.empty()) total += aligned(e.bytes());
+    if (total > bytes_) {
+      arena_.reset(new unsigned char[total]);
+      bytes_ = total;
+    }
+    std::size_t off = 0;
+    for (auto& e : entries) {
+      if (e.kind != EntryKind::tensor || !e.storage.empty()) continue;
+      const std::size_t n = e.bytes();
+      copy(arena_.get() + off, e, n);
+      e.data = arena_.get() + off;
+      off += aligned(n);
+    }
+  }
+
+ private:
+  std::unique_ptr<unsigned char[]> arena_;
+  std::size_t bytes_ = 0;
+};
+
+/// This rank's byte-balanced share of the checksums of the first n (replicated) entries, into
+/// crcs (zeros elsewhere, so that an allreduce(sum) assembles them: replicas are identical).
+/// With skip_rank0 rank 0 gets no share (it is busy writing). Local.
+inline void crc_share(const std::vector<CkptEntry>& entries, std::size_t n,
+                      std::vector<std::int64_t>& crcs, int rank, int p, bool skip_rank0) {
+  const int first = skip_rank0 && p > 1 ? 1 : 0;
+  std::vector<std::size_t> load(static_cast<std::size_t>(p - first), 0);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (entries[i].kind != EntryKind::tensor) continue;
+    const auto k =
+        static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[k] += entries[i].bytes() + 1;
+    if (static_cast<int>(k) + first == rank)
+      crcs[i] = static_cast<std::int64_t>(crc32c(entries[i].data, entries[i].bytes()));
+  }
+}
+
+/// Collective: checksums of the replicated tensors `repl`, computed in parallel over the ranks.
+template <class Comm>
+void fill_replicated_crcs(Comm& comm, std::vector<CkptEntry>& repl) {
+  std::vector<std::int64_t> crcs(repl.size(), 0);
+  crc_share(repl, repl.size(), crcs, comm.rank(), comm.size(), false);
+  if (comm.size() > 1 && !crcs.empty())
+    comm.allreduce(BufferView(crcs.data(), crcs.size(), DType::i64), ReduceOp::sum);
+  for (std::size_t i = 0; i < repl.size(); ++i) repl[i].crc = static_cast<std::uint32_t>(crcs[i]);
+}
+
+}  // namespace dtrain::detail
