@@ -3,15 +3,12 @@
 #pragma once
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
@@ -19,6 +16,7 @@
 #include <dtrain/comm/collective_plan.hpp>
 #include <dtrain/comm/comm_config.hpp>
 #include <dtrain/comm/cost_model.hpp>
+#include <dtrain/comm/detail/calibration.hpp>
 #include <dtrain/comm/detail/collective_plan.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
 #include <dtrain/comm/reduce_op.hpp>
@@ -172,7 +170,7 @@ class Communicator {
   /// reduction (gamma), time a one-chunk and a 4 MiB shm all-reduce when the transport has
   /// node-shared segments, and agree on the maximum of each so every rank selects alike.
   const CostModel& cost_model() {
-    if (!state_->cost.valid()) measure_cost_model();
+    if (!state_->cost.valid()) state_->cost = detail::measure_cost_model(*state_);
     return state_->cost;
   }
   /// Local: sets the model (give every rank the same one).
@@ -304,133 +302,6 @@ class Communicator {
     auto p = cached_plan(s);
     state_->engine.submit(*p);
     return CollectiveHandle(p.get(), p);
-  }
-
-  void measure_cost_model() {
-    auto& st = *state_;
-    st.engine.drain();
-    // The calibration is a collective of its own, so its fingerprint keeps ranks in step.
-    detail::execute_in_order(st, *make_plan(make_spec(detail::CollectiveKind::calibrate)));
-    Transport& t = *st.transport;
-    const int r = rank(), p = size(), partner = r ^ 1;
-    constexpr int kTag = 32767;  // outside the collectives' (seq % 4096) * 8 + sub tags in use
-    double m[3] = {0, 0, 0};
-    if (partner < p) {
-      const Deadline deadline(st.config.timeout_s);
-      typename Transport::Request a, b;
-      auto wait = [&](typename Transport::Request& q) {
-        if (!t.wait_until(q, deadline))
-          raise<TimeoutError>("cost-model calibration",
-                              detail::concat("wait for rank ", partner, " timed out after ",
-                                             deadline.budget(), " s"));
-      };
-      std::uint64_t word = 0, got = 0;
-      double best = 1e30;
-      // The minimum over bursts spread in time: on a shared machine a partner descheduled for a
-      // whole burst would otherwise pass for latency.
-      for (int i = 0; i < 68; ++i) {
-        if (i % 16 == 15) std::this_thread::sleep_for(std::chrono::microseconds(200));
-        const double t0 = now_seconds();
-        if (r < partner) {
-          t.isend(a, partner, kTag, &word, 8);
-          wait(a);
-          t.irecv(b, partner, kTag, &got, 8);
-          wait(b);
-        } else {
-          t.irecv(b, partner, kTag, &got, 8);
-          wait(b);
-          t.isend(a, partner, kTag, &word, 8);
-          wait(a);
-        }
-        if (i >= 3) best = std::min(best, now_seconds() - t0);
-      }
-      m[0] = best / 2;
-      // Beyond the caches, so that beta describes the bandwidth-bound regime it is used for.
-      constexpr std::size_t big = 4 << 20;
-      std::vector<unsigned char> sbuf(big, 1), rbuf(big);
-      best = 1e30;
-      for (int i = 0; i < 6; ++i) {
-        const double t0 = now_seconds();
-        t.irecv(b, partner, kTag, rbuf.data(), big);
-        t.isend(a, partner, kTag, sbuf.data(), big);
-        wait(b);
-        wait(a);
-        if (i >= 1) best = std::min(best, now_seconds() - t0);
-      }
-      m[1] = std::max((best - m[0]) / static_cast<double>(big), 1e-13);
-    }
-    double shm[2] = {0, 0};  // counter hand-off seconds, shm seconds per byte
-    {
-      std::vector<float> x(1 << 20, 1.0f), y(1 << 20, 2.0f);  // 4 MiB each, as for beta
-      double best = 1e30;
-      for (int i = 0; i < 4; ++i) {
-        const double t0 = now_seconds();
-        detail::reduce_into(x.data(), x.data(), y.data(), x.size(), DType::f32, ReduceOp::sum);
-        best = std::min(best, now_seconds() - t0);
-      }
-      m[2] = best / static_cast<double>(x.size() * sizeof(float));
-    }
-    const bool has_shm = shared_segments_of(t) != nullptr;
-    if (has_shm) {
-      // The fingerprint exchange every collective pays (ceil(log2 p) message rounds) is left out
-      // of every algorithm's model alike, so it is taken out of these timings.
-      int rounds = 0;
-      for (int d = 1; d < p; d <<= 1) ++rounds;
-      const double check = st.config.check_fingerprints ? rounds * m[0] : 0.0;
-      Spec s = make_spec(detail::CollectiveKind::allreduce);
-      s.dtype = DType::f32;
-      s.algo = AllreduceAlgorithm::shm;
-      // A bandwidth-bound shm all-reduce (4 MiB, as for beta), first: it also warms the
-      // segments up for the latency measurement below.
-      constexpr std::size_t big_count = 1 << 20;
-      std::vector<float> v(big_count, 1.0f);
-      s.count = big_count;
-      s.in = v.data();
-      s.out = v.data();
-      auto big_plan = make_plan(s);
-      double big_best = 1e30;
-      for (int i = 0; i < 5; ++i) {
-        std::fill(v.begin(), v.end(), 1.0f);
-        const double t0 = now_seconds();
-        detail::execute_in_order(st, *big_plan);
-        if (i >= 1) big_best = std::min(big_best, now_seconds() - t0);
-      }
-      // A one-chunk shm all-reduce costs three counter hand-offs.
-      float tiny[8] = {};
-      s.count = 8;
-      s.in = tiny;
-      s.out = tiny;
-      auto plan = make_plan(s);
-      double best = 1e30;
-      for (int i = 0; i < 132; ++i) {
-        if (i % 16 == 15) std::this_thread::sleep_for(std::chrono::microseconds(200));
-        const double t0 = now_seconds();
-        detail::execute_in_order(st, *plan);
-        if (i >= 3) best = std::min(best, now_seconds() - t0);
-      }
-      shm[0] = std::max(best - check, 0.25 * best) / 3;
-      // Per byte: the big run without its chunks' counter hand-offs.
-      const double bytes = static_cast<double>(big_count * sizeof(float));
-      const double chunks =
-          std::ceil(bytes / static_cast<double>(shared_segments_of(t)->slot_bytes));
-      shm[1] = std::max(big_best - check - 3 * chunks * shm[0], 0.5 * big_best) / bytes;
-    }
-    double agreed[5] = {m[0], m[1], m[2], shm[0], shm[1]};
-    Spec s = make_spec(detail::CollectiveKind::allreduce);
-    s.op = ReduceOp::max;
-    s.dtype = DType::f64;
-    s.count = 5;
-    s.in = agreed;
-    s.out = agreed;
-    s.algo = AllreduceAlgorithm::rd;
-    detail::execute_in_order(st, *make_plan(s));
-    CostModel cm{std::max(agreed[0], 1e-9), std::max(agreed[1], 1e-13), agreed[2]};
-    if (has_shm) {
-      cm.shm_alpha = std::max(agreed[3], 1e-9);
-      cm.shm_beta = std::max(agreed[4], 1e-13);
-      cm.shm_chunk = static_cast<double>(shared_segments_of(t)->slot_bytes);
-    }
-    st.cost = cm;
   }
 
   static constexpr std::size_t kCacheSize = 16;

@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
@@ -260,11 +261,14 @@ class LoopbackTransport {
 
   /// Blocks until the request completes (true) or the deadline passes (false).
   bool wait_until(Request& r, const Deadline& deadline) {
-    // A short spin catches the common case of a partner that is already running on another
-    // core, without the cost of a sleep and wake-up.
-    for (int i = 0; i < 256; ++i) {
+    // Spinning, then yielding (detail/backoff.hpp) catches the common case of a partner that is
+    // already running, without the cost of a sleep and wake-up; after that the thread blocks on
+    // its mailbox's condition variable.
+    detail::Backoff backoff;
+    while (!backoff.past_yield()) {
       if (test(r)) return true;
-      std::this_thread::yield();
+      if (deadline.expired()) return test(r);
+      backoff.pause();
     }
     auto& box = world_->box(rank_);
     std::unique_lock<std::mutex> lock(box.mutex);
@@ -299,8 +303,8 @@ class LoopbackTransport {
         return;
       }
     }
-    while (op.state.load(std::memory_order_acquire) == detail::LoopbackOp::matched)
-      std::this_thread::yield();
+    detail::Backoff backoff;
+    while (op.state.load(std::memory_order_acquire) == detail::LoopbackOp::matched) backoff.pause();
     op.state.store(detail::LoopbackOp::idle, std::memory_order_release);
   }
 

@@ -8,8 +8,8 @@
 #include <climits>
 #include <cstddef>
 #include <string>
-#include <thread>
 
+#include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
@@ -138,25 +138,11 @@ class MpiTransport {
     DTRAIN_CHECK_MPI(MPI_Test(&r.req, &flag, &st), r.is_recv ? "MPI receive" : "MPI send");
     return flag != 0;
   }
-  /// Polls MPI_Test: spinning for the first few microseconds (a partner on another core
-  /// answers within that), then yielding the core between polls (a partner sharing this core,
-  /// more ranks than free cores, needs it; with nothing else runnable a yield returns at once),
-  /// and after 2 ms sleeping 20 us between polls so that a long wait (a late rank, the progress
-  /// thread) does not steal a core from computation.
+  /// Polls MPI_Test with the communication layer's backoff (detail/backoff.hpp: spin, then
+  /// yield, then bounded sleeps), so that a long wait (a late rank, the progress thread) does not
+  /// steal a core from computation.
   bool wait_until(Request& r, const Deadline& deadline) {
-    if (test(r)) return true;
-    const double start = now_seconds();
-    for (unsigned i = 1;; ++i) {
-      if (test(r)) return true;
-      if ((i & 15u) == 0) {
-        const double waited = now_seconds() - start;
-        if (deadline.expired()) return false;
-        if (waited > 2e-3)
-          std::this_thread::sleep_for(std::chrono::microseconds(20));
-        else if (waited > 5e-6)
-          std::this_thread::yield();
-      }
-    }
+    return detail::poll_until([&] { return test(r); }, deadline);
   }
   /// Abandons an active request: a receive is cancelled, a send is released to complete on its
   /// own. Never throws.

@@ -1,0 +1,211 @@
+// dtrain: what every collective algorithm of a plan works with: the plan's description, its
+// channels (every message it will ever send or receive, fixed at construction), its scratch
+// memory and the reduction of the widened element type.
+//
+// An algorithm (one header each in this folder) builds its schedule in its constructor: it asks
+// for scratch buffers and declares one channel per message with add_send / add_recv, naming the
+// peer, a channel id and the (buffer, bytes) the message uses on every execution. run() then only
+// starts and waits channels by the index add_* returned, and reduces. Channel ids are agreed
+// between the two ends without communication: both sides compute the same id for one message
+// from the algorithm's schedule (step, segment...), never from a sequence number, so a plan
+// replays exactly the same (peer, id, address, bytes) pattern on every execution.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <dtrain/comm/allreduce_algorithm.hpp>
+#include <dtrain/comm/detail/comm_state.hpp>
+#include <dtrain/comm/detail/fingerprint.hpp>
+#include <dtrain/comm/reduce_op.hpp>
+#include <dtrain/comm/transport_traits.hpp>
+#include <dtrain/core/dtype.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/timer.hpp>
+#include <dtrain/comm/detail/reduce_kernels.hpp>
+
+namespace dtrain::detail {
+
+/// What a plan computes: fixed at construction.
+struct PlanSpec {
+  CollectiveKind kind = CollectiveKind::barrier;
+  AllreduceAlgorithm algo = AllreduceAlgorithm::ring;
+  ReduceOp op = ReduceOp::sum;
+  DType dtype = DType::f32;
+  std::size_t count = 0;  // elements of the full vector (allreduce, broadcast, reduce_scatter
+                          // input, allgather output)
+  const void* in = nullptr;
+  void* out = nullptr;
+  int root = 0;
+};
+
+inline std::size_t ceil_div(std::size_t a, std::size_t b) noexcept {
+  return a == 0 ? 0 : (a + b - 1) / b;
+}
+
+/// Channel ids below this are the fingerprint exchange's (one per dissemination round, the same
+/// in every plan so that mismatched calls still meet); algorithms number theirs from here.
+inline constexpr int kFirstAlgorithmChannel = 32;
+/// Tags of the two-sided fallback: a channel id maps to a tag below this (MPI guarantees tags up
+/// to 32767; 32767 itself is the cost-model calibration's).
+inline constexpr int kChannelTagLimit = 32767;
+inline int channel_tag(int id) noexcept {
+  return id < kFirstAlgorithmChannel
+             ? id
+             : kFirstAlgorithmChannel +
+                   (id - kFirstAlgorithmChannel) % (kChannelTagLimit - kFirstAlgorithmChannel);
+}
+
+/// The plan-wide state the algorithms share. Lives inside its plan (never moves).
+template <class Transport>
+class PlanContext {
+ public:
+  using Request = typename Transport::Request;
+  using uchar = unsigned char;
+
+  PlanContext(CommState<Transport>& comm, const PlanSpec& s)
+      : comm_(&comm), spec_(s), p_(comm.transport->size()), r_(comm.transport->rank()) {
+    const bool widen =
+        (s.dtype == DType::f16 || s.dtype == DType::bf16) &&
+        (s.kind == CollectiveKind::allreduce || s.kind == CollectiveKind::reduce_scatter);
+    wdtype_ = widen ? DType::f32 : s.dtype;
+    es_ = size_of(wdtype_);
+    const std::size_t seg_bytes = comm.config.segment_bytes < 64 ? 64 : comm.config.segment_bytes;
+    seg_elems_ = seg_bytes / es_ ? seg_bytes / es_ : 1;
+  }
+  ~PlanContext() {
+    cancel_all();
+    for (auto& m : regions_) comm_->transport->deregister_memory(m);
+  }
+  PlanContext(const PlanContext&) = delete;
+  PlanContext& operator=(const PlanContext&) = delete;
+
+  // ---- description ---------------------------------------------------------------------------
+  const PlanSpec& spec() const noexcept { return spec_; }
+  CommState<Transport>& comm() noexcept { return *comm_; }
+  Transport& transport() noexcept { return *comm_->transport; }
+  int size() const noexcept { return p_; }
+  int rank() const noexcept { return r_; }
+  /// Element type the algorithms move and reduce (f32 for 16-bit floats, which are widened once).
+  DType wdtype() const noexcept { return wdtype_; }
+  bool widened() const noexcept { return wdtype_ != spec_.dtype; }
+  std::size_t elem_bytes() const noexcept { return es_; }
+  /// Elements per pipelining segment.
+  std::size_t segment_elems() const noexcept { return seg_elems_; }
+  int mod_p(long x) const noexcept {
+    const long p = p_;
+    return static_cast<int>(((x % p) + p) % p);
+  }
+
+  // ---- scratch memory ------------------------------------------------------------------------
+  /// A zeroed buffer of `bytes` owned by the plan and registered with the transport.
+  uchar* scratch(std::size_t bytes) {
+    buffers_.emplace_back(bytes);
+    uchar* p = buffers_.back().data();
+    register_range(p, bytes);
+    return p;
+  }
+  /// Registers memory the plan sends from or receives into (nothing for null or empty ranges).
+  void register_range(const void* p, std::size_t bytes) {
+    if (!p || !bytes) return;
+    regions_.push_back(comm_->transport->register_memory(const_cast<void*>(p), bytes, Space::host));
+  }
+
+  // ---- channels ------------------------------------------------------------------------------
+  /// Declares a message to `peer` (plan construction). Returns the channel's index for run().
+  std::size_t add_send(int peer, int id, const void* data, std::size_t bytes) {
+    return add(peer, id, true, const_cast<void*>(data), bytes);
+  }
+  /// Declares a message from `peer` into `data`.
+  std::size_t add_recv(int peer, int id, void* data, std::size_t bytes) {
+    return add(peer, id, false, data, bytes);
+  }
+  /// Ends the schedule: allocates each channel's request (done once, by the plan).
+  void bind_channels() { requests_.reset(new Request[channels_.size()]); }
+  /// Posts channel `i` (an empty message is no message: start and wait do nothing).
+  void start(std::size_t i) {
+    const Channel& c = channels_[i];
+    if (!c.bytes) return;
+    Transport& t = *comm_->transport;
+    if (c.send)
+      t.isend(requests_[i], c.peer, channel_tag(c.id), c.data, c.bytes);
+    else
+      t.irecv(requests_[i], c.peer, channel_tag(c.id), c.data, c.bytes);
+  }
+  /// Blocks until channel `i` completed; TimeoutError naming the peer at the deadline.
+  void wait(std::size_t i) {
+    const Channel& c = channels_[i];
+    if (!c.bytes) return;
+    if (!comm_->transport->wait_until(requests_[i], deadline_)) timeout(c.peer);
+  }
+  /// Abandons every channel (error paths). Never throws.
+  void cancel_all() noexcept {
+    if (!requests_) return;
+    for (std::size_t i = 0; i < channels_.size(); ++i) comm_->transport->cancel(requests_[i]);
+  }
+  std::size_t channel_count() const noexcept { return channels_.size(); }
+
+  // ---- one execution -------------------------------------------------------------------------
+  void begin(std::uint64_t seq) {
+    fp_ = make_fingerprint(spec_.kind, seq, spec_.count, spec_.dtype, spec_.op, spec_.algo,
+                           spec_.root);
+    deadline_ = Deadline(comm_->config.timeout_s);
+  }
+  const Fingerprint& fingerprint() const noexcept { return fp_; }
+  const Deadline& deadline() const noexcept { return deadline_; }
+  [[noreturn]] void timeout(int peer) const {
+    raise<TimeoutError>(operation_label(fp_), concat("wait for rank ", peer, " timed out after ",
+                                                     deadline_.budget(), " s"));
+  }
+
+  // ---- reduction (the contract of <dtrain/kernels/host/reduce.hpp>) ---------------------------
+  /// dst = a op b over n elements of the widened type; dst may alias a or b.
+  void reduce(void* dst, const void* a, const void* b, std::size_t n) const {
+    reduce_into(dst, a, b, n, wdtype_, spec_.op);
+  }
+  /// Finishes an avg on n reduced elements (divides by the number of ranks).
+  void finish_avg(void* data, std::size_t n) const {
+    if (spec_.op == ReduceOp::avg) finalize_avg(data, n, wdtype_, p_);
+  }
+
+ private:
+  struct Channel {
+    int peer = -1;
+    int id = 0;
+    bool send = false;
+    void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+
+  std::size_t add(int peer, int id, bool send, void* data, std::size_t bytes) {
+    DTRAIN_ASSERT(!requests_);
+    channels_.push_back(Channel{peer, id, send, data, bytes});
+    return channels_.size() - 1;
+  }
+
+  CommState<Transport>* comm_;
+  PlanSpec spec_;
+  int p_, r_;
+  DType wdtype_ = DType::f32;
+  std::size_t es_ = 4;
+  std::size_t seg_elems_ = 1;
+  std::vector<Channel> channels_;
+  std::unique_ptr<Request[]> requests_;
+  std::vector<std::vector<uchar>> buffers_;
+  std::vector<MemoryRegion> regions_;
+  Fingerprint fp_{};
+  Deadline deadline_{-1};
+};
+
+/// One collective algorithm bound to a plan: the schedule is built by the constructor, run()
+/// executes it once (blocking, on the calling thread).
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  virtual void run() = 0;
+};
+
+}  // namespace dtrain::detail

@@ -1,0 +1,93 @@
+// dtrain: the shm all-reduce, a reduce-scatter + all-gather through node-shared segments.
+// The vector goes through in chunks of one slot. For chunk g (numbered across collectives, so
+// the counters only grow) in slot s = g % slots, every rank copies into its own slot the parts
+// of its input chunk that the other ranks reduce (partition q of p belongs to rank q) and
+// raises counter 0; reduces its own part straight from its private input and the other
+// ranks' slots into its output, publishes that result in its slot and raises counter 1; copies
+// the other ranks' results out and raises counter 2. A rank's own part is thus never copied
+// in, and each byte is read from private memory once and written there once. A slot is
+// refilled only after every rank raised counter 2 for its previous chunk, so up to `slots`
+// chunks are in flight and the copies of one chunk overlap the reduction of another.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include <dtrain/comm/detail/algo/context.hpp>
+#include <dtrain/comm/detail/backoff.hpp>
+
+namespace dtrain::detail {
+
+template <class Transport>
+class ShmAlgorithm : public Algorithm {
+  using uchar = unsigned char;
+
+ public:
+  ShmAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out)
+      : ctx_(ctx),
+        in_(static_cast<const uchar*>(in)),
+        out_(static_cast<uchar*>(out)),
+        seg_(shared_segments_of(ctx.transport())) {
+    DTRAIN_REQUIRE(seg_ != nullptr, "allreduce",
+                   "algorithm shm needs a transport with node-shared segments (all ranks on one "
+                   "node, DTRAIN_SHM not 0)");
+  }
+
+  void run() override {
+    SharedSegments& w = *seg_;
+    const std::size_t n = ctx_.spec().count, es = ctx_.elem_bytes();
+    const int p = ctx_.size(), r = ctx_.rank(), S = w.slots;
+    const std::size_t chunk = w.slot_bytes / es;
+    const std::size_t nchunks = ceil_div(n, chunk);
+    const uchar* in = in_;
+    uchar* out = out_;
+    for (std::size_t k = 0; k < nchunks; ++k) {
+      const std::uint64_t g = w.next_chunk + k;
+      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(S));
+      const std::size_t c0 = k * chunk, cl = std::min(chunk, n - c0);
+      const std::size_t b0 = block_begin(cl, p, r), b1 = block_begin(cl, p, r + 1);
+      uchar* my_slot = w.slot(r, slot);
+      if (g >= static_cast<std::uint64_t>(S))
+        for (int q = 0; q < p; ++q) wait_counter(w, q, 2, slot, g - S + 1);
+      // Everything but this rank's own part, which it reduces from `in` directly.
+      if (b0) std::memcpy(my_slot, in + c0 * es, b0 * es);
+      if (cl > b1) std::memcpy(my_slot + b1 * es, in + (c0 + b1) * es, (cl - b1) * es);
+      w.flag(r, 0, slot).store(g + 1, std::memory_order_release);
+      const std::size_t bl = b1 - b0;
+      uchar* dst = out + (c0 + b0) * es;
+      const uchar* first = in + (c0 + b0) * es;
+      for (int i = 1; i < p; ++i) {
+        const int q = (r + i) % p;
+        wait_counter(w, q, 0, slot, g + 1);
+        if (bl) ctx_.reduce(dst, i == 1 ? first : dst, w.slot(q, slot) + b0 * es, bl);
+      }
+      if (bl) ctx_.finish_avg(dst, bl);
+      if (bl) std::memcpy(my_slot + b0 * es, dst, bl * es);
+      w.flag(r, 1, slot).store(g + 1, std::memory_order_release);
+      for (int i = 1; i < p; ++i) {
+        const int q = (r + i) % p;
+        wait_counter(w, q, 1, slot, g + 1);
+        const std::size_t q0 = block_begin(cl, p, q), ql = block_begin(cl, p, q + 1) - q0;
+        if (ql) std::memcpy(out + (c0 + q0) * es, w.slot(q, slot) + q0 * es, ql * es);
+      }
+      w.flag(r, 2, slot).store(g + 1, std::memory_order_release);
+    }
+    w.next_chunk += nchunks;
+  }
+
+ private:
+  void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
+    const auto& f = w.flag(q, kind, s);
+    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline()))
+      ctx_.timeout(q);
+  }
+
+  PlanContext<Transport>& ctx_;
+  const uchar* in_;
+  uchar* out_;
+  SharedSegments* seg_;
+};
+
+}  // namespace dtrain::detail
