@@ -17,6 +17,9 @@
 #include <dtrain/core/rng.hpp>
 #include <dtrain/core/timer.hpp>
 #include <dtrain/kernels/host/gemm.hpp>
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+#include <dtrain/kernels/host/blas.hpp>
+#endif
 #include <dtrain/model/model.hpp>
 #include <dtrain/optim/optim.hpp>
 
@@ -136,9 +139,15 @@ void bench_host_gemm(const Options& o) {
       return true;
 #endif
     };
+    // "dtrain": the GEMM a layer calls, dtrain::blas::gemm with CBLAS, host::gemm without.
     auto run_ours = [&] {
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+      dtrain::blas::gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
+                                c_ours.data(), s.n);
+#else
       dtrain::host::gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(), ldb, 0.0f,
                                 c_ours.data(), s.n);
+#endif
     };
     auto run_blocked = [&] {
       dtrain::host::gemm_blocked<float>(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), lda, b.data(),
@@ -243,9 +252,14 @@ void bench_device(const Options& o) {
     std::printf("#\n# device section skipped: no %s device visible\n", gpu::vendor);
     return;
   }
+#if defined(DTRAIN_GPU_VENDOR_BLAS)
+  const char* vendor_blas = "on";
+#else
+  const char* vendor_blas = "off";
+#endif
   std::printf("#\n# Device: %s (%s, warp %d); vendor BLAS %s; best of %d after %d warm-up\n",
-              gpu::device_name().c_str(), gpu::vendor, gpu::device_warp_size(),
-              gpu::have_vendor_blas() ? "on" : "off", o.iters, o.warmup);
+              gpu::device_name().c_str(), gpu::vendor, gpu::device_warp_size(), vendor_blas,
+              o.iters, o.warmup);
   gpu::event_t e0 = gpu::event_create(), e1 = gpu::event_create();
   auto time_ms = [&](auto&& fn) {
     float best = 1e30f;
@@ -281,11 +295,12 @@ void bench_device(const Options& o) {
                              dc.data(), s.n);
     });
     float tv = 0;
-    if (gpu::have_vendor_blas())
-      tv = time_ms([&] {
-        gpu::gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.0f, da.data(), lda, db.data(), ldb, 0.0f,
-                         dc.data(), s.n, nullptr, gpu::DeviceGemm::vendor);
-      });
+#if defined(DTRAIN_GPU_VENDOR_BLAS)
+    tv = time_ms([&] {
+      gpu::vendor_gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.0f, da.data(), lda, db.data(), ldb, 0.0f,
+                              dc.data(), s.n);
+    });
+#endif
     std::printf("  %-16s %5lld %5lld %5lld %12.1f %12.1f %8.3f %10.2e\n", s.what,
                 static_cast<long long>(s.m), static_cast<long long>(s.n),
                 static_cast<long long>(s.k), flops / tt * 1e-6, tv > 0 ? flops / tv * 1e-6 : 0.0,
@@ -316,8 +331,11 @@ void bench_device(const Options& o) {
 
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
-  std::printf("# dtrain kernels_bench: host BLAS %s\n",
-              dtrain::host::have_blas() ? "CBLAS" : "none");
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+  std::printf("# dtrain kernels_bench: host BLAS CBLAS\n");
+#else
+  std::printf("# dtrain kernels_bench: host BLAS none\n");
+#endif
   if (o.gemm) bench_host_gemm(o);
   if (o.mlp) bench_mlp(o);
 #if defined(DTRAIN_BENCH_GPU)

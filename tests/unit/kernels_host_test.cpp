@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -16,6 +17,9 @@
 #include <dtrain/kernels/host/loss.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/kernels/host/reduce.hpp>
+#if defined(DTRAIN_HAVE_CBLAS)
+#include <dtrain/kernels/host/blas.hpp>
+#endif
 
 namespace host = dtrain::host;
 
@@ -70,17 +74,28 @@ TEST_CASE_TEMPLATE("gemm fast paths match the reference on odd shapes", T, float
           const auto b = random_vec<T>(static_cast<std::size_t>((tb ? n : k) * ldb), seed++);
           auto c0 = random_vec<T>(static_cast<std::size_t>(m * ldc), seed++);
           auto c1 = c0, c2 = c0;
+          [[maybe_unused]] const auto c0_in = c0;
           const T alpha = T(0.75);
           host::ref::gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c0.data(),
                              ldc);
           host::gemm_blocked<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
                                 c1.data(), ldc);
           host::gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c2.data(), ldc);
+#if defined(DTRAIN_HAVE_CBLAS)
+          auto c3 = c0_in;
+          dtrain::blas::gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta,
+                                c3.data(), ldc);
+#endif
           const double tol = std::is_same_v<T, float> ? 2e-5 * std::sqrt(double(k)) : 1e-13 * k;
           INFO("m=" << m << " n=" << n << " k=" << k << " ta=" << ta << " tb=" << tb
                     << " beta=" << beta);
           CHECK(max_rel_diff(c1, c0) < tol);
           CHECK(max_rel_diff(c2, c0) < tol);
+          // host::gemm is the blocked kernel, bit for bit, whatever else the program links.
+          CHECK(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(T)) == 0);
+#if defined(DTRAIN_HAVE_CBLAS)
+          CHECK(max_rel_diff(c3, c0) < tol);
+#endif
         }
 }
 
@@ -94,10 +109,9 @@ TEST_CASE("gemm with beta 0 ignores NaN in C and rejects bad leading dimensions"
   CHECK(c[0] == 11.0f);
   CHECK_THROWS_AS(host::gemm_blocked<float>(false, false, 2, 2, 2, 1.0f, a, 1, b, 2, 0.0f, c, 2),
                   dtrain::InvalidArgument);
-  if (!host::have_blas())
-    CHECK_THROWS_AS(host::gemm<float>(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, c, 1,
-                                      host::GemmPath::blas),
-                    dtrain::InvalidArgument);
+  c[0] = std::numeric_limits<float>::quiet_NaN();
+  host::gemm<float>(false, false, 1, 1, 2, 1.0f, a, 2, b, 1, 0.0f, c, 1, host::GemmPath::reference);
+  CHECK(c[0] == 11.0f);
 }
 
 TEST_CASE("activations: known values and fast path against the reference") {
@@ -244,6 +258,14 @@ TEST_CASE("dropout masks depend only on (seed, step, sample, element)") {
     if (keep) CHECK(whole[i] == doctest::Approx(x[i] / (1 - p)));
     dropped += !keep;
   }
+  // The documented counter layout, through the Philox class (the mask function shares only the
+  // Philox rounds with it): hi = step, lo = sample * 2^32 + element / 4, word element % 4.
+  const dtrain::Philox gen(99);
+  for (std::uint64_t s = 100; s < 106; ++s)
+    for (std::uint64_t e = 0; e < static_cast<std::uint64_t>(cols); ++e) {
+      const auto block = gen(5, (s << 32) + (e >> 2));
+      CHECK(host::dropout_keep(99, 5, s, e, p) == (dtrain::u32_to_unit_float(block[e & 3u]) >= p));
+    }
   // 222 Bernoulli(0.3) draws: mean 66.6, sd 6.8.
   CHECK(dropped > 40);
   CHECK(dropped < 95);

@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/host_device.hpp>
 
 namespace dtrain {
 
@@ -51,20 +52,23 @@ constexpr bool is_floating(DType t) noexcept { return t != DType::i32 && t != DT
 
 namespace detail {
 
-inline std::uint32_t float_bits(float f) noexcept {
+// The conversions below are DTRAIN_HOST_DEVICE: the device kernels (<dtrain/kernels/convert.cuh>)
+// call these same definitions, so host and device round identically by construction.
+// __builtin_memcpy is available in host and device code under GCC, Clang, nvcc and hipcc.
+DTRAIN_HOST_DEVICE inline std::uint32_t float_bits(float f) noexcept {
   std::uint32_t u;
-  std::memcpy(&u, &f, 4);
+  __builtin_memcpy(&u, &f, 4);
   return u;
 }
-inline float bits_float(std::uint32_t u) noexcept {
+DTRAIN_HOST_DEVICE inline float bits_float(std::uint32_t u) noexcept {
   float f;
-  std::memcpy(&f, &u, 4);
+  __builtin_memcpy(&f, &u, 4);
   return f;
 }
 
 // binary32 -> binary16, round to nearest, ties to even; overflow gives infinity, NaN stays NaN
 // (quiet, payload top bits kept), subnormal results are rounded correctly.
-inline std::uint16_t float_to_half_bits(float f) noexcept {
+DTRAIN_HOST_DEVICE inline std::uint16_t float_to_half_bits(float f) noexcept {
   const std::uint32_t x = float_bits(f);
   const std::uint16_t sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   const std::uint32_t exp = (x >> 23) & 0xffu;
@@ -93,7 +97,7 @@ inline std::uint16_t float_to_half_bits(float f) noexcept {
   return static_cast<std::uint16_t>(sign | h);
 }
 
-inline float half_bits_to_float(std::uint16_t h) noexcept {
+DTRAIN_HOST_DEVICE inline float half_bits_to_float(std::uint16_t h) noexcept {
   const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
   const std::uint32_t exp = (h >> 10) & 0x1fu;
   std::uint32_t man = h & 0x3ffu;
@@ -113,14 +117,14 @@ inline float half_bits_to_float(std::uint16_t h) noexcept {
 }
 
 // binary32 -> bfloat16 (upper half of binary32), round to nearest even; NaN kept quiet.
-inline std::uint16_t float_to_bf16_bits(float f) noexcept {
+DTRAIN_HOST_DEVICE inline std::uint16_t float_to_bf16_bits(float f) noexcept {
   const std::uint32_t x = float_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
   const std::uint32_t lsb = (x >> 16) & 1u;
   return static_cast<std::uint16_t>((x + 0x7fffu + lsb) >> 16);
 }
 
-inline float bf16_bits_to_float(std::uint16_t b) noexcept {
+DTRAIN_HOST_DEVICE inline float bf16_bits_to_float(std::uint16_t b) noexcept {
   return bits_float(static_cast<std::uint32_t>(b) << 16);
 }
 
@@ -131,9 +135,11 @@ inline float bf16_bits_to_float(std::uint16_t b) noexcept {
 struct half {
   std::uint16_t bits = 0;
   half() = default;
-  explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
-  explicit operator float() const noexcept { return detail::half_bits_to_float(bits); }
-  static half from_bits(std::uint16_t b) noexcept {
+  DTRAIN_HOST_DEVICE explicit half(float f) noexcept : bits(detail::float_to_half_bits(f)) {}
+  DTRAIN_HOST_DEVICE explicit operator float() const noexcept {
+    return detail::half_bits_to_float(bits);
+  }
+  DTRAIN_HOST_DEVICE static half from_bits(std::uint16_t b) noexcept {
     half h;
     h.bits = b;
     return h;
@@ -144,9 +150,11 @@ struct half {
 struct bfloat16 {
   std::uint16_t bits = 0;
   bfloat16() = default;
-  explicit bfloat16(float f) noexcept : bits(detail::float_to_bf16_bits(f)) {}
-  explicit operator float() const noexcept { return detail::bf16_bits_to_float(bits); }
-  static bfloat16 from_bits(std::uint16_t b) noexcept {
+  DTRAIN_HOST_DEVICE explicit bfloat16(float f) noexcept : bits(detail::float_to_bf16_bits(f)) {}
+  DTRAIN_HOST_DEVICE explicit operator float() const noexcept {
+    return detail::bf16_bits_to_float(bits);
+  }
+  DTRAIN_HOST_DEVICE static bfloat16 from_bits(std::uint16_t b) noexcept {
     bfloat16 h;
     h.bits = b;
     return h;

@@ -8,7 +8,33 @@
 #include <cstdint>
 #include <string>
 
+#include <dtrain/core/host_device.hpp>
+
 namespace dtrain {
+
+namespace detail {
+/// Philox4x32-10 on a counter held in c[0..3] (little end first) with key (k0, k1), in place.
+/// DTRAIN_HOST_DEVICE: host code (Philox) and device kernels (dropout masks) share this one
+/// definition, so both draw the same bits for the same counter.
+DTRAIN_HOST_DEVICE constexpr void philox4x32_10(std::uint32_t* c, std::uint32_t k0,
+                                                std::uint32_t k1) noexcept {
+  for (int r = 0; r < 10; ++r) {
+    const std::uint64_t p0 = static_cast<std::uint64_t>(0xD2511F53u) * c[0];
+    const std::uint64_t p1 = static_cast<std::uint64_t>(0xCD9E8D57u) * c[2];
+    const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32),
+                        lo0 = static_cast<std::uint32_t>(p0);
+    const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32),
+                        lo1 = static_cast<std::uint32_t>(p1);
+    const std::uint32_t n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+    c[0] = n0;
+    c[1] = lo1;
+    c[2] = n2;
+    c[3] = lo0;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+}
+}  // namespace detail
 
 /// Philox4x32 with 10 rounds (Salmon, Moraes, Dror, Shaw, SC'11). Pure and thread-safe.
 class Philox {
@@ -20,29 +46,18 @@ class Philox {
 
   /// 128 random bits for the 128-bit counter (hi, lo).
   constexpr Block operator()(std::uint64_t hi, std::uint64_t lo) const noexcept {
-    Block c{static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(lo >> 32),
-            static_cast<std::uint32_t>(hi), static_cast<std::uint32_t>(hi >> 32)};
-    std::uint32_t k0 = k0_, k1 = k1_;
-    for (int r = 0; r < 10; ++r) {
-      const std::uint64_t p0 = static_cast<std::uint64_t>(0xD2511F53u) * c[0];
-      const std::uint64_t p1 = static_cast<std::uint64_t>(0xCD9E8D57u) * c[2];
-      const std::uint32_t hi0 = static_cast<std::uint32_t>(p0 >> 32),
-                          lo0 = static_cast<std::uint32_t>(p0);
-      const std::uint32_t hi1 = static_cast<std::uint32_t>(p1 >> 32),
-                          lo1 = static_cast<std::uint32_t>(p1);
-      c = Block{hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0};
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    return c;
+    std::uint32_t c[4] = {static_cast<std::uint32_t>(lo), static_cast<std::uint32_t>(lo >> 32),
+                          static_cast<std::uint32_t>(hi), static_cast<std::uint32_t>(hi >> 32)};
+    detail::philox4x32_10(c, k0_, k1_);
+    return Block{c[0], c[1], c[2], c[3]};
   }
 
  private:
   std::uint32_t k0_, k1_;
 };
 
-/// Maps 32 random bits to a float in [0, 1) with 24 significant bits.
-constexpr float u32_to_unit_float(std::uint32_t x) noexcept {
+/// Maps 32 random bits to a float in [0, 1) with 24 significant bits. Host and device.
+DTRAIN_HOST_DEVICE constexpr float u32_to_unit_float(std::uint32_t x) noexcept {
   return static_cast<float>(x >> 8) * (1.0f / 16777216.0f);
 }
 /// Maps 64 random bits to a double in [0, 1) with 53 significant bits.

@@ -1,5 +1,6 @@
-// dtrain: device bias + activation, forward and backward (fused), for CUDA and HIP.
-// Host references: <dtrain/kernels/host/activation.hpp>.
+// dtrain: device bias and activation kernels for CUDA and HIP: unfused bias_add, bias_grad,
+// activation_forward and activation_backward, one for one with the host layers, and fused
+// bias_act_forward / bias_act_backward. Host references: <dtrain/kernels/host/activation.hpp>.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 namespace kernels {
 template <class T>
@@ -50,6 +52,26 @@ __global__ void bias_act_forward(host::Activation f, const T* __restrict__ z,
 }
 
 template <class T>
+__global__ void bias_add(T* __restrict__ y, const T* __restrict__ bias, std::int64_t rows,
+                         std::int64_t cols) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] += bias[i % cols];
+}
+
+// x and y may alias (in-place activation), so no __restrict__ here.
+template <class T>
+__global__ void act_forward(host::Activation f, const T* x, T* y, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = act(f, x[i]);
+}
+
+template <class T>
+__global__ void act_backward_alias(host::Activation f, const T* x, const T* y, const T* dy, T* dx,
+                                   std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    dx[i] = dy[i] * act_grad(f, x[i], y[i]);
+}
+
+template <class T>
 __global__ void act_backward(host::Activation f, const T* __restrict__ pre, const T* __restrict__ y,
                              const T* __restrict__ dy, T* __restrict__ dpre, std::size_t n) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads())
@@ -67,6 +89,45 @@ __global__ void column_sum_add(const T* __restrict__ x, T* __restrict__ out, std
   }
 }
 }  // namespace kernels
+
+/// y[r, c] += bias[c] over [rows, cols]. Local, asynchronous on `stream`; device pointers.
+template <class T>
+void bias_add(T* y, const T* bias, std::int64_t rows, std::int64_t cols,
+              stream_t stream = nullptr) {
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  if (n == 0) return;
+  kernels::bias_add<T><<<blocks_for(n, 256), 256, 0, stream>>>(y, bias, rows, cols);
+  check_launch("gpu::bias_add");
+}
+
+/// db[c] += sum_r dy[r, c] (accumulates, like the host). One thread per column walks the rows in
+/// order, so the result is deterministic. Local, asynchronous on `stream`.
+template <class T>
+void bias_grad(const T* dy, T* db, std::int64_t rows, std::int64_t cols,
+               stream_t stream = nullptr) {
+  if (rows <= 0 || cols <= 0) return;
+  kernels::column_sum_add<T>
+      <<<blocks_for(static_cast<std::size_t>(cols), 128), 128, 0, stream>>>(dy, db, rows, cols);
+  check_launch("gpu::bias_grad");
+}
+
+/// y = f(x) elementwise; y may alias x. Local, asynchronous on `stream`.
+template <class T>
+void activation_forward(host::Activation f, const T* x, T* y, std::size_t n,
+                        stream_t stream = nullptr) {
+  if (n == 0) return;
+  kernels::act_forward<T><<<blocks_for(n, 256), 256, 0, stream>>>(f, x, y, n);
+  check_launch("gpu::activation_forward");
+}
+
+/// dx = dy * f'(x) (tanh uses y = f(x)); dx may alias dy. Local, asynchronous on `stream`.
+template <class T>
+void activation_backward(host::Activation f, const T* x, const T* y, const T* dy, T* dx,
+                         std::size_t n, stream_t stream = nullptr) {
+  if (n == 0) return;
+  kernels::act_backward_alias<T><<<blocks_for(n, 256), 256, 0, stream>>>(f, x, y, dy, dx, n);
+  check_launch("gpu::activation_backward");
+}
 
 /// y = f(z + bias) over [rows, cols]; `pre` (optional) keeps z + bias for backward; `bias` may be
 /// null. Device pointers, asynchronous on `stream`.
@@ -96,5 +157,6 @@ void bias_act_backward(host::Activation f, const T* pre, const T* y, const T* dy
   }
 }
 
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

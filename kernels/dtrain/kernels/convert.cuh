@@ -1,6 +1,7 @@
-// dtrain: device conversions between f32 and binary16 / bfloat16, round to nearest even, bit-exact
-// with the host conversions in <dtrain/core/dtype.hpp> (the tests compare all 2^16 patterns and
-// random f32 values).
+// dtrain: device conversions between f32 and binary16 / bfloat16, round to nearest even. The
+// element conversions are the DTRAIN_HOST_DEVICE functions of <dtrain/core/dtype.hpp>: host and
+// device run one definition, so they agree bit for bit by construction (the GPU test still
+// compares all 2^16 patterns and a million random f32 values).
 #pragma once
 
 #include <cstddef>
@@ -11,56 +12,21 @@
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
-__device__ inline std::uint32_t f32_bits(float f) { return __float_as_uint(f); }
-__device__ inline float bits_f32(std::uint32_t u) { return __uint_as_float(u); }
-
-/// binary32 -> binary16 bits (round to nearest even; overflow to inf; NaN stays quiet NaN).
-__device__ inline std::uint16_t f32_to_f16_bits(float f) {
-  const std::uint32_t x = f32_bits(f);
-  const std::uint32_t sign = (x >> 16) & 0x8000u;
-  const std::uint32_t exp = (x >> 23) & 0xffu;
-  std::uint32_t man = x & 0x7fffffu;
-  if (exp == 0xffu)
-    return static_cast<std::uint16_t>(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0u));
-  const int e = static_cast<int>(exp) - 112;  // rebias 127 -> 15
-  if (e >= 31) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (e <= 0) {
-    if (e < -10) return static_cast<std::uint16_t>(sign);
-    man |= 0x800000u;
-    const int shift = 14 - e;
-    std::uint32_t h = man >> shift;
-    const std::uint32_t rem = man & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return static_cast<std::uint16_t>(sign | h);
-  }
-  std::uint32_t h = (static_cast<std::uint32_t>(e) << 10) | (man >> 13);
-  const std::uint32_t rem = man & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<std::uint16_t>(sign | h);
+/// Element conversions under their device-side names; they forward to the one definition in
+/// <dtrain/core/dtype.hpp>.
+DTRAIN_HOST_DEVICE inline std::uint16_t f32_to_f16_bits(float f) {
+  return dtrain::detail::float_to_half_bits(f);
 }
-
-/// binary16 bits -> binary32 (exact).
-__device__ inline float f16_bits_to_f32(std::uint16_t h) {
-  const std::uint32_t sign = (static_cast<std::uint32_t>(h) & 0x8000u) << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
-  if (exp == 0x1fu) return bits_f32(sign | 0x7f800000u | (man << 13));
-  if (exp == 0) {
-    // man * 2^-24, exact in float arithmetic.
-    const float v = static_cast<float>(man) * 5.9604644775390625e-8f;
-    return sign ? -v : v;
-  }
-  return bits_f32(sign | ((exp + 112) << 23) | (man << 13));
+DTRAIN_HOST_DEVICE inline float f16_bits_to_f32(std::uint16_t h) {
+  return dtrain::detail::half_bits_to_float(h);
 }
-
-/// binary32 -> bfloat16 bits (round to nearest even; NaN stays quiet NaN).
-__device__ inline std::uint16_t f32_to_bf16_bits(float f) {
-  const std::uint32_t x = f32_bits(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+DTRAIN_HOST_DEVICE inline std::uint16_t f32_to_bf16_bits(float f) {
+  return dtrain::detail::float_to_bf16_bits(f);
 }
-__device__ inline float bf16_bits_to_f32(std::uint16_t b) {
-  return bits_f32(static_cast<std::uint32_t>(b) << 16);
+DTRAIN_HOST_DEVICE inline float bf16_bits_to_f32(std::uint16_t b) {
+  return dtrain::detail::bf16_bits_to_float(b);
 }
 
 namespace kernels {
@@ -80,33 +46,33 @@ template <class In, class Out, class Op>
 __global__ void map(const In* __restrict__ in, Out* __restrict__ out, std::size_t n, Op op) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = op(in[i]);
 }
+template <class In, class Out, class Op>
+void launch_map(const In* in, Out* out, std::size_t n, Op op, stream_t stream, const char* what) {
+  if (!n) return;
+  map<<<blocks_for(n, 256), 256, 0, stream>>>(in, out, n, op);
+  check_launch(what);
+}
 }  // namespace kernels
 
-/// Device array conversions (asynchronous on `stream`; device pointers).
+/// Device array conversions: f32 narrows with round to nearest even, 16-bit types widen exactly.
+/// Local, asynchronous on `stream`; device pointers owned by the caller.
 inline void convert(const float* in, half* out, std::size_t n, stream_t stream = nullptr) {
-  if (!n) return;
-  kernels::map<<<blocks_for(n, 256), 256, 0, stream>>>(in, reinterpret_cast<std::uint16_t*>(out), n,
-                                                       kernels::ToF16{});
-  check_launch("gpu::convert f32->f16");
+  kernels::launch_map(in, reinterpret_cast<std::uint16_t*>(out), n, kernels::ToF16{}, stream,
+                      "gpu::convert f32->f16");
 }
 inline void convert(const half* in, float* out, std::size_t n, stream_t stream = nullptr) {
-  if (!n) return;
-  kernels::map<<<blocks_for(n, 256), 256, 0, stream>>>(reinterpret_cast<const std::uint16_t*>(in),
-                                                       out, n, kernels::FromF16{});
-  check_launch("gpu::convert f16->f32");
+  kernels::launch_map(reinterpret_cast<const std::uint16_t*>(in), out, n, kernels::FromF16{},
+                      stream, "gpu::convert f16->f32");
 }
 inline void convert(const float* in, bfloat16* out, std::size_t n, stream_t stream = nullptr) {
-  if (!n) return;
-  kernels::map<<<blocks_for(n, 256), 256, 0, stream>>>(in, reinterpret_cast<std::uint16_t*>(out), n,
-                                                       kernels::ToBf16{});
-  check_launch("gpu::convert f32->bf16");
+  kernels::launch_map(in, reinterpret_cast<std::uint16_t*>(out), n, kernels::ToBf16{}, stream,
+                      "gpu::convert f32->bf16");
 }
 inline void convert(const bfloat16* in, float* out, std::size_t n, stream_t stream = nullptr) {
-  if (!n) return;
-  kernels::map<<<blocks_for(n, 256), 256, 0, stream>>>(reinterpret_cast<const std::uint16_t*>(in),
-                                                       out, n, kernels::FromBf16{});
-  check_launch("gpu::convert bf16->f32");
+  kernels::launch_map(reinterpret_cast<const std::uint16_t*>(in), out, n, kernels::FromBf16{},
+                      stream, "gpu::convert bf16->f32");
 }
 
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

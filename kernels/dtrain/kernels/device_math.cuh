@@ -6,6 +6,7 @@
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 namespace math {
 
 __device__ inline float exp(float x) { return ::expf(x); }
@@ -22,5 +23,6 @@ __device__ inline float pow(float x, float y) { return ::powf(x, y); }
 __device__ inline double pow(double x, double y) { return ::pow(x, y); }
 
 }  // namespace math
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

@@ -1,6 +1,6 @@
 // dtrain: device GEMM, row-major C[m x n] = alpha op(A) op(B) + beta C. A shared-memory tiled
-// kernel written once for CUDA and HIP, and gemm() which prefers cuBLAS/hipBLAS when the build
-// has them (gpu::have_vendor_blas()).
+// kernel written once for CUDA and HIP and, when the translation unit has cuBLAS / hipBLAS, the
+// vendor_gemm wrapper. Engines (TiledGemm, VendorGemm) let an execution policy choose by type.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 namespace kernels {
 // Block tile BM x BN, K step BK; each of the (BM/TM)*(BN/TN) threads owns a TM x TN patch whose
@@ -113,7 +114,30 @@ void gemm_tiled(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k
   check_launch("gpu::gemm_tiled");
 }
 
+/// Device GEMM with dtrain's tiled kernel (the same as gemm_tiled). Local, asynchronous on
+/// `stream`; device pointers owned by the caller.
+template <class T>
+void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
+          stream_t stream = nullptr) {
+  gemm_tiled(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+}
+
+/// GEMM engine running the tiled kernel: a type, so an execution policy picks its GEMM by type
+/// (GpuExec<TiledGemm>) rather than by a macro inside an inline body. Stateless, thread-safe.
+struct TiledGemm {
+  static constexpr const char* name = "tiled";
+  template <class T>
+  void operator()(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                  const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                  std::int64_t ldc, stream_t stream) const {
+    gemm_tiled(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+  }
+};
+
 #if defined(DTRAIN_GPU_VENDOR_BLAS)
+// Declared only when the translation unit has cuBLAS / hipBLAS (DTRAIN_HAVE_CUBLAS /
+// DTRAIN_HAVE_HIPBLAS): the macro adds these declarations and changes no other body.
 namespace detail {
 // One library handle per host thread, created on first use and rebound to the caller's stream.
 inline blas_handle_t thread_blas_handle() {
@@ -125,32 +149,35 @@ inline blas_handle_t thread_blas_handle() {
   return holder.h;
 }
 }  // namespace detail
-#endif
 
-/// Which device GEMM to run.
-enum class DeviceGemm : unsigned char { automatic, tiled, vendor };
-
-/// Device GEMM on `stream`: the vendor library when compiled in (automatic or vendor), else the
-/// tiled kernel. Asking for `vendor` without it throws InvalidArgument. Asynchronous.
+/// cuBLAS / hipBLAS GEMM, row-major, on `stream` (f32, f64). Local, asynchronous; one library
+/// handle per host thread. Throws InvalidArgument on bad extents, DeviceError on a library error.
 template <class T>
-void gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
-          std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc,
-          stream_t stream = nullptr, DeviceGemm which = DeviceGemm::automatic) {
-#if defined(DTRAIN_GPU_VENDOR_BLAS)
-  if (which != DeviceGemm::tiled) {
-    if (m == 0 || n == 0) return;
-    const blas_handle_t h = detail::thread_blas_handle();
-    blas_set_stream(h, stream);
-    blas_gemm<T>(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
-                 static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
-    return;
-  }
-#else
-  DTRAIN_REQUIRE(which != DeviceGemm::vendor, "gpu::gemm",
-                 "vendor BLAS requested but this build has neither cuBLAS nor hipBLAS");
-#endif
-  gemm_tiled(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+void vendor_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                 const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                 std::int64_t ldc, stream_t stream = nullptr) {
+  DTRAIN_REQUIRE(
+      m >= 0 && n >= 0 && k >= 0 && m < (1ll << 31) && n < (1ll << 31) && k < (1ll << 31),
+      "gpu::vendor_gemm", "extents m=" << m << " n=" << n << " k=" << k << " out of range");
+  if (m == 0 || n == 0) return;
+  const blas_handle_t h = detail::thread_blas_handle();
+  blas_set_stream(h, stream);
+  blas_gemm<T>(h, ta, tb, static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a,
+               static_cast<int>(lda), b, static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
+/// GEMM engine calling the vendor library (GpuExec<VendorGemm>). Thread-safe.
+struct VendorGemm {
+  static constexpr const char* name = "vendor";
+  template <class T>
+  void operator()(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+                  const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                  std::int64_t ldc, stream_t stream) const {
+    vendor_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, stream);
+  }
+};
+#endif
+
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

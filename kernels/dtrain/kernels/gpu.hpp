@@ -7,7 +7,13 @@
 // dtrain::hip); kernels then are not available.
 //
 // Optional vendor BLAS: define DTRAIN_HAVE_CUBLAS (CUDA) or DTRAIN_HAVE_HIPBLAS (HIP) and link
-// the library; gemm in <dtrain/kernels/gemm.cuh> then dispatches to it.
+// the library; that adds the blas_* declarations below and gpu::VendorGemm in
+// <dtrain/kernels/gemm.cuh>. The macros only add declarations; no inline body changes with them.
+//
+// ABI: everything in dtrain::gpu sits in the inline namespace DTRAIN_GPU_ABI_NAME (v<major>_<minor>
+// of the headers plus the dialect, e.g. dtrain::gpu::v0_1_cuda) with hidden visibility, so two
+// shared libraries built against different dtrain versions or dialects never resolve each other's
+// kernels or launchers. Kernel headers open it with DTRAIN_GPU_ABI_BEGIN / DTRAIN_GPU_ABI_END.
 #pragma once
 
 #if defined(__HIPCC__)
@@ -50,10 +56,26 @@
 
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/host_device.hpp>
 #include <dtrain/core/space.hpp>
+#include <dtrain/core/version.hpp>
+
+#define DTRAIN_GPU_ABI_PASTE_(major, minor, dialect) v##major##_##minor##_##dialect
+#define DTRAIN_GPU_ABI_EXPAND_(major, minor, dialect) DTRAIN_GPU_ABI_PASTE_(major, minor, dialect)
+#if defined(DTRAIN_GPU_HIP)
+#define DTRAIN_GPU_ABI_NAME DTRAIN_GPU_ABI_EXPAND_(DTRAIN_VERSION_MAJOR, DTRAIN_VERSION_MINOR, hip)
+#else
+#define DTRAIN_GPU_ABI_NAME DTRAIN_GPU_ABI_EXPAND_(DTRAIN_VERSION_MAJOR, DTRAIN_VERSION_MINOR, cuda)
+#endif
+/// Opens (and DTRAIN_GPU_ABI_END closes) dtrain::gpu's versioned, hidden inline namespace; use it
+/// directly inside `namespace dtrain { namespace gpu {`.
+#define DTRAIN_GPU_ABI_BEGIN \
+  inline namespace __attribute__((visibility("hidden"))) DTRAIN_GPU_ABI_NAME {
+#define DTRAIN_GPU_ABI_END }
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 #if defined(DTRAIN_GPU_HIP)
 using stream_t = hipStream_t;
@@ -82,6 +104,7 @@ namespace detail {
 }
 }  // namespace detail
 
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain
 
@@ -96,6 +119,7 @@ namespace detail {
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 /// Number of visible devices; 0 when there is no device or no driver (never throws, so callers
 /// can skip cleanly on machines without a GPU).
@@ -351,16 +375,6 @@ class DeviceBuffer {
 
 // ---- Vendor BLAS (row-major wrappers over the column-major libraries) ----
 
-/// True when this translation unit dispatches GEMM to cuBLAS or hipBLAS.
-constexpr bool have_vendor_blas() noexcept {
-#if (defined(DTRAIN_GPU_CUDA) && defined(DTRAIN_HAVE_CUBLAS) && DTRAIN_HAVE_CUBLAS) || \
-    (defined(DTRAIN_GPU_HIP) && defined(DTRAIN_HAVE_HIPBLAS) && DTRAIN_HAVE_HIPBLAS)
-  return true;
-#else
-  return false;
-#endif
-}
-
 #if defined(DTRAIN_GPU_CUDA) && defined(DTRAIN_HAVE_CUBLAS) && DTRAIN_HAVE_CUBLAS
 using blas_handle_t = cublasHandle_t;
 #define DTRAIN_GPU_VENDOR_BLAS 1
@@ -501,5 +515,6 @@ inline unsigned blocks_for(std::size_t n, unsigned threads) {
 
 #endif  // DTRAIN_GPU_KERNELS
 
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

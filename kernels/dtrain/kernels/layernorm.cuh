@@ -9,6 +9,7 @@
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 namespace kernels {
 template <class T>
@@ -103,5 +104,6 @@ void layernorm_backward(const T* x, const T* gamma, const T* mean, const T* rstd
   check_launch("gpu::layernorm_backward (params)");
 }
 
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

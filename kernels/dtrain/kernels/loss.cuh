@@ -1,5 +1,5 @@
-// dtrain: device fused softmax cross-entropy (one block per row). Host reference:
-// <dtrain/kernels/host/loss.hpp>.
+// dtrain: device losses: fused softmax cross-entropy (one block per row) and mean squared error.
+// Host references: <dtrain/kernels/host/loss.hpp>.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 namespace kernels {
 template <class T>
@@ -35,6 +36,17 @@ __global__ void softmax_xent(const T* __restrict__ logits, const std::int32_t* _
       d[c] = math::exp(z[c] - mx) * inv - (c == label ? g : T(0));
   }
 }
+// Per-element squared error into sq (summed on the host or by the caller) and, when dpred is not
+// null, g * (pred - target). dpred may alias pred.
+template <class T>
+__global__ void mse(const T* pred, const T* __restrict__ target, std::size_t n, T* dpred,
+                    T* __restrict__ sq, T g) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    const T d = pred[i] - target[i];
+    sq[i] = d * d;
+    if (dpred) dpred[i] = d * g;
+  }
+}
 }  // namespace kernels
 
 /// Per-row cross-entropy of softmax(logits) into row_loss[rows] and, when dlogits is not null,
@@ -53,5 +65,22 @@ void softmax_cross_entropy(const T* logits, const std::int32_t* labels, std::int
   check_launch("gpu::softmax_cross_entropy");
 }
 
+/// Mean squared error over rows*cols elements: per-element squared errors into `sq` (device, n
+/// elements; their mean is the loss, left on the device until the caller asks for it) and, when
+/// dpred is not null, scale * 2 (pred - target) / (rows*cols) into dpred (may alias pred). Local,
+/// asynchronous on `stream`.
+template <class T>
+void mse(const T* pred, const T* target, std::int64_t rows, std::int64_t cols, T* dpred, T* sq,
+         double scale = 1.0, stream_t stream = nullptr) {
+  DTRAIN_REQUIRE(rows >= 0 && cols >= 0, "gpu::mse",
+                 "bad extents rows=" << rows << " cols=" << cols);
+  const std::size_t n = static_cast<std::size_t>(rows * cols);
+  if (n == 0) return;
+  const T g = static_cast<T>(2.0 * scale / static_cast<double>(n));
+  kernels::mse<T><<<blocks_for(n, 256), 256, 0, stream>>>(pred, target, n, dpred, sq, g);
+  check_launch("gpu::mse");
+}
+
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

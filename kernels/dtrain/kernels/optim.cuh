@@ -11,6 +11,7 @@
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 namespace kernels {
 template <class T>
@@ -70,5 +71,6 @@ void adamw_update(T* p, const T* g, T* m, T* v, std::size_t n, const host::AdamW
   check_launch("gpu::adamw_update");
 }
 
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

@@ -1,23 +1,27 @@
-// dtrain: device element-wise reductions for collectives on device buffers (sum, prod, min, max;
-// avg = sum then scale_avg). 16-bit floats combine in f32 and round once, like the host kernels
-// in <dtrain/kernels/host/reduce.hpp>.
+// dtrain: device element-wise reductions with the contract of <dtrain/kernels/host/reduce.hpp>:
+// accumulator first (acc = acc op in), integers wrap (unsigned arithmetic), 16-bit floats
+// accumulate in f32 and round once, avg finished once by scale_avg. The element operation is the
+// host's own DTRAIN_HOST_DEVICE host::detail::combine, so host and device agree bit for bit by
+// construction.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
-#include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/dtype.hpp>
+#include <dtrain/core/reduce_op.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/kernels/convert.cuh>
 #include <dtrain/kernels/gpu.hpp>
+#include <dtrain/kernels/host/reduce.hpp>
 
 namespace dtrain {
 namespace gpu {
+DTRAIN_GPU_ABI_BEGIN
 
 namespace kernels {
-// Storage <-> arithmetic type. The 16-bit types travel as their bits.
+// Storage <-> accumulator type. The 16-bit types travel as their bits.
 template <class T>
 struct Lane {
   using storage = T;
@@ -40,26 +44,32 @@ struct Lane<bfloat16> {
   __device__ static storage store(arith a) { return f32_to_bf16_bits(a); }
 };
 
+// acc and in of the same type (one rounding per element for 16-bit floats).
 template <class T>
-__global__ void reduce_into(ReduceOp op, typename Lane<T>::storage* __restrict__ acc,
-                            const typename Lane<T>::storage* __restrict__ in, std::size_t n) {
+__global__ void reduce_into(ReduceOp op, typename Lane<T>::storage* acc,
+                            const typename Lane<T>::storage* in, std::size_t n) {
   using L = Lane<T>;
-  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
-    const auto a = L::load(acc[i]), b = L::load(in[i]);
-    switch (op) {
-      case ReduceOp::sum:
-      case ReduceOp::avg: acc[i] = L::store(a + b); break;
-      case ReduceOp::prod: acc[i] = L::store(a * b); break;
-      case ReduceOp::min:
-        if (b < a) acc[i] = in[i];
-        break;
-      case ReduceOp::max:
-        if (b > a) acc[i] = in[i];
-        break;
-    }
-  }
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    acc[i] = L::store(host::detail::combine(op, L::load(acc[i]), L::load(in[i])));
 }
-
+// A 16-bit operand into an f32 accumulator (no rounding).
+template <class T>
+__global__ void accumulate(ReduceOp op, float* __restrict__ acc,
+                           const typename Lane<T>::storage* __restrict__ in, std::size_t n) {
+  using L = Lane<T>;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads())
+    acc[i] = host::detail::combine(op, acc[i], L::load(in[i]));
+}
+template <class T>
+__global__ void widen(const typename Lane<T>::storage* __restrict__ in,
+                      typename Lane<T>::arith* __restrict__ out, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = Lane<T>::load(in[i]);
+}
+template <class T>
+__global__ void narrow(const typename Lane<T>::arith* __restrict__ in,
+                       typename Lane<T>::storage* __restrict__ out, std::size_t n) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) out[i] = Lane<T>::store(in[i]);
+}
 template <class T>
 __global__ void scale_avg(typename Lane<T>::storage* acc, std::size_t n, int ranks) {
   using L = Lane<T>;
@@ -72,7 +82,8 @@ __global__ void scale_avg(typename Lane<T>::storage* acc, std::size_t n, int ran
 }
 }  // namespace kernels
 
-/// acc[i] = acc[i] (op) in[i] on device arrays; `avg` combines as sum. Asynchronous on `stream`.
+/// acc[i] = acc[i] (op) in[i] on device arrays of one type (16-bit floats: widened, combined in
+/// f32, rounded once); `avg` combines as sum. Asynchronous on `stream`.
 template <class T>
 void reduce_into(ReduceOp op, T* acc, const T* in, std::size_t n, stream_t stream = nullptr) {
   using S = typename kernels::Lane<T>::storage;
@@ -80,6 +91,34 @@ void reduce_into(ReduceOp op, T* acc, const T* in, std::size_t n, stream_t strea
   kernels::reduce_into<T><<<blocks_for(n, 256), 256, 0, stream>>>(
       op, reinterpret_cast<S*>(acc), reinterpret_cast<const S*>(in), n);
   check_launch("gpu::reduce_into");
+}
+
+/// acc[i] = acc[i] (op) widen(in[i]): a 16-bit float operand into an f32 accumulator without
+/// rounding (round once at the end with narrow). Asynchronous.
+template <class T, class = std::enable_if_t<host::is_16bit_float_v<T>>>
+void reduce_into(ReduceOp op, float* acc, const T* in, std::size_t n, stream_t stream = nullptr) {
+  using S = typename kernels::Lane<T>::storage;
+  if (!n) return;
+  kernels::accumulate<T>
+      <<<blocks_for(n, 256), 256, 0, stream>>>(op, acc, reinterpret_cast<const S*>(in), n);
+  check_launch("gpu::reduce_into");
+}
+
+/// out[i] = in[i] in the accumulator type (exact). Asynchronous.
+template <class T>
+void widen(const T* in, host::accum_t<T>* out, std::size_t n, stream_t stream = nullptr) {
+  using S = typename kernels::Lane<T>::storage;
+  if (!n) return;
+  kernels::widen<T><<<blocks_for(n, 256), 256, 0, stream>>>(reinterpret_cast<const S*>(in), out, n);
+  check_launch("gpu::widen");
+}
+/// out[i] = in[i] rounded to T, to nearest even. Asynchronous.
+template <class T>
+void narrow(const host::accum_t<T>* in, T* out, std::size_t n, stream_t stream = nullptr) {
+  using S = typename kernels::Lane<T>::storage;
+  if (!n) return;
+  kernels::narrow<T><<<blocks_for(n, 256), 256, 0, stream>>>(in, reinterpret_cast<S*>(out), n);
+  check_launch("gpu::narrow");
 }
 
 /// Divides by `ranks` to finish an avg (integers truncate toward zero). Asynchronous.
@@ -123,5 +162,6 @@ inline void reduce_into(ReduceOp op, BufferView acc, BufferView in, stream_t str
   }
 }
 
+DTRAIN_GPU_ABI_END
 }  // namespace gpu
 }  // namespace dtrain

@@ -1,5 +1,8 @@
-// dtrain: host GEMM. A serial reference, a cache-blocked fallback and, when dtrain::blas is linked
-// (DTRAIN_HAVE_CBLAS), CBLAS. All row-major: C[m x n] = alpha * op(A) * op(B) + beta * C.
+// dtrain: host GEMM without external libraries: a serial reference and a cache-blocked kernel.
+// All row-major: C[m x n] = alpha * op(A) * op(B) + beta * C. CBLAS is a separate declaration,
+// dtrain::blas::gemm in <dtrain/kernels/host/blas.hpp> (needs dtrain::blas); code picks one by type
+// (host::BlockedGemm or blas::CblasGemm), never by a macro, so every translation unit that calls
+// host::gemm runs the same code whether or not the program also links a BLAS.
 #pragma once
 
 #include <algorithm>
@@ -9,24 +12,12 @@
 
 #include <dtrain/core/error.hpp>
 
-#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
-#include <cblas.h>
-#endif
-
 namespace dtrain {
 namespace host {
 
-/// Which GEMM the layers use. `automatic` is CBLAS when compiled in, else the blocked fallback.
-enum class GemmPath : unsigned char { automatic, reference, blocked, blas };
-
-/// True when this translation unit was compiled with CBLAS (target dtrain::blas).
-constexpr bool have_blas() noexcept {
-#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
-  return true;
-#else
-  return false;
-#endif
-}
+/// Which host GEMM host::gemm runs: `automatic` and `blocked` are the cache-blocked kernel,
+/// `reference` the serial reference. (CBLAS is dtrain::blas::gemm, a separate function.)
+enum class GemmPath : unsigned char { automatic, reference, blocked };
 
 namespace detail {
 inline void check_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -148,51 +139,28 @@ void gemm_blocked(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, st
   }
 }
 
-#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
-/// CBLAS sgemm/dgemm (row-major). Local, blocking; threads as the BLAS library is configured.
-template <class T>
-void gemm_blas(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
-               const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
-               std::int64_t ldc) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "CBLAS gemm needs float or double");
-  detail::check_gemm(trans_a, trans_b, m, n, k, lda, ldb, ldc);
-  if (m == 0 || n == 0) return;
-  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
-  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
-  if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
-  else
-    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
-}
-#endif
-
-/// GEMM on the chosen path (row-major). `automatic` picks CBLAS when compiled in, otherwise the
-/// blocked fallback; asking for `blas` without it throws InvalidArgument. Local, blocking.
+/// GEMM on the chosen path (row-major): the blocked kernel unless `reference` is asked for.
+/// Local, blocking; the caller owns all buffers. Throws InvalidArgument on bad extents.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
           std::int64_t ldc, GemmPath path = GemmPath::automatic) {
-  switch (path) {
-    case GemmPath::reference:
-      return ref::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    case GemmPath::blocked:
-      return gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    case GemmPath::blas:
-    case GemmPath::automatic:
-#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
-      return gemm_blas(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#else
-      DTRAIN_REQUIRE(path == GemmPath::automatic, "gemm",
-                     "the BLAS path was requested but this build has no CBLAS (link dtrain::blas)");
-      return gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-#endif
-  }
+  if (path == GemmPath::reference)
+    return ref::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
+
+/// GEMM engine running gemm_blocked: a type, so an execution policy picks its GEMM by type
+/// (blas::CblasGemm is the CBLAS one). Stateless, thread-safe.
+struct BlockedGemm {
+  static constexpr const char* name = "blocked";
+  template <class T>
+  void operator()(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                  std::int64_t ldc) const {
+    gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+};
 
 }  // namespace host
 }  // namespace dtrain

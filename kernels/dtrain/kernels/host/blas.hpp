@@ -1,0 +1,54 @@
+// dtrain: host GEMM through CBLAS. Needs the dtrain::blas target (it puts <cblas.h> on the include
+// path and links OpenBLAS or another CBLAS); include it only where that target is linked.
+//
+// This is a separate declaration, dtrain::blas::gemm, not a branch inside host::gemm: whether a
+// translation unit includes this header changes what it can call, never what host::gemm does, so
+// translation units built with and without BLAS cannot disagree about one inline function.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include <cblas.h>
+
+#include <dtrain/kernels/host/gemm.hpp>
+
+namespace dtrain {
+namespace blas {
+
+/// CBLAS sgemm/dgemm, row-major C[m x n] = alpha op(A) op(B) + beta C (beta 0 ignores C's old
+/// contents). Local, blocking; threads as the BLAS library is configured; the caller owns all
+/// buffers. Throws InvalidArgument on bad extents or leading dimensions.
+template <class T>
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
+          const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+          std::int64_t ldc) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "CBLAS gemm needs float or double");
+  host::detail::check_gemm(trans_a, trans_b, m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  const auto ta = trans_a ? CblasTrans : CblasNoTrans;
+  const auto tb = trans_b ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
+                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
+                beta, c, static_cast<int>(ldc));
+}
+
+/// GEMM engine calling CBLAS (the counterpart of host::BlockedGemm). Stateless, thread-safe.
+struct CblasGemm {
+  static constexpr const char* name = "cblas";
+  template <class T>
+  void operator()(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k,
+                  T alpha, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
+                  std::int64_t ldc) const {
+    gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+};
+
+}  // namespace blas
+}  // namespace dtrain

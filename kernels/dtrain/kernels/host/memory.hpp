@@ -1,0 +1,32 @@
+// dtrain: host fill and copy, the references for the device kernels in
+// <dtrain/kernels/memory.cuh> (and what the host execution policy calls).
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+namespace dtrain {
+namespace host {
+
+/// x[i] = value for i < n. Local, blocking; the caller owns x.
+template <class T>
+void fill(T* x, T value, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) x[i] = value;
+}
+
+/// dst[i] = src[i] for i < n; the ranges must not overlap. Local, blocking.
+template <class T>
+void copy(const T* src, T* dst, std::size_t n) noexcept {
+  static_assert(std::is_trivially_copyable_v<T>, "copy needs a trivially copyable type");
+  if (n) std::memcpy(dst, src, n * sizeof(T));
+}
+
+/// y[i] = alpha * x[i] + y[i] (gradient accumulation, loss scaling). Local, blocking.
+template <class T>
+void axpy(T alpha, const T* x, T* y, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) y[i] = alpha * x[i] + y[i];
+}
+
+}  // namespace host
+}  // namespace dtrain
