@@ -1,204 +1,22 @@
-# dtrain: building our own GPU translation units (tests, benchmarks). The library stays header-only;
-# this only compiles the single-source kernels for the targets we check:
-#   CUDA: nvcc, DTRAIN_CUDA_ARCHS (default 80;90 = sm_80, sm_90), cuBLAS when found.
-#   HIP:  hipcc called directly, DTRAIN_HIP_ARCHS (default gfx90a;gfx942), hipBLAS when found.
-# CMake 3.25's HIP language does not work with Debian's ROCm packaging, so HIP units go through
-# add_custom_command by default; -DDTRAIN_HIP_LANGUAGE=ON selects enable_language(HIP) for full
-# ROCm installs instead. CUDA units also use nvcc directly, which keeps the two paths symmetric
-# and avoids CMake's CUDA language needing a newer CMake for newer toolkits.
+# dtrain: building our own GPU translation units (tests, benchmarks) with the installed helper
+# cmake/dtrainGpu.cmake, plus the source tree's include roots, tests/support and doctest.
 #
-# dtrain_add_gpu_executable(NAME n SOURCE file DIALECT cuda|hip [DEFINES d...] [INCLUDES dir...]
-#                           [LIBS lib...] [OUT var])
-#   builds ${CMAKE_CURRENT_BINARY_DIR}/<n> and a target <n> (part of ALL).
 # dtrain_add_gpu_test(NAME n SOURCE file [TIMEOUT s])
 #   one executable and CTest per available dialect: n_cuda, n_hip (label gpu, skip code 77).
-
-# Directory-scoped: the settings are variables, and tests/ and benchmarks/ each need them.
 include_guard(DIRECTORY)
-get_property(_dtrain_gpu_quiet GLOBAL PROPERTY DTRAIN_GPU_REPORTED)
-set_property(GLOBAL PROPERTY DTRAIN_GPU_REPORTED ON)
-macro(_dtrain_gpu_status)
-  if(NOT _dtrain_gpu_quiet)
-    message(STATUS "${ARGV0}")
-  endif()
-endmacro()
-
-set(DTRAIN_CUDA_ARCHS "80;90" CACHE STRING "CUDA SM architectures for dtrain's GPU tests")
-set(DTRAIN_HIP_ARCHS "gfx90a;gfx942" CACHE STRING "AMD GPU targets for dtrain's GPU tests")
-option(DTRAIN_HIP_LANGUAGE "Compile HIP units with CMake's HIP language (full ROCm installs only)" OFF)
-
-set(DTRAIN_GPU_DIALECTS "")
-
-# ---- CUDA ----
-if(DTRAIN_HAVE_CUDA)
-  find_program(DTRAIN_NVCC nvcc HINTS "${CUDAToolkit_BIN_DIR}" /usr/local/cuda/bin)
-  mark_as_advanced(DTRAIN_NVCC)
-  if(DTRAIN_NVCC)
-    list(APPEND DTRAIN_GPU_DIALECTS cuda)
-    set(_dtrain_cuda_flags -std=c++17 -x cu -O2 -ccbin "${CMAKE_CXX_COMPILER}")
-    foreach(_a IN LISTS DTRAIN_CUDA_ARCHS)
-      list(APPEND _dtrain_cuda_flags --generate-code "arch=compute_${_a},code=sm_${_a}")
-    endforeach()
-    set(_dtrain_cuda_libs -Xcompiler=-pthread)
-    if(TARGET CUDA::cublas)
-      list(APPEND _dtrain_cuda_flags -DDTRAIN_HAVE_CUBLAS=1)
-      list(APPEND _dtrain_cuda_libs -lcublas)
-      set(DTRAIN_GPU_CUBLAS ON)
-    else()
-      set(DTRAIN_GPU_CUBLAS OFF)
-    endif()
-    _dtrain_gpu_status("dtrain: GPU tests compile with nvcc for sm ${DTRAIN_CUDA_ARCHS} (cuBLAS ${DTRAIN_GPU_CUBLAS})")
-  else()
-    _dtrain_gpu_status("dtrain: CUDA toolkit found but no nvcc; CUDA tests are not built")
-  endif()
+set(DTRAIN_GPU_INCLUDE_DIRS
+  "${PROJECT_SOURCE_DIR}/include" "${PROJECT_SOURCE_DIR}/transports"
+  "${PROJECT_SOURCE_DIR}/kernels" "${PROJECT_SOURCE_DIR}/tests")
+if(DTRAIN_DOCTEST_INCLUDE_DIR)
+  list(APPEND DTRAIN_GPU_INCLUDE_DIRS "${DTRAIN_DOCTEST_INCLUDE_DIR}")
 endif()
-
-# ---- HIP ----
-if(DTRAIN_HAVE_HIP)
-  if(NOT DTRAIN_HIPCC)
-    find_program(DTRAIN_HIPCC hipcc PATHS /opt/rocm/bin)
-  endif()
-  if(DTRAIN_HIPCC)
-    list(APPEND DTRAIN_GPU_DIALECTS hip)
-    # Keep only the targets this hipcc knows. Debian's ROCm 5.2 clang predates gfx942 (MI300);
-    # its nearest relative gfx940 (same wave64 CDNA3 ISA family) is compiled in its place so the
-    # MI300 path is still compile-checked, and the substitution is reported.
-    set(_probe "${CMAKE_BINARY_DIR}/dtrain_hip_probe.cpp")
-    file(WRITE "${_probe}" "#include <hip/hip_runtime.h>\n__global__ void k(float* x) { x[threadIdx.x] = warpSize; }\n")
-    set(_dtrain_hip_archs "")
-    foreach(_a IN LISTS DTRAIN_HIP_ARCHS)
-      if(NOT DEFINED DTRAIN_HIP_ARCH_OK_${_a})
-        execute_process(COMMAND "${DTRAIN_HIPCC}" --offload-arch=${_a} -c "${_probe}" -o "${_probe}.o"
-                        RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
-        if(_rc EQUAL 0)
-          set(DTRAIN_HIP_ARCH_OK_${_a} ON CACHE INTERNAL "")
-        else()
-          set(DTRAIN_HIP_ARCH_OK_${_a} OFF CACHE INTERNAL "")
-        endif()
-      endif()
-      if(DTRAIN_HIP_ARCH_OK_${_a})
-        list(APPEND _dtrain_hip_archs ${_a})
-      elseif(_a STREQUAL "gfx942")
-        if(NOT DEFINED DTRAIN_HIP_ARCH_OK_gfx940)
-          execute_process(COMMAND "${DTRAIN_HIPCC}" --offload-arch=gfx940 -c "${_probe}" -o "${_probe}.o"
-                          RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
-          if(_rc EQUAL 0)
-            set(DTRAIN_HIP_ARCH_OK_gfx940 ON CACHE INTERNAL "")
-          else()
-            set(DTRAIN_HIP_ARCH_OK_gfx940 OFF CACHE INTERNAL "")
-          endif()
-        endif()
-        if(DTRAIN_HIP_ARCH_OK_gfx940)
-          list(APPEND _dtrain_hip_archs gfx940)
-          _dtrain_gpu_status("dtrain: this hipcc does not know gfx942; compiling gfx940 in its place (compile check only: those binaries do not load on gfx942 hardware, use ROCm >= 5.7 there)")
-        else()
-          _dtrain_gpu_status("dtrain: this hipcc knows neither gfx942 nor gfx940; skipping that target")
-        endif()
-      else()
-        _dtrain_gpu_status("dtrain: this hipcc does not know ${_a}; skipping that target")
-      endif()
-    endforeach()
-    list(REMOVE_DUPLICATES _dtrain_hip_archs)
-    set(DTRAIN_HIP_ARCHS_EFFECTIVE "${_dtrain_hip_archs}")
-    set(_dtrain_hip_flags -std=c++17 -O2)
-    foreach(_a IN LISTS _dtrain_hip_archs)
-      list(APPEND _dtrain_hip_flags --offload-arch=${_a})
-    endforeach()
-    set(_dtrain_hip_libs -lpthread)
-    find_path(DTRAIN_HIPBLAS_INCLUDE_DIR NAMES hipblas/hipblas.h hipblas.h PATHS /opt/rocm/include)
-    find_library(DTRAIN_HIPBLAS_LIBRARY hipblas PATHS /opt/rocm/lib)
-    mark_as_advanced(DTRAIN_HIPBLAS_INCLUDE_DIR DTRAIN_HIPBLAS_LIBRARY)
-    if(DTRAIN_HIPBLAS_INCLUDE_DIR AND DTRAIN_HIPBLAS_LIBRARY)
-      list(APPEND _dtrain_hip_flags -DDTRAIN_HAVE_HIPBLAS=1 "-I${DTRAIN_HIPBLAS_INCLUDE_DIR}")
-      get_filename_component(_hb_dir "${DTRAIN_HIPBLAS_LIBRARY}" DIRECTORY)
-      list(APPEND _dtrain_hip_libs "-L${_hb_dir}" -lhipblas)
-      set(DTRAIN_GPU_HIPBLAS ON)
-    else()
-      set(DTRAIN_GPU_HIPBLAS OFF)
-    endif()
-    if(DTRAIN_HIP_LANGUAGE)
-      # Where CMake's HIP language looks (<ROCm root>/lib/cmake/hip-lang); Debian installs it under
-      # the multiarch directory instead, which CMake 3.25 does not search.
-      find_file(DTRAIN_HIP_LANG_CONFIG hip-lang-config.cmake
-        PATHS /opt/rocm/lib/cmake/hip-lang /usr/lib/cmake/hip-lang NO_DEFAULT_PATH)
-      mark_as_advanced(DTRAIN_HIP_LANG_CONFIG)
-      if(NOT DTRAIN_HIP_LANG_CONFIG)
-        message(FATAL_ERROR "dtrain: DTRAIN_HIP_LANGUAGE=ON needs a full ROCm install (no "
-                            "lib/cmake/hip-lang/hip-lang-config.cmake under /opt/rocm or /usr, as with "
-                            "Debian's packaging); leave it OFF to compile HIP with hipcc directly")
-      endif()
-      enable_language(HIP)
-      set(CMAKE_HIP_ARCHITECTURES "${_dtrain_hip_archs}")
-    endif()
-    _dtrain_gpu_status("dtrain: GPU tests compile with hipcc for ${_dtrain_hip_archs} (hipBLAS ${DTRAIN_GPU_HIPBLAS})")
-  endif()
-endif()
-
-if(NOT DTRAIN_GPU_DIALECTS)
-  _dtrain_gpu_status("dtrain: neither nvcc nor hipcc found; GPU tests and kernels_bench_<gpu> are not built")
-endif()
-
 # Every header a GPU unit may include: a change rebuilds the units.
-file(GLOB_RECURSE _dtrain_gpu_deps CONFIGURE_DEPENDS
+file(GLOB_RECURSE DTRAIN_GPU_DEPENDS CONFIGURE_DEPENDS
   "${PROJECT_SOURCE_DIR}/include/dtrain/*.hpp"
   "${PROJECT_SOURCE_DIR}/kernels/dtrain/*.hpp"
   "${PROJECT_SOURCE_DIR}/kernels/dtrain/*.cuh"
   "${PROJECT_SOURCE_DIR}/tests/support/*.hpp")
-set(_dtrain_gpu_includes
-  "-I${PROJECT_SOURCE_DIR}/include" "-I${PROJECT_SOURCE_DIR}/transports"
-  "-I${PROJECT_SOURCE_DIR}/kernels" "-I${PROJECT_SOURCE_DIR}/tests")
-if(DTRAIN_DOCTEST_INCLUDE_DIR)
-  list(APPEND _dtrain_gpu_includes "-I${DTRAIN_DOCTEST_INCLUDE_DIR}")
-endif()
-
-function(dtrain_add_gpu_executable)
-  cmake_parse_arguments(A "" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;LIBS" ${ARGN})
-  set(_exe "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}")
-  set(_defs "")
-  foreach(_d IN LISTS A_DEFINES)
-    list(APPEND _defs "-D${_d}")
-  endforeach()
-  foreach(_d IN LISTS A_INCLUDES)
-    list(APPEND _defs "-I${_d}")
-  endforeach()
-  if(A_DIALECT STREQUAL "cuda")
-    add_custom_command(OUTPUT "${_exe}"
-      COMMAND "${DTRAIN_NVCC}" ${_dtrain_cuda_flags} -DDTRAIN_HAVE_CUDA=1 ${_defs}
-              ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_dtrain_cuda_libs}
-      DEPENDS "${A_SOURCE}" ${_dtrain_gpu_deps}
-      COMMENT "nvcc (sm ${DTRAIN_CUDA_ARCHS}) ${A_NAME}" VERBATIM)
-    add_custom_target(${A_NAME} ALL DEPENDS "${_exe}")
-  elseif(A_DIALECT STREQUAL "hip" AND DTRAIN_HIP_LANGUAGE)
-    set(_copy "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}.hip")
-    configure_file("${A_SOURCE}" "${_copy}" COPYONLY)
-    add_executable(${A_NAME} "${_copy}")
-    set_source_files_properties("${_copy}" PROPERTIES LANGUAGE HIP)
-    target_compile_definitions(${A_NAME} PRIVATE DTRAIN_HAVE_HIP=1 ${A_DEFINES})
-    target_include_directories(${A_NAME} PRIVATE ${A_INCLUDES})
-    target_link_libraries(${A_NAME} PRIVATE ${A_LIBS})
-    target_include_directories(${A_NAME} PRIVATE "${PROJECT_SOURCE_DIR}/include"
-      "${PROJECT_SOURCE_DIR}/transports" "${PROJECT_SOURCE_DIR}/kernels" "${PROJECT_SOURCE_DIR}/tests")
-    target_link_libraries(${A_NAME} PRIVATE hip::host Threads::Threads)
-    if(DTRAIN_GPU_HIPBLAS)
-      target_compile_definitions(${A_NAME} PRIVATE DTRAIN_HAVE_HIPBLAS=1)
-      target_link_libraries(${A_NAME} PRIVATE "${DTRAIN_HIPBLAS_LIBRARY}")
-    endif()
-    set_target_properties(${A_NAME} PROPERTIES HIP_STANDARD 17 HIP_ARCHITECTURES "${DTRAIN_HIP_ARCHS_EFFECTIVE}"
-      RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
-  elseif(A_DIALECT STREQUAL "hip")
-    add_custom_command(OUTPUT "${_exe}"
-      COMMAND "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} -DDTRAIN_HAVE_HIP=1 ${_defs}
-              ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_dtrain_hip_libs}
-      DEPENDS "${A_SOURCE}" ${_dtrain_gpu_deps}
-      COMMENT "hipcc (${DTRAIN_HIP_ARCHS_EFFECTIVE}) ${A_NAME}" VERBATIM)
-    add_custom_target(${A_NAME} ALL DEPENDS "${_exe}")
-  else()
-    message(FATAL_ERROR "dtrain_add_gpu_executable: DIALECT must be cuda or hip, got '${A_DIALECT}'")
-  endif()
-  if(A_OUT)
-    set(${A_OUT} "${_exe}" PARENT_SCOPE)
-  endif()
-endfunction()
+include("${PROJECT_SOURCE_DIR}/cmake/dtrainGpu.cmake")
 
 function(dtrain_add_gpu_test)
   cmake_parse_arguments(A "" "NAME;SOURCE;TIMEOUT" "" ${ARGN})
