@@ -392,6 +392,40 @@ TEST_CASE_TEMPLATE("reductions for the all-reduce match the host", T, float, dou
   }
 }
 
+TEST_CASE_TEMPLATE("16-bit all-reduce path: widen, accumulate in f32, round once, as the host", T,
+                   dtrain::half, dtrain::bfloat16) {
+  const std::size_t n = 4099;
+  const int ranks = 5;
+  std::vector<std::vector<T>> in(ranks, std::vector<T>(n));
+  dtrain::RngStream rng(4, 4);
+  for (auto& v : in)
+    for (auto& x : v) x = T(static_cast<float>(8.0 * rng.uniform_double() - 4.0));
+  using dtrain::ReduceOp;
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::prod, ReduceOp::min, ReduceOp::max, ReduceOp::avg}) {
+    std::vector<float> acc(n);
+    host::widen(in[0].data(), acc.data(), n);
+    for (int r = 1; r < ranks; ++r) host::reduce_into(op, acc.data(), in[r].data(), n);
+    if (op == ReduceOp::avg) host::scale_avg(acc.data(), n, ranks);
+    std::vector<T> want(n);
+    host::narrow(acc.data(), want.data(), n);
+    auto d0 = to_device(in[0]);
+    gpu::DeviceBuffer<float> dacc(n);
+    gpu::widen(d0.data(), dacc.data(), n);
+    for (int r = 1; r < ranks; ++r) {
+      auto dr = to_device(in[r]);
+      gpu::reduce_into(op, dacc.data(), dr.data(), n);
+      gpu::synchronize();
+    }
+    if (op == ReduceOp::avg) gpu::scale_avg(dacc.data(), n, ranks);
+    gpu::DeviceBuffer<T> dout(n);
+    gpu::narrow(dacc.data(), dout.data(), n);
+    gpu::synchronize();
+    const auto got = to_host(dout);
+    INFO(dtrain::name_of(dtrain::dtype_of_v<T>) << " " << dtrain::name_of(op));
+    CHECK(std::memcmp(got.data(), want.data(), n * sizeof(T)) == 0);
+  }
+}
+
 int main(int argc, char** argv) {
   if (gpu::device_count() == 0)
     dtrain::test::skip_process((std::string("no ") + gpu::vendor + " device visible").c_str());

@@ -6,6 +6,11 @@ dtrain_add_unit_test(NAME unit_comm
     ${CMAKE_CURRENT_LIST_DIR}/comm_gradient_sync_test.cpp
   LINK dtrain::loopback
   TIMEOUT 240)
+# The reduction contract of kernels/host/reduce.hpp, alone and through every algorithm.
+dtrain_add_unit_test(NAME unit_comm_reduce_contract
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_reduce_contract_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 60)
 dtrain_add_unit_test(NAME unit_comm_noalloc
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_noalloc_test.cpp
   LINK dtrain::loopback

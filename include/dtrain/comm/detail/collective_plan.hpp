@@ -127,9 +127,9 @@ class PlanImpl final : public Job {
     try {
       if (comm_->config.check_fingerprints || s.kind == CollectiveKind::barrier) check();
       if (!algo_) return;
-      if (wide_in_) widen_to_f32(wide_in_, s.in, s.count, s.dtype);
+      if (wide_in_) host::widen(s.dtype, s.in, wide_in_, s.count);
       algo_->run();
-      if (wide_out_) narrow_from_f32(s.out, wide_out_, out_count(), s.dtype);
+      if (wide_out_) host::narrow(s.dtype, wide_out_, s.out, out_count());
     } catch (const std::exception& e) {
       ctx_.cancel_all();
       comm_->mark_broken(e.what());

@@ -1,64 +1,168 @@
-// dtrain: host elementwise reductions for collectives on host buffers of any dtype.
+// dtrain: host element-wise reductions: the one reduction contract of dtrain, shared by the
+// collectives (comm/) and, with the same semantics, by the device kernels (<dtrain/kernels/
+// reduce.cuh>).
+//
+// The contract:
+//  - Operand order: the accumulator comes first, the incoming operand second:
+//    acc = acc (op) in. min keeps acc unless in < acc; max keeps acc unless acc < in.
+//  - Integers: sum and prod wrap modulo 2^bits (computed in the unsigned type: no undefined
+//    behaviour, and the same result in any reduction order). avg is the wrapped sum divided by the
+//    number of ranks, truncated toward zero.
+//  - 16-bit floats (f16, bf16) accumulate in f32 (accum_t): a reduction over many operands widens
+//    each operand once (exactly), combines in f32 and rounds once, to nearest even, at the end
+//    (narrow). The same-type form reduce_into(op, half* acc, const half* in, n) is one such
+//    reduction of two operands: widen both, combine, round once.
+//  - avg is finished once, on the accumulator, by scale_avg (f32 for 16-bit floats).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
-#include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/dtype.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/host_device.hpp>
+#include <dtrain/core/reduce_op.hpp>
 #include <dtrain/core/span.hpp>
 
 namespace dtrain {
 namespace host {
 
-namespace detail {
+/// True for the 16-bit float storage types.
 template <class T>
-struct Arith {  // 16-bit floats reduce in float and round once per combine
-  using type = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
-};
-template <class T>
-inline typename Arith<T>::type widen(T x) noexcept {
-  return static_cast<typename Arith<T>::type>(x);
-}
-template <class T, class A>
-inline T narrow(A x) noexcept {
-  return T(x);
-}
-}  // namespace detail
+inline constexpr bool is_16bit_float_v = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
 
-/// acc[i] = acc[i] (op) in[i] for sum, prod, min and max; `avg` combines as sum (finish with
-/// scale_avg). Local; acc and in must not overlap.
+/// The type a reduction of T accumulates in: f32 for the 16-bit floats, T otherwise.
 template <class T>
-void reduce_into(ReduceOp op, T* acc, const T* in, std::size_t n) {
-  using detail::narrow;
-  using detail::widen;
+using accum_t = std::conditional_t<is_16bit_float_v<T>, float, T>;
+
+namespace detail {
+/// acc (op) in on accumulator values: the element operation of the contract, one definition for
+/// the host and the device kernels.
+template <class A>
+DTRAIN_HOST_DEVICE inline A combine(ReduceOp op, A acc, A in) noexcept {
   switch (op) {
     case ReduceOp::sum:
     case ReduceOp::avg:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = narrow<T>(widen(acc[i]) + widen(in[i]));
-      return;
+      if constexpr (std::is_integral_v<A>) {
+        using U = std::make_unsigned_t<A>;
+        return static_cast<A>(static_cast<U>(acc) + static_cast<U>(in));
+      } else {
+        return acc + in;
+      }
     case ReduceOp::prod:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = narrow<T>(widen(acc[i]) * widen(in[i]));
-      return;
-    case ReduceOp::min:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = widen(in[i]) < widen(acc[i]) ? in[i] : acc[i];
-      return;
-    case ReduceOp::max:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = widen(in[i]) > widen(acc[i]) ? in[i] : acc[i];
-      return;
+      if constexpr (std::is_integral_v<A>) {
+        using U = std::make_unsigned_t<A>;
+        return static_cast<A>(static_cast<U>(acc) * static_cast<U>(in));
+      } else {
+        return acc * in;
+      }
+    case ReduceOp::min: return in < acc ? in : acc;
+    case ReduceOp::max: return acc < in ? in : acc;
+  }
+  return acc;
+}
+template <class T>
+DTRAIN_HOST_DEVICE inline accum_t<T> widen1(T x) noexcept {
+  return static_cast<accum_t<T>>(x);
+}
+}  // namespace detail
+
+/// out[i] = a[i] (op) b[i] on accumulator types (f32, f64, i32, i64); `out` may alias `a` or `b`.
+/// `avg` combines as sum (finish with scale_avg). Local.
+template <class T, class = std::enable_if_t<!is_16bit_float_v<T>>>
+void reduce(ReduceOp op, T* out, const T* a, const T* b, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = detail::combine<T>(op, a[i], b[i]);
+}
+
+/// acc[i] = acc[i] (op) in[i], both of type T. For 16-bit floats: widened, combined in f32,
+/// rounded once. Local; acc and in must not overlap unless equal.
+template <class T>
+void reduce_into(ReduceOp op, T* acc, const T* in, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    if constexpr (is_16bit_float_v<T>)
+      acc[i] = T(detail::combine(op, detail::widen1(acc[i]), detail::widen1(in[i])));
+    else
+      acc[i] = detail::combine<T>(op, acc[i], in[i]);
   }
 }
 
-/// Divides by `ranks` to finish an `avg` (integers truncate toward zero). Local.
+/// acc[i] = acc[i] (op) widen(in[i]): a 16-bit float operand added into an f32 accumulator
+/// without rounding (round once at the end with narrow). Local.
+template <class T, class = std::enable_if_t<is_16bit_float_v<T>>>
+void reduce_into(ReduceOp op, float* acc, const T* in, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) acc[i] = detail::combine(op, acc[i], detail::widen1(in[i]));
+}
+
+/// out[i] = in[i] in the accumulator type (exact). Local.
 template <class T>
-void scale_avg(T* acc, std::size_t n, int ranks) {
+void widen(const T* in, accum_t<T>* out, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = detail::widen1(in[i]);
+}
+/// out[i] = in[i] rounded to T, to nearest even (the one rounding of a 16-bit reduction). Local.
+template <class T>
+void narrow(const accum_t<T>* in, T* out, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) out[i] = T(in[i]);
+}
+
+/// Divides by `ranks` to finish an `avg`: integers truncate toward zero; floats divide in their
+/// accumulator type (16-bit floats: widened, divided in f32, rounded once). Local.
+template <class T>
+void scale_avg(T* acc, std::size_t n, int ranks) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
     if constexpr (std::is_integral_v<T>)
       acc[i] = static_cast<T>(acc[i] / ranks);
     else
-      acc[i] = detail::narrow<T>(detail::widen(acc[i]) / static_cast<float>(ranks));
+      acc[i] = T(detail::widen1(acc[i]) / static_cast<accum_t<T>>(ranks));
   }
+}
+
+/// Untyped reduce for the collectives: `t` is an accumulator dtype (f32 f64 i32 i64; 16-bit floats
+/// are widened before they reach the algorithms). Local; InvalidArgument for a 16-bit dtype.
+inline void reduce(ReduceOp op, DType t, void* out, const void* a, const void* b, std::size_t n) {
+  switch (t) {
+    case DType::f32:
+      return reduce(op, static_cast<float*>(out), static_cast<const float*>(a),
+                    static_cast<const float*>(b), n);
+    case DType::f64:
+      return reduce(op, static_cast<double*>(out), static_cast<const double*>(a),
+                    static_cast<const double*>(b), n);
+    case DType::i32:
+      return reduce(op, static_cast<std::int32_t*>(out), static_cast<const std::int32_t*>(a),
+                    static_cast<const std::int32_t*>(b), n);
+    case DType::i64:
+      return reduce(op, static_cast<std::int64_t*>(out), static_cast<const std::int64_t*>(a),
+                    static_cast<const std::int64_t*>(b), n);
+    case DType::f16:
+    case DType::bf16: break;
+  }
+  raise<InvalidArgument>("host::reduce",
+                         dtrain::detail::concat(name_of(t), " accumulates in f32: widen it first"));
+}
+
+/// Untyped scale_avg (any dtype). Local.
+inline void scale_avg(DType t, void* data, std::size_t n, int ranks) noexcept {
+  switch (t) {
+    case DType::f32: return scale_avg(static_cast<float*>(data), n, ranks);
+    case DType::f64: return scale_avg(static_cast<double*>(data), n, ranks);
+    case DType::i32: return scale_avg(static_cast<std::int32_t*>(data), n, ranks);
+    case DType::i64: return scale_avg(static_cast<std::int64_t*>(data), n, ranks);
+    case DType::f16: return scale_avg(static_cast<half*>(data), n, ranks);
+    case DType::bf16: return scale_avg(static_cast<bfloat16*>(data), n, ranks);
+  }
+}
+
+/// Untyped widen of a 16-bit float array into f32. Local; InvalidArgument for other dtypes.
+inline void widen(DType t, const void* in, float* out, std::size_t n) {
+  if (t == DType::f16) return widen(static_cast<const half*>(in), out, n);
+  if (t == DType::bf16) return widen(static_cast<const bfloat16*>(in), out, n);
+  raise<InvalidArgument>("host::widen", dtrain::detail::concat(name_of(t), " is not 16-bit"));
+}
+/// Untyped narrow of f32 into a 16-bit float array. Local; InvalidArgument for other dtypes.
+inline void narrow(DType t, const float* in, void* out, std::size_t n) {
+  if (t == DType::f16) return narrow(in, static_cast<half*>(out), n);
+  if (t == DType::bf16) return narrow(in, static_cast<bfloat16*>(out), n);
+  raise<InvalidArgument>("host::narrow", dtrain::detail::concat(name_of(t), " is not 16-bit"));
 }
 
 /// reduce_into on untyped views (same dtype and count required). Local; throws InvalidArgument.

@@ -25,7 +25,7 @@
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
-#include <dtrain/comm/detail/reduce_kernels.hpp>
+#include <dtrain/kernels/host/reduce.hpp>
 
 namespace dtrain::detail {
 
@@ -42,6 +42,12 @@ struct PlanSpec {
   int root = 0;
 };
 
+/// Elements [begin, end) of block `i` when `count` elements are split into `parts` blocks whose
+/// sizes differ by at most one (the first count % parts blocks are one larger).
+inline std::size_t block_begin(std::size_t count, std::size_t parts, std::size_t i) noexcept {
+  const std::size_t q = count / parts, r = count % parts;
+  return i * q + (i < r ? i : r);
+}
 inline std::size_t ceil_div(std::size_t a, std::size_t b) noexcept {
   return a == 0 ? 0 : (a + b - 1) / b;
 }
@@ -161,14 +167,14 @@ class PlanContext {
                                                      deadline_.budget(), " s"));
   }
 
-  // ---- reduction (the contract of <dtrain/kernels/host/reduce.hpp>) ---------------------------
+  // ---- reduction: the one contract of <dtrain/kernels/host/reduce.hpp> -----------------------
   /// dst = a op b over n elements of the widened type; dst may alias a or b.
   void reduce(void* dst, const void* a, const void* b, std::size_t n) const {
-    reduce_into(dst, a, b, n, wdtype_, spec_.op);
+    host::reduce(spec_.op, wdtype_, dst, a, b, n);
   }
   /// Finishes an avg on n reduced elements (divides by the number of ranks).
   void finish_avg(void* data, std::size_t n) const {
-    if (spec_.op == ReduceOp::avg) finalize_avg(data, n, wdtype_, p_);
+    if (spec_.op == ReduceOp::avg) host::scale_avg(wdtype_, data, n, p_);
   }
 
  private:
