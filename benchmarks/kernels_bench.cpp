@@ -3,7 +3,7 @@
 // (kernels_bench_cuda / kernels_bench_hip) it also times the device kernels against the vendor
 // BLAS and a device memcpy, after checking each result against the host reference.
 //
-//   kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm]
+//   kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm] [--no-optim]
 // Every ratio in the output is measured in the same run, interleaved, best of `iters`.
 #include <algorithm>
 #include <cmath>
@@ -17,6 +17,7 @@
 #include <dtrain/core/rng.hpp>
 #include <dtrain/core/timer.hpp>
 #include <dtrain/kernels/host/gemm.hpp>
+#include <dtrain/kernels/host/optim.hpp>
 #if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
 #include <dtrain/kernels/host/blas.hpp>
 #endif
@@ -36,6 +37,7 @@ struct Options {
   std::int64_t batch = 128;
   bool mlp = true;
   bool gemm = true;
+  bool optim = true;
 };
 
 Options parse(int argc, char** argv) {
@@ -59,10 +61,12 @@ Options parse(int argc, char** argv) {
       o.mlp = false;
     else if (a == "--no-gemm")
       o.gemm = false;
+    else if (a == "--no-optim")
+      o.optim = false;
     else {
-      std::fprintf(
-          stderr,
-          "usage: kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm]\n");
+      std::fprintf(stderr,
+                   "usage: kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm] "
+                   "[--no-optim]\n");
       std::exit(2);
     }
   }
@@ -185,6 +189,78 @@ void bench_host_gemm(const Options& o) {
                 s.what, static_cast<long long>(s.m), static_cast<long long>(s.n),
                 static_cast<long long>(s.k), int(s.ta), int(s.tb), flops / t_base * 1e-9,
                 flops / t_ours * 1e-9, flops / t_blk * 1e-9, t_base / t_ours, t_base / t_blk, err);
+  }
+}
+
+// Host optimizer updates: the one-pass SIMD path against the scalar loop of the same operations
+// (bit-identical results, checked here) and the long-double reference of the published equations.
+// Sizes: example 10's model (784-512-10, 407,050 parameters) and a 4M-parameter model.
+void bench_optim(const Options& o) {
+  std::printf(
+      "#\n# Host optimizer updates, f32; best of max(%d, 0.25 s worth) after %d warm-up, paths "
+      "interleaved\n# GB/s counts the bytes the update must move (AdamW 28 B/param, SGD+momentum "
+      "20 B/param)\n",
+      o.iters, o.warmup);
+  std::printf("# %-10s %9s %11s %11s %11s %9s %9s %9s %s\n", "update", "params", "fast ms",
+              "scalar ms", "ref ms", "fast GB/s", "scal/fast", "ref/fast", "bits");
+  for (const std::size_t n : {std::size_t(407050), std::size_t(4) << 20}) {
+    const auto g = random_vec(n, 11);
+    const auto p0 = random_vec(n, 12), m0 = random_vec(n, 13);
+    std::vector<float> v0 = random_vec(n, 14);
+    for (auto& x : v0) x = x * x;
+    for (int which_update = 0; which_update < 2; ++which_update) {
+      const bool adam = which_update == 0;
+      // One state per path, each updated in place every run (the state drifts identically, so the
+      // bit comparison at the end still holds).
+      std::vector<float> p[3] = {p0, p0, p0}, m[3] = {m0, m0, m0}, v[3] = {v0, v0, v0};
+      dtrain::host::AdamWParams ha;
+      ha.lr = 1e-3;
+      dtrain::host::SgdParams hs;
+      hs.lr = 0.01;
+      hs.momentum = 0.9;
+      hs.first_step = false;
+      hs.weight_decay = 1e-4;
+      auto run = [&](int path) {
+        float *pp = p[path].data(), *mm = m[path].data(), *vv = v[path].data();
+        if (adam) {
+          if (path == 0) dtrain::host::adamw_update(pp, g.data(), mm, vv, n, ha);
+          if (path == 1) dtrain::host::adamw_update_scalar(pp, g.data(), mm, vv, n, ha);
+          if (path == 2) dtrain::host::ref::adamw_update(pp, g.data(), mm, vv, n, ha);
+        } else {
+          if (path == 0) dtrain::host::sgd_update(pp, g.data(), mm, n, hs);
+          if (path == 1) dtrain::host::sgd_update_scalar(pp, g.data(), mm, n, hs);
+          if (path == 2) dtrain::host::ref::sgd_update(pp, g.data(), mm, n, hs);
+        }
+      };
+      int iters = o.iters;
+      {
+        dtrain::Timer t;
+        run(0);
+        const double once = t.seconds();
+        if (once > 0) iters = std::max(iters, std::min(2000, static_cast<int>(0.25 / once)));
+      }
+      // Path 0 ran once more above: give the scalar path the same history before comparing bits.
+      run(1);
+      double best[3] = {1e30, 1e30, 1e30};
+      for (int it = -o.warmup; it < iters; ++it)
+        for (int r = 0; r < 3; ++r) {
+          const int path = (r + it + o.warmup) % 3;
+          if (path == 2 && it > 3) continue;  // the long-double reference is slow: a few runs
+          dtrain::Timer t;
+          run(path);
+          const double sec = t.seconds();
+          if (it >= 0 || (path == 2 && it > -o.warmup)) best[path] = std::min(best[path], sec);
+        }
+      // Equal run counts for paths 0 and 1 (both ran every iteration), so their states match.
+      const bool same = std::memcmp(p[0].data(), p[1].data(), n * 4) == 0 &&
+                        std::memcmp(m[0].data(), m[1].data(), n * 4) == 0 &&
+                        (!adam || std::memcmp(v[0].data(), v[1].data(), n * 4) == 0);
+      const double bytes = (adam ? 28.0 : 20.0) * static_cast<double>(n);
+      std::printf("  %-10s %9zu %11.3f %11.3f %11.3f %9.2f %9.2f %9.1f %s\n",
+                  adam ? "adamw" : "sgd+mom", n, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3,
+                  bytes / best[0] * 1e-9, best[1] / best[0], best[2] / best[0],
+                  same ? "identical" : "DIFFER");
+    }
   }
 }
 
@@ -337,6 +413,7 @@ int main(int argc, char** argv) {
   std::printf("# dtrain kernels_bench: host BLAS none\n");
 #endif
   if (o.gemm) bench_host_gemm(o);
+  if (o.optim) bench_optim(o);
   if (o.mlp) bench_mlp(o);
 #if defined(DTRAIN_BENCH_GPU)
   bench_device(o);

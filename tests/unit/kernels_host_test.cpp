@@ -310,6 +310,81 @@ TEST_CASE_TEMPLATE("optimizer kernels: fast path against the reference", T, floa
   CHECK(max_rel_diff(vb, va) < (std::is_same_v<T, float> ? 1e-6 : 1e-14));
 }
 
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit for bit", T, float,
+                   double) {
+  // Sizes around every SIMD width and remainder, and a large odd one.
+  for (std::size_t n : {0, 1, 2, 3, 4, 5, 7, 8, 9, 15, 17, 1000, 4099}) {
+    const auto p0 = random_vec<T>(n, 61, -2, 2), g = random_vec<T>(n, 62, -3, 3);
+    const auto m0 = random_vec<T>(n, 63), v0 = random_vec<T>(n, 64, 0, 2);
+    for (long long step : {1LL, 2LL, 1000LL}) {
+      host::AdamWParams h;
+      h.lr = 3e-3;
+      h.weight_decay = 0.05;
+      h.step = step;
+      // The update written out here, independently of the library, in T arithmetic.
+      const double t = static_cast<double>(step);
+      const T b1 = T(h.beta1), b2 = T(h.beta2), c1 = T(1.0 - h.beta1), c2 = T(1.0 - h.beta2);
+      const T decay = T(1.0 - h.lr * h.weight_decay), eps = T(h.eps);
+      const T step_size = T(h.lr / (1.0 - std::pow(h.beta1, t)));
+      const T inv_bc2 = T(1.0 / (1.0 - std::pow(h.beta2, t)));
+      auto pw = p0, mw = m0, vw = v0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const T mi = b1 * mw[i] + c1 * g[i];
+        const T vi = b2 * vw[i] + c2 * g[i] * g[i];
+        mw[i] = mi;
+        vw[i] = vi;
+        pw[i] = pw[i] * decay - step_size * mi / (std::sqrt(vi * inv_bc2) + eps);
+      }
+      auto pf = p0, mf = m0, vf = v0, ps = p0, ms = m0, vs = v0;
+      host::adamw_update(pf.data(), g.data(), mf.data(), vf.data(), n, h);
+      host::adamw_update_scalar(ps.data(), g.data(), ms.data(), vs.data(), n, h);
+      INFO("adamw n=" << n << " step=" << step);
+      CHECK(same_bits(pf, pw));
+      CHECK(same_bits(mf, mw));
+      CHECK(same_bits(vf, vw));
+      CHECK(same_bits(ps, pw));
+    }
+    const auto b0 = random_vec<T>(n, 65);
+    for (double momentum : {0.0, 0.9})
+      for (bool nesterov : {false, true})
+        for (bool first : {false, true}) {
+          host::SgdParams h;
+          h.lr = 0.05;
+          h.momentum = momentum;
+          h.dampening = 0.1;
+          h.weight_decay = 0.01;
+          h.nesterov = nesterov;
+          h.first_step = first;
+          const T lr = T(h.lr), wd = T(h.weight_decay), mu = T(h.momentum), damp = T(0.9);
+          auto pw = p0, bw = b0;
+          for (std::size_t i = 0; i < n; ++i) {
+            const T d = g[i] + wd * pw[i];
+            if (momentum == 0.0) {
+              pw[i] -= lr * d;
+              continue;
+            }
+            const T bi = first ? d : mu * bw[i] + damp * d;
+            bw[i] = bi;
+            pw[i] -= lr * (nesterov ? d + mu * bi : bi);
+          }
+          auto pf = p0, bf = b0, ps = p0, bs = b0;
+          host::sgd_update(pf.data(), g.data(), momentum != 0.0 ? bf.data() : nullptr, n, h);
+          host::sgd_update_scalar(ps.data(), g.data(), momentum != 0.0 ? bs.data() : nullptr, n, h);
+          INFO("sgd n=" << n << " momentum=" << momentum << " nesterov=" << nesterov
+                        << " first=" << first);
+          CHECK(same_bits(pf, pw));
+          CHECK(same_bits(bf, bw));
+          CHECK(same_bits(ps, pw));
+        }
+  }
+}
+
 TEST_CASE("f16 and bf16: every bit pattern round-trips exactly through f32") {
   std::vector<dtrain::half> h(65536), h2(65536);
   std::vector<dtrain::bfloat16> b(65536), b2(65536);

@@ -61,13 +61,9 @@ template <class T>
 void adamw_update(T* p, const T* g, T* m, T* v, std::size_t n, const host::AdamWParams& h,
                   stream_t stream = nullptr) {
   if (n == 0) return;
-  const double t = static_cast<double>(h.step);
+  const auto k = host::detail::adamw_coeffs<T>(h);
   kernels::adamw_update<T><<<blocks_for(n, 256), 256, 0, stream>>>(
-      p, g, m, v, n, static_cast<T>(h.beta1), static_cast<T>(h.beta2),
-      static_cast<T>(1.0 - h.beta1), static_cast<T>(1.0 - h.beta2),
-      static_cast<T>(1.0 - h.lr * h.weight_decay),
-      static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, t))),
-      static_cast<T>(1.0 / (1.0 - std::pow(h.beta2, t))), static_cast<T>(h.eps));
+      p, g, m, v, n, k.b1, k.b2, k.c1, k.c2, k.decay, k.step_size, k.inv_bc2, k.eps);
   check_launch("gpu::adamw_update");
 }
 

@@ -24,6 +24,8 @@ void blas_gemm_with_blas(std::int64_t, std::int64_t, std::int64_t, const float*,
                          float*);
 void engine_call_with_blas(std::int64_t, std::int64_t, std::int64_t, const float*, const float*,
                            float*);
+void exec_gemm_with_blas(std::int64_t, std::int64_t, std::int64_t, const float*, const float*,
+                         float*);
 void cblas_direct(std::int64_t, std::int64_t, std::int64_t, const float*, const float*, float*);
 std::string engine_with_blas();
 }  // namespace odr_test
@@ -48,19 +50,21 @@ TEST_CASE("host::gemm is the blocked kernel in units built with and without BLAS
   const auto b = random_vec(static_cast<std::size_t>(n * k), 2);
   const std::size_t cn = static_cast<std::size_t>(m * n);
   std::vector<float> blocked(cn), without(cn, 7.0f), with(cn, 7.0f), blas(cn, 7.0f),
-      engine(cn, 7.0f), direct(cn, 7.0f);
+      engine(cn, 7.0f), exec(cn, 7.0f), direct(cn, 7.0f);
   dtrain::host::gemm_blocked<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f,
                                     blocked.data(), n);
   odr_test::host_gemm_without_blas(m, n, k, a.data(), b.data(), without.data());
   odr_test::host_gemm_with_blas(m, n, k, a.data(), b.data(), with.data());
   odr_test::blas_gemm_with_blas(m, n, k, a.data(), b.data(), blas.data());
   odr_test::engine_call_with_blas(m, n, k, a.data(), b.data(), engine.data());
+  odr_test::exec_gemm_with_blas(m, n, k, a.data(), b.data(), exec.data());
   odr_test::cblas_direct(m, n, k, a.data(), b.data(), direct.data());
 
   CHECK(same_bits(without, blocked));
   CHECK(same_bits(with, blocked));
   CHECK(same_bits(blas, direct));
   CHECK(same_bits(engine, direct));
+  CHECK(same_bits(exec, direct));  // HostBlasExec: the policy-level choice of CBLAS
   CHECK(odr_test::engine_without_blas() == "blocked");
   CHECK(odr_test::engine_with_blas() == "cblas");
   // Both are correct products: the serial reference (double accumulation) agrees to f32 accuracy.

@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <dtrain/kernels/host/blas.hpp>
+#include <dtrain/kernels/host/blas_exec.hpp>
 #include <dtrain/kernels/host/gemm.hpp>
 
 #if !defined(DTRAIN_HAVE_CBLAS)
@@ -24,6 +25,11 @@ void blas_gemm_with_blas(std::int64_t m, std::int64_t n, std::int64_t k, const f
 void engine_call_with_blas(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                            const float* b, float* c) {
   dtrain::blas::CblasGemm{}(false, true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+}
+void exec_gemm_with_blas(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                         const float* b, float* c) {
+  dtrain::HostBlasExec exec;
+  exec.gemm(exec.compute_stream(), false, true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
 }
 void cblas_direct(std::int64_t m, std::int64_t n, std::int64_t k, const float* a, const float* b,
                   float* c) {

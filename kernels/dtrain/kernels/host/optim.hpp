@@ -1,9 +1,12 @@
-// dtrain: host optimizer update kernels (SGD with momentum/Nesterov, AdamW), with references.
+// dtrain: host optimizer update kernels (SGD with momentum/Nesterov, AdamW): one-pass fast paths,
+// the scalar order they reproduce bit for bit, and long-double references of the published
+// update equations.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <type_traits>
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -35,23 +38,96 @@ struct AdamWParams {
 };
 
 namespace detail {
-// In-place square roots of a block. Under the default -fmath-errno a std::sqrt loop does not
-// vectorise (each call may set errno), which made AdamW eight times slower than memory speed;
-// SSE2's sqrt instructions have no such side effect and give the same correctly rounded results.
-inline void sqrt_block(float* x, std::size_t n) noexcept {
-  std::size_t i = 0;
-#if defined(__SSE2__)
-  for (; i + 4 <= n; i += 4) _mm_storeu_ps(x + i, _mm_sqrt_ps(_mm_loadu_ps(x + i)));
-#endif
-  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+/// The per-step constants of an AdamW update in the element type, computed once per call in
+/// double from the hyper-parameters. Host and device updates use the same values.
+template <class T>
+struct AdamWCoeffs {
+  T b1, b2, c1, c2, decay, step_size, inv_bc2, eps;
+};
+template <class T>
+AdamWCoeffs<T> adamw_coeffs(const AdamWParams& h) {
+  const double t = static_cast<double>(h.step);
+  AdamWCoeffs<T> k;
+  k.b1 = static_cast<T>(h.beta1);
+  k.b2 = static_cast<T>(h.beta2);
+  k.c1 = static_cast<T>(1.0 - h.beta1);
+  k.c2 = static_cast<T>(1.0 - h.beta2);
+  k.decay = static_cast<T>(1.0 - h.lr * h.weight_decay);
+  // lr / (1 - beta1^t) folded into one factor; 1 / (1 - beta2^t) applied to v inside the sqrt.
+  k.step_size = static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, t)));
+  k.inv_bc2 = static_cast<T>(1.0 / (1.0 - std::pow(h.beta2, t)));
+  k.eps = static_cast<T>(h.eps);
+  return k;
 }
-inline void sqrt_block(double* x, std::size_t n) noexcept {
-  std::size_t i = 0;
-#if defined(__SSE2__)
-  for (; i + 2 <= n; i += 2) _mm_storeu_pd(x + i, _mm_sqrt_pd(_mm_loadu_pd(x + i)));
-#endif
-  for (; i < n; ++i) x[i] = std::sqrt(x[i]);
+
+// One AdamW element in T arithmetic, in the operation order every host path reproduces:
+// m' = b1 m + c1 g; v' = b2 v + (c2 g) g; p' = p decay - (step_size m') / (sqrt(v' inv_bc2) + eps).
+template <class T>
+inline void adamw_element(T& p, T g, T& m, T& v, const AdamWCoeffs<T>& k) noexcept {
+  const T mi = k.b1 * m + k.c1 * g;
+  const T vi = k.b2 * v + k.c2 * g * g;
+  m = mi;
+  v = vi;
+  p = p * k.decay - k.step_size * mi / (std::sqrt(vi * k.inv_bc2) + k.eps);
 }
+
+#if defined(__SSE2__)
+// SSE2 lanes of adamw_element: the same operations in the same order, each correctly rounded
+// per lane (sqrtps/sqrtpd are IEEE square roots), so the bits equal the scalar loop's. Written
+// with intrinsics because a std::sqrt loop does not vectorise under the default -fmath-errno.
+// __SSE2__ is part of the x86-64 ABI, so every translation unit of one program sees the same
+// choice (it is a property of the target, not a feature switch).
+inline std::size_t adamw_lanes(float* __restrict p, const float* __restrict g, float* __restrict m,
+                               float* __restrict v, std::size_t n,
+                               const AdamWCoeffs<float>& k) noexcept {
+  const __m128 b1 = _mm_set1_ps(k.b1), b2 = _mm_set1_ps(k.b2), c1 = _mm_set1_ps(k.c1),
+               c2 = _mm_set1_ps(k.c2), decay = _mm_set1_ps(k.decay),
+               step = _mm_set1_ps(k.step_size), ibc2 = _mm_set1_ps(k.inv_bc2),
+               eps = _mm_set1_ps(k.eps);
+  std::size_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m128 gi = _mm_loadu_ps(g + i);
+    const __m128 mi = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(m + i)), _mm_mul_ps(c1, gi));
+    const __m128 vi =
+        _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(v + i)), _mm_mul_ps(_mm_mul_ps(c2, gi), gi));
+    _mm_storeu_ps(m + i, mi);
+    _mm_storeu_ps(v + i, vi);
+    const __m128 den = _mm_add_ps(_mm_sqrt_ps(_mm_mul_ps(vi, ibc2)), eps);
+    const __m128 pi =
+        _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(p + i), decay), _mm_div_ps(_mm_mul_ps(step, mi), den));
+    _mm_storeu_ps(p + i, pi);
+  }
+  return i;
+}
+inline std::size_t adamw_lanes(double* __restrict p, const double* __restrict g,
+                               double* __restrict m, double* __restrict v, std::size_t n,
+                               const AdamWCoeffs<double>& k) noexcept {
+  const __m128d b1 = _mm_set1_pd(k.b1), b2 = _mm_set1_pd(k.b2), c1 = _mm_set1_pd(k.c1),
+                c2 = _mm_set1_pd(k.c2), decay = _mm_set1_pd(k.decay),
+                step = _mm_set1_pd(k.step_size), ibc2 = _mm_set1_pd(k.inv_bc2),
+                eps = _mm_set1_pd(k.eps);
+  std::size_t i = 0;
+  for (; i + 2 <= n; i += 2) {
+    const __m128d gi = _mm_loadu_pd(g + i);
+    const __m128d mi = _mm_add_pd(_mm_mul_pd(b1, _mm_loadu_pd(m + i)), _mm_mul_pd(c1, gi));
+    const __m128d vi =
+        _mm_add_pd(_mm_mul_pd(b2, _mm_loadu_pd(v + i)), _mm_mul_pd(_mm_mul_pd(c2, gi), gi));
+    _mm_storeu_pd(m + i, mi);
+    _mm_storeu_pd(v + i, vi);
+    const __m128d den = _mm_add_pd(_mm_sqrt_pd(_mm_mul_pd(vi, ibc2)), eps);
+    const __m128d pi =
+        _mm_sub_pd(_mm_mul_pd(_mm_loadu_pd(p + i), decay), _mm_div_pd(_mm_mul_pd(step, mi), den));
+    _mm_storeu_pd(p + i, pi);
+  }
+  return i;
+}
+#else
+// Other targets: the scalar loop below does all elements.
+template <class T>
+inline std::size_t adamw_lanes(T*, const T*, T*, T*, std::size_t, const AdamWCoeffs<T>&) noexcept {
+  return 0;
+}
+#endif
 }  // namespace detail
 
 namespace ref {
@@ -92,57 +168,82 @@ void adamw_update(T* p, const T* g, T* m, T* v, std::size_t n, const AdamWParams
 }
 }  // namespace ref
 
-/// SGD step over n elements; buf (the momentum buffer) may be null when momentum == 0. Local,
-/// vectorisable; p, g, buf must not overlap.
+namespace detail {
+// One SGD element in T arithmetic (d = g + wd p; b = first ? d : mu b + damp d;
+// p -= lr (nesterov ? d + mu b : b)), the order every host path reproduces. The switches are
+// template arguments so each combination compiles to a branch-free loop the compiler vectorises
+// (no square root, no reassociation: the vector lanes round exactly as this scalar code).
 template <class T>
-void sgd_update(T* __restrict p, const T* __restrict g, T* __restrict buf, std::size_t n,
-                const SgdParams& h) {
+inline void sgd_element(T& p, T g, T lr, T wd) noexcept {
+  p -= lr * (g + wd * p);
+}
+template <bool First, bool Nesterov, class T>
+inline void sgd_element(T& p, T g, T& b, T lr, T wd, T mu, T damp) noexcept {
+  const T d = g + wd * p;
+  const T bi = First ? d : mu * b + damp * d;
+  b = bi;
+  p -= lr * (Nesterov ? d + mu * bi : bi);
+}
+template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
+void sgd_loop(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
   const T lr = static_cast<T>(h.lr), wd = static_cast<T>(h.weight_decay);
   const T mu = static_cast<T>(h.momentum), damp = static_cast<T>(1.0 - h.dampening);
-  if (h.momentum == 0.0) {
-    for (std::size_t i = 0; i < n; ++i) p[i] -= lr * (g[i] + wd * p[i]);
-    return;
-  }
+  using P = std::conditional_t<Restrict, T* __restrict, T*>;
+  using G = std::conditional_t<Restrict, const T* __restrict, const T*>;
+  const P pr = p;
+  const G gr = g;
+  const P br = buf;
   for (std::size_t i = 0; i < n; ++i) {
-    const T d = g[i] + wd * p[i];
-    const T b = h.first_step ? d : mu * buf[i] + damp * d;
-    buf[i] = b;
-    p[i] -= lr * (h.nesterov ? d + mu * b : b);
+    if constexpr (Momentum)
+      sgd_element<First, Nesterov>(pr[i], gr[i], br[i], lr, wd, mu, damp);
+    else
+      sgd_element(pr[i], gr[i], lr, wd);
   }
 }
+template <bool Restrict, class T>
+void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
+  if (h.momentum == 0.0) return sgd_loop<false, false, false, Restrict>(p, g, buf, n, h);
+  if (h.first_step)
+    return h.nesterov ? sgd_loop<true, true, true, Restrict>(p, g, buf, n, h)
+                      : sgd_loop<true, true, false, Restrict>(p, g, buf, n, h);
+  return h.nesterov ? sgd_loop<true, false, true, Restrict>(p, g, buf, n, h)
+                    : sgd_loop<true, false, false, Restrict>(p, g, buf, n, h);
+}
+}  // namespace detail
 
-/// AdamW step over n elements; m and v are the first and second moments. Local, vectorisable;
-/// the buffers must not overlap.
+/// SGD step element by element (the loop may alias, so it is not vectorised): the operation order
+/// sgd_update reproduces bit for bit, and kernels_bench's baseline. buf may be null when
+/// momentum == 0. Local.
+template <class T>
+void sgd_update_scalar(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
+  detail::sgd_dispatch<false>(p, g, buf, n, h);
+}
+
+/// SGD step over n elements in one pass, no temporaries, vectorised; the same bits as
+/// sgd_update_scalar. buf (the momentum buffer) may be null when momentum == 0. Local, blocking;
+/// p, g, buf must not overlap.
+template <class T>
+void sgd_update(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
+  detail::sgd_dispatch<true>(p, g, buf, n, h);
+}
+
+/// AdamW step element by element in T arithmetic: the operation order the fast path reproduces
+/// bit for bit, and the baseline kernels_bench times it against. Local; buffers must not overlap.
+template <class T>
+void adamw_update_scalar(T* p, const T* g, T* m, T* v, std::size_t n, const AdamWParams& h) {
+  const auto k = detail::adamw_coeffs<T>(h);
+  for (std::size_t i = 0; i < n; ++i) detail::adamw_element(p[i], g[i], m[i], v[i], k);
+}
+
+/// AdamW step over n elements; m and v are the first and second moments. One pass over the four
+/// arrays, no temporaries, SIMD lanes where the target has them (SSE2 on x86-64), and the same
+/// bits as adamw_update_scalar for every n. Local, blocking; the buffers must not overlap.
 template <class T>
 void adamw_update(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
                   std::size_t n, const AdamWParams& h) {
-  const double t = static_cast<double>(h.step);
-  const T b1 = static_cast<T>(h.beta1), b2 = static_cast<T>(h.beta2);
-  const T c1 = static_cast<T>(1.0 - h.beta1), c2 = static_cast<T>(1.0 - h.beta2);
-  const T decay = static_cast<T>(1.0 - h.lr * h.weight_decay);
-  // lr / (1 - beta1^t) folded into one factor; sqrt(1 - beta2^t) applied to v inside the sqrt.
-  const T step_size = static_cast<T>(h.lr / (1.0 - std::pow(h.beta1, t)));
-  const T inv_bc2 = static_cast<T>(1.0 / (1.0 - std::pow(h.beta2, t)));
-  const T eps = static_cast<T>(h.eps);
-  constexpr std::size_t block = 512;
-  T den[block];
-  for (std::size_t i0 = 0; i0 < n; i0 += block) {
-    const std::size_t nb = std::min(block, n - i0);
-    T* __restrict pb = p + i0;
-    const T* __restrict gb = g + i0;
-    T* __restrict mb = m + i0;
-    T* __restrict vb = v + i0;
-    for (std::size_t j = 0; j < nb; ++j) {
-      const T gi = gb[j];
-      const T mi = b1 * mb[j] + c1 * gi;
-      const T vi = b2 * vb[j] + c2 * gi * gi;
-      mb[j] = mi;
-      vb[j] = vi;
-      den[j] = vi * inv_bc2;
-    }
-    detail::sqrt_block(den, nb);
-    for (std::size_t j = 0; j < nb; ++j) pb[j] = pb[j] * decay - step_size * mb[j] / (den[j] + eps);
-  }
+  const auto k = detail::adamw_coeffs<T>(h);
+  std::size_t i = detail::adamw_lanes(p, g, m, v, n, k);
+  for (; i < n; ++i) detail::adamw_element(p[i], g[i], m[i], v[i], k);
 }
 
 }  // namespace host
