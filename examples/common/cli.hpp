@@ -7,8 +7,9 @@
 //   --run-dir DIR  --json-summary FILE  --json FILE
 // Numbers are parsed strictly: decimal digits only for integers (no "64abc", no octal "010", no
 // hex, no sign on counts), a complete finite number for reals ("abc", "1e", "nan" are errors),
-// and every value is range-checked. CLI11 prints --help and the error; run_parser() turns that
-// into an exit code and, under MPI, makes every rank agree on it before anyone continues.
+// and every value is range-checked. An option given twice takes its last value. CLI11 prints --help
+// and the error; run_parser() turns that into an exit code and, under MPI, makes every rank agree
+// on it before anyone continues.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -148,6 +149,10 @@ struct ParseResult {
 /// Parses argv without printing.
 inline ParseResult parse_quietly(CLI::App& app, int argc, char** argv) {
   ParseResult r;
+  // An option given twice takes its last value, so that wrapper scripts can pass defaults that a
+  // user's later arguments override (scripts/demo --epochs 5).
+  for (CLI::Option* o : app.get_options())
+    if (o->get_expected_min() > 0) o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
