@@ -1,0 +1,22 @@
+# Fault injection under mpiexec: a small trainer (MPI transport, Communicator, Hdf5Dataset on the
+# MPI-IO driver, Checkpointer) in which one rank is killed, stopped, throws, calls a different
+# collective or runs out of disk. Each case checks that the job ends within the (short)
+# communicator deadline plus a margin, what the first error line says, and that the newest
+# checkpoint is intact. Label: mpi;fault.
+if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)
+  add_executable(fault_trainer ${CMAKE_CURRENT_LIST_DIR}/../fault/fault_trainer.cpp)
+  target_link_libraries(fault_trainer PRIVATE dtrain::core dtrain::mpi dtrain::hdf5
+                        dtrain_project_flags)
+  target_include_directories(fault_trainer PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  find_package(Python3 COMPONENTS Interpreter)
+  if(Python3_Interpreter_FOUND)
+    foreach(_case throw throw_propagate diskfull kill stop mismatch)
+      add_test(NAME fault_${_case}
+        COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/../fault/run_fault.py
+                ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:fault_trainer> ${_case}
+                ${CMAKE_CURRENT_BINARY_DIR}/fault_${_case})
+      set_tests_properties(fault_${_case} PROPERTIES TIMEOUT 120 LABELS "mpi;fault"
+        PROCESSORS 2)
+    endforeach()
+  endif()
+endif()
