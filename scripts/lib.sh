@@ -18,6 +18,7 @@ DTRAIN_PACKAGES=(
   clang-format
   libcli11-dev
   gnuplot-nox
+  clang libclang-rt-14-dev slurm-wlm munge
 )
 
 # ensure_packages [extra packages...]: installs what is missing (as root) or prints the exact
