@@ -5,6 +5,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,9 @@
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
+#include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_traits.hpp>
+#include <dtrain/exec/host_exec.hpp>
 
 namespace dtrain {
 
@@ -32,50 +36,96 @@ struct PlannedBuckets final : BucketLauncher {
 }  // namespace detail
 
 /// Averages a gradient arena across the ranks of a communicator, bucket by bucket, while the
-/// backward pass is still producing earlier layers' gradients.
+/// backward pass is still producing earlier layers' gradients. Generic over the execution policy
+/// Exec that computes the gradients (HostExec by default).
 ///
 /// Buckets are contiguous element ranges planned once at construction, starting from the END of
 /// the arena (backward produces the last layer's gradients first). ready(offset, count) marks
-/// elements final; a bucket whose elements are all final starts its non-blocking all-reduce(avg)
-/// at once, on the communicator's progress thread. Buckets always start in the same order (a
-/// bucket that completes early waits for the ones before it), so every rank issues the same
-/// collectives in the same order. wait() completes every bucket and resets for the next step.
+/// elements final in stream order: once a bucket's elements are all reported, an event is
+/// recorded on the policy's compute stream, and the bucket's non-blocking all-reduce(avg) starts
+/// once that event has completed (checked without blocking in ready(), waited for in wait()).
+/// With HostExec the event is complete at once, so the bucket starts inside ready().
 ///
-/// Local object of one rank, used by one thread (the compute thread); the arena and the
-/// communicator are owned by the caller and must outlive it. Every rank must construct it with the
-/// same sizes and report the same elements each step.
-class GradientSync {
+/// Where the transport cannot reach the arena's memory (device memory without
+/// supports_device_memory), each bucket is staged: a copy stream waits for the bucket's event and
+/// copies it to a host mirror (pinned, from the policy's host allocator); the all-reduce runs on
+/// the mirror; the average is copied back on a second stream while later buckets are still
+/// copied out or reduced, and the compute stream waits for it. Otherwise the buffers are handed
+/// to the transport directly.
+///
+/// Buckets always start in the same order (a bucket that completes early waits for the ones
+/// before it), so every rank issues the same collectives in the same order. wait() completes
+/// every bucket and resets for the next step; wait(optimizer) also applies the optimizer to each
+/// bucket as soon as its average has arrived, while later buckets are still being reduced.
+///
+/// Local object of one rank, used by one thread (the compute thread); the arena, the policy and
+/// the communicator are owned by the caller and must outlive it. Every rank must construct it
+/// with the same sizes and report the same elements each step.
+template <class Exec = HostExec>
+class BasicGradientSync {
+  static_assert(detail::check_exec_policy<Exec>(), "BasicGradientSync needs an execution policy");
+
  public:
+  using exec_type = Exec;
+
   /// Local (collective only if `automatic` needs the communicator's cost model measured).
+  /// `grads` is exec memory of `exec`.
   template <class Transport>
-  GradientSync(Communicator<Transport>& comm, BufferView grads, std::size_t bucket_bytes,
-               AllreduceAlgorithm algo = AllreduceAlgorithm::automatic)
-      : grads_(grads) {
+  BasicGradientSync(Exec& exec, Communicator<Transport>& comm, BufferView grads,
+                    std::size_t bucket_bytes,
+                    AllreduceAlgorithm algo = AllreduceAlgorithm::automatic)
+      : exec_(&exec), grads_(grads) {
     DTRAIN_REQUIRE(bucket_bytes > 0, "GradientSync", "bucket_bytes must be positive");
+    DTRAIN_REQUIRE(grads.space == Exec::space, "GradientSync",
+                   "the execution policy runs on " << name_of(Exec::space)
+                                                   << " memory but the gradients live in "
+                                                   << name_of(grads.space) << " memory");
     const std::size_t es = size_of(grads.dtype);
     per_bucket_ = bucket_bytes / es > 0 ? bucket_bytes / es : 1;
     const std::size_t n = grads.count;
     const std::size_t nb = n == 0 ? 0 : (n + per_bucket_ - 1) / per_bucket_;
+    staged_ =
+        grads.space != Space::host && !transport_capabilities<Transport>::supports_device_memory;
+    BufferView target = grads;
+    if (staged_) {
+      mirror_ = Tensor({static_cast<std::int64_t>(n)}, grads.dtype, exec.host_allocator());
+      target = mirror_.view();
+    }
     auto launcher = std::make_unique<detail::PlannedBuckets<Transport>>();
     for (std::size_t i = 0; i < nb; ++i) {
       const std::size_t end = n - i * per_bucket_;
       const std::size_t begin = end > per_bucket_ ? end - per_bucket_ : 0;
       ranges_.emplace_back(begin, end - begin);
-      BufferView v = grads.slice(begin, end - begin);
+      BufferView v = target.slice(begin, end - begin);
       launcher->plans.push_back(comm.plan_allreduce(v, v, ReduceOp::avg, algo));
+      ready_events_.emplace_back(exec);
+      if (staged_) {
+        copied_events_.emplace_back(exec);
+        back_events_.emplace_back(exec);
+      }
+    }
+    if (staged_) {
+      d2h_ = ExecStream<Exec>(exec);
+      h2d_ = ExecStream<Exec>(exec);
     }
     launcher_ = std::move(launcher);
     ready_.assign(nb, 0);
     handles_.resize(nb);
   }
+  /// Host gradients on the process-wide HostExec.
+  template <class Transport, class E = Exec, class = std::enable_if_t<std::is_same_v<E, HostExec>>>
+  BasicGradientSync(Communicator<Transport>& comm, BufferView grads, std::size_t bucket_bytes,
+                    AllreduceAlgorithm algo = AllreduceAlgorithm::automatic)
+      : BasicGradientSync(HostExec::instance(), comm, grads, bucket_bytes, algo) {}
 
-  GradientSync(const GradientSync&) = delete;
-  GradientSync& operator=(const GradientSync&) = delete;
-  ~GradientSync() = default;  // handles wait for running buckets
+  BasicGradientSync(const BasicGradientSync&) = delete;
+  BasicGradientSync& operator=(const BasicGradientSync&) = delete;
+  ~BasicGradientSync() = default;  // handles wait for running buckets, streams for their copies
 
-  /// Local, non-blocking: elements [offset, offset+count) of the arena are final for this step.
-  /// Each element must be reported at most once per step. Starts every bucket that became
-  /// complete (in bucket order).
+  /// Local, non-blocking: elements [offset, offset+count) of the arena are final in stream order
+  /// (their kernels are queued on the compute stream). Each element must be reported at most
+  /// once per step. Records the event of every bucket that became complete (in bucket order)
+  /// and starts those whose event has completed.
   void ready(std::size_t offset, std::size_t count) {
     DTRAIN_REQUIRE(offset <= grads_.count && count <= grads_.count - offset, "GradientSync::ready",
                    "range [" << offset << ", " << offset + count << ") outside the arena of "
@@ -95,39 +145,31 @@ class GradientSync {
                                            << ranges_[b].first + ranges_[b].second
                                            << ") reported ready more than once this step");
     for (std::size_t b = first; b <= last; ++b) ready_[b] += overlap(b);
-    launch_ready();
+    advance();
   }
 
-  /// Local, non-blocking: marks everything not yet reported as final and starts those buckets.
+  /// Local, non-blocking: marks everything not yet reported as final and queues those buckets.
   void ready_all() {
     for (std::size_t b = 0; b < ready_.size(); ++b) ready_[b] = ranges_[b].second;
-    launch_ready();
+    advance();
   }
 
   /// Collective (through the buckets), blocking: completes every bucket, rethrowing the first
-  /// failure (bounded by the communicator's deadline), and resets for the next step. Throws
-  /// InvalidArgument when some elements were never reported ready.
-  void wait() {
-    std::exception_ptr first;
-    for (std::size_t b = 0; b < started_; ++b) {
-      try {
-        handles_[b].wait();
-      } catch (...) {
-        if (!first) first = std::current_exception();
-      }
-    }
-    const std::size_t started = started_;
-    started_ = 0;
-    std::size_t missing_bucket = ready_.size();
-    for (std::size_t b = 0; b < ready_.size(); ++b) {
-      if (missing_bucket == ready_.size() && ready_[b] != ranges_[b].second) missing_bucket = b;
-      ready_[b] = 0;
-    }
-    if (first) std::rethrow_exception(first);
-    DTRAIN_REQUIRE(started == ready_.size(), "GradientSync::wait",
-                   "bucket " << missing_bucket << " [" << ranges_[missing_bucket].first << ", "
-                             << ranges_[missing_bucket].first + ranges_[missing_bucket].second
-                             << ") was not completely reported ready this step");
+  /// failure (bounded by the communicator's deadline; waits for device events by
+  /// exec_timeout_s()), and resets for the next step. Later work on the compute stream sees the
+  /// averages. Throws InvalidArgument when some elements were never reported ready.
+  void wait() { finish(nullptr); }
+
+  /// As wait(), and applies `opt` (anything with update(offset, count) and complete_step(), such
+  /// as Sgd or AdamW on the same arena and policy) to each bucket as soon as its average has
+  /// arrived, then completes the optimizer's step: the same bits as wait() then opt.step(). On a
+  /// failure no further bucket is updated and the step is not completed.
+  template <class Optimizer>
+  void wait(Optimizer& opt) {
+    Updater u{&opt, [](void* o, std::size_t off, std::size_t c) {
+                static_cast<Optimizer*>(o)->update(off, c);
+              }};
+    if (finish(&u)) opt.complete_step();
   }
 
   /// ready_all() then wait(): for code that does not overlap.
@@ -140,8 +182,10 @@ class GradientSync {
   std::size_t bucket_count() const noexcept { return ranges_.size(); }
   /// (first element, element count) of bucket i.
   std::pair<std::size_t, std::size_t> bucket_range(std::size_t i) const { return ranges_.at(i); }
-  /// Buckets started so far this step.
+  /// Buckets whose all-reduce has started so far this step.
   std::size_t buckets_started() const noexcept { return started_; }
+  /// Whether buckets are staged through host memory (see the class comment).
+  bool staged() const noexcept { return staged_; }
   /// Non-blocking: whether bucket i's all-reduce has completed (false if not started). Rethrows
   /// its failure.
   bool bucket_done(std::size_t i) {
@@ -150,25 +194,107 @@ class GradientSync {
   }
 
  private:
+  struct Updater {
+    void* opt;
+    void (*update)(void*, std::size_t, std::size_t);
+  };
+
   std::size_t bucket_of(std::size_t element) const noexcept {
     return (grads_.count - 1 - element) / per_bucket_;
   }
-
-  void launch_ready() {
-    while (started_ < ready_.size() && ready_[started_] == ranges_[started_].second) {
-      handles_[started_] = launcher_->start(started_);
-      ++started_;
-    }
+  typename Exec::event_type gate(std::size_t b) const {
+    return staged_ ? copied_events_[b].get() : ready_events_[b].get();
+  }
+  BufferView arena_slice(std::size_t b) const {
+    return grads_.slice(ranges_[b].first, ranges_[b].second);
+  }
+  BufferView mirror_slice(std::size_t b) const {
+    return mirror_.view().slice(ranges_[b].first, ranges_[b].second);
   }
 
+  // Queues every newly complete bucket (in order) and starts those whose data is in place.
+  void advance() {
+    Exec& e = *exec_;
+    while (queued_ < ready_.size() && ready_[queued_] == ranges_[queued_].second) {
+      const std::size_t b = queued_;
+      e.record(ready_events_[b].get(), e.compute_stream());
+      if (staged_) {
+        const BufferView src = arena_slice(b), dst = mirror_slice(b);
+        e.stream_wait(d2h_.get(), ready_events_[b].get());
+        e.copy_d2h(d2h_.get(), dst.data, src.data, src.bytes());
+        e.record(copied_events_[b].get(), d2h_.get());
+      }
+      ++queued_;
+    }
+    while (started_ < queued_ && e.query(gate(started_))) start(started_);
+  }
+
+  void start(std::size_t b) {
+    handles_[b] = launcher_->start(b);
+    ++started_;
+  }
+
+  // Completes the step; returns true when every bucket was averaged (and updated, with `u`).
+  bool finish(const Updater* u) {
+    Exec& e = *exec_;
+    std::exception_ptr first;
+    try {
+      for (std::size_t b = started_; b < queued_; ++b) {
+        exec_wait(e, gate(b), exec_timeout_s(), "GradientSync::wait (gradients of a bucket)");
+        start(b);
+      }
+    } catch (...) {
+      first = std::current_exception();
+    }
+    for (std::size_t b = 0; b < started_; ++b) {
+      try {
+        handles_[b].wait();
+        if (first) continue;
+        if (staged_) {
+          const BufferView src = mirror_slice(b), dst = arena_slice(b);
+          e.copy_h2d(h2d_.get(), dst.data, src.data, src.bytes());
+          e.record(back_events_[b].get(), h2d_.get());
+          e.stream_wait(e.compute_stream(), back_events_[b].get());
+        }
+        if (u) u->update(u->opt, ranges_[b].first, ranges_[b].second);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    const std::size_t queued = queued_;
+    started_ = 0;
+    queued_ = 0;
+    std::size_t missing_bucket = ready_.size();
+    for (std::size_t b = 0; b < ready_.size(); ++b) {
+      if (missing_bucket == ready_.size() && ready_[b] != ranges_[b].second) missing_bucket = b;
+      ready_[b] = 0;
+    }
+    if (first) std::rethrow_exception(first);
+    DTRAIN_REQUIRE(queued == ready_.size(), "GradientSync::wait",
+                   "bucket " << missing_bucket << " [" << ranges_[missing_bucket].first << ", "
+                             << ranges_[missing_bucket].first + ranges_[missing_bucket].second
+                             << ") was not completely reported ready this step");
+    return true;
+  }
+
+  Exec* exec_;
   BufferView grads_;
   std::size_t per_bucket_ = 1;
+  bool staged_ = false;
   std::vector<std::pair<std::size_t, std::size_t>> ranges_;
   std::vector<std::size_t> ready_;
-  // Declared before the handles so that the handles (which wait for running buckets) go first.
+  // Declaration order is destruction order reversed: handles (which wait for running buckets)
+  // go first, then the streams (which wait for their copies), then events and the mirror.
+  Tensor mirror_;
+  std::vector<ExecEvent<Exec>> ready_events_, copied_events_, back_events_;
+  ExecStream<Exec> d2h_, h2d_;
   std::unique_ptr<detail::BucketLauncher> launcher_;
   std::vector<CollectiveHandle> handles_;
-  std::size_t started_ = 0;
+  std::size_t queued_ = 0;   // buckets whose event is recorded (and copy queued)
+  std::size_t started_ = 0;  // buckets whose all-reduce has started
 };
+
+/// Gradient sync of host gradients.
+using GradientSync = BasicGradientSync<HostExec>;
 
 }  // namespace dtrain

@@ -82,9 +82,14 @@ struct BufferView {
   std::size_t bytes() const noexcept { return count * size_of(dtype); }
 
   /// Typed host view. Throws InvalidArgument naming `operation` when T does not match the dtype
-  /// or the memory is not host memory.
+  /// or when the memory is not host memory: device memory is never dereferenced on the host
+  /// (copy it with the execution policy's copy_d2h first).
   template <class T>
   span<T> as(const char* operation = "BufferView::as") const {
+    DTRAIN_REQUIRE(space == Space::host, operation,
+                   "buffer of " << count << " " << name_of(dtype) << " lives in " << name_of(space)
+                                << " memory, which the host must not dereference; copy it to "
+                                   "host memory through the execution policy first");
     DTRAIN_REQUIRE(
         dtype == dtype_of_v<T>, operation,
         "buffer holds " << name_of(dtype) << " but " << name_of(dtype_of_v<T>) << " was requested");

@@ -1,13 +1,15 @@
 // dtrain: Sequential, a stack of layers with explicit forward and backward over one parameter
-// arena and one gradient arena.
+// arena and one gradient arena, generic over an execution policy (host or device).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -15,10 +17,13 @@
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_traits.hpp>
+#include <dtrain/exec/host_exec.hpp>
 #include <dtrain/model/detail/layer_impl.hpp>
 #include <dtrain/model/layers.hpp>
 #include <dtrain/model/loss.hpp>
 #include <dtrain/model/metrics.hpp>
+#include <dtrain/model/pending_loss.hpp>
 
 namespace dtrain {
 
@@ -40,6 +45,24 @@ struct is_loader_batch<B,
                                    decltype(std::declval<const B&>().indices.data()),
                                    decltype(std::size_t(std::declval<const B&>().size))>>
     : std::true_type {};
+// A pointer that a move leaves null, so that a moved-from object knows it owns nothing.
+template <class P>
+class MovablePtr {
+ public:
+  MovablePtr() = default;
+  MovablePtr(P* p) noexcept : p_(p) {}  // NOLINT: stands in for the raw pointer
+  MovablePtr(MovablePtr&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  MovablePtr& operator=(MovablePtr&& o) noexcept {
+    p_ = std::exchange(o.p_, nullptr);
+    return *this;
+  }
+  P* operator->() const noexcept { return p_; }
+  P& operator*() const noexcept { return *p_; }
+  operator P*() const noexcept { return p_; }  // NOLINT
+
+ private:
+  P* p_ = nullptr;
+};
 }  // namespace detail
 
 /// Called during backward, once per layer that has parameters, as soon as that layer's gradients
@@ -74,30 +97,303 @@ struct ParameterInfo {
   std::size_t layer = 0;
 };
 
+/// Where backward reports finished gradient ranges: nothing (default), a callable
+/// `void(std::size_t offset, std::size_t count)`, or an object with `ready(offset, count)` such as
+/// GradientSync (borrowed: it must outlive the pass). Cheap to copy; local.
+class GradSink {
+ public:
+  GradSink() = default;
+  template <class S, class = std::enable_if_t<!std::is_same_v<std::decay_t<S>, GradSink> &&
+                                              (detail::is_grad_sink<std::decay_t<S>>::value ||
+                                               std::is_invocable_v<S&, std::size_t, std::size_t>)>>
+  GradSink(S&& sink) {  // NOLINT: implicit, so that a sync or a lambda is passed as it is
+    if constexpr (detail::is_grad_sink<std::decay_t<S>>::value) {
+      auto* obj = &sink;
+      fn_ = [obj](std::size_t o, std::size_t c) { obj->ready(o, c); };
+    } else {
+      fn_ = GradReadyCallback(std::forward<S>(sink));
+    }
+  }
+  explicit operator bool() const noexcept { return static_cast<bool>(fn_); }
+  void operator()(std::size_t offset, std::size_t count) const {
+    if (fn_) fn_(offset, count);
+  }
+
+ private:
+  GradReadyCallback fn_;
+};
+
 /// A feed-forward stack of layers over rows of features (row-major [batch, features]) in scalar
-/// type T (float for training, double for gradient checks). All parameters live in one contiguous
-/// arena and all gradients in another, in layer order, both from the allocator given at
-/// construction (host memory: the layers run on the CPU). Local object: not thread-safe; every
-/// call is blocking. Parameters are identical on every rank after init(seed) with the same seed.
-template <class T>
+/// type T (float for training, double for gradient checks), run by execution policy Exec
+/// (HostExec by default; see <dtrain/exec/exec_traits.hpp>). All parameters live in one
+/// contiguous arena and all gradients in another, in layer order; the arenas, activations and
+/// scratch are exec memory from the policy's allocator, and every kernel is queued on the
+/// policy's compute stream, so a device policy keeps the whole pass on the device. Inputs
+/// (features, labels, targets, sample ids) are host memory; the model stages them through its
+/// own host buffers, so the caller may reuse them as soon as a call returns. The loss comes back
+/// to the host only when read (PendingLoss). Local object: not thread-safe. Parameters are
+/// identical on every rank after init(seed) with the same seed.
+template <class T, class Exec = HostExec>
 class BasicSequential {
+  static_assert(detail::check_exec_policy<Exec>(), "BasicSequential needs an execution policy");
+
  public:
   using value_type = T;
+  using exec_type = Exec;
+  using stream_type = typename Exec::stream_type;
+  /// Passes whose loss can be read before its host slot is reused.
+  static constexpr std::size_t loss_slots = 16;
 
-  /// Builds the layers, allocates the arenas and initialises as init(0). Widths are checked layer
-  /// to layer; throws InvalidArgument on a mismatch or when no layer fixes the input width.
+  /// Builds the layers on `exec` (borrowed: it must outlive the model), allocates the arenas and
+  /// initialises as init(0). Widths are checked layer to layer; throws InvalidArgument on a
+  /// mismatch or when no layer fixes the input width.
+  BasicSequential(std::initializer_list<LayerSpec> layers, Exec& exec)
+      : BasicSequential(std::vector<LayerSpec>(layers), exec) {}
+  BasicSequential(const std::vector<LayerSpec>& layers, Exec& exec) : exec_(&exec) {
+    build(layers);
+  }
+  /// Same on a policy of its own made from `alloc` (HostExec: host memory from `alloc`, which
+  /// must outlive the model; a non-host allocator throws InvalidArgument).
+  template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
   BasicSequential(std::initializer_list<LayerSpec> layers, Allocator& alloc = default_allocator())
       : BasicSequential(std::vector<LayerSpec>(layers), alloc) {}
+  template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
   explicit BasicSequential(const std::vector<LayerSpec>& layers,
-                           Allocator& alloc = default_allocator()) {
+                           Allocator& alloc = default_allocator())
+      : owned_exec_(std::make_unique<Exec>(alloc)), exec_(owned_exec_.get()) {
+    build(layers);
+  }
+
+  BasicSequential(BasicSequential&&) noexcept = default;
+  BasicSequential& operator=(BasicSequential&&) = delete;
+  BasicSequential(const BasicSequential&) = delete;
+  BasicSequential& operator=(const BasicSequential&) = delete;
+  /// Waits (bounded) for the model's queued work, which uses its buffers.
+  ~BasicSequential() {
+    if (!exec_) return;
+    try {
+      exec_->synchronize(stream(), Deadline(exec_timeout_s()));
+    } catch (...) {  // a device error was already reported to the waits that saw it
+    }
+  }
+
+  /// The policy the model runs on.
+  Exec& exec() const noexcept { return *exec_; }
+
+  /// Deterministic initialisation from `seed` (Kaiming/Xavier per layer, counter-based RNG):
+  /// every rank that passes the same seed holds identical parameters, without communication.
+  /// Also resets the training step counter and zeroes the gradients. Local, blocking (the
+  /// parameters are generated on the host and uploaded).
+  void init(std::uint64_t seed) {
+    seed_ = seed;
+    Tensor host(Shape{static_cast<std::int64_t>(params_.size())}, dtype_of_v<T>,
+                exec_->host_allocator());
+    T* h = static_cast<T*>(host.raw());
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      layers_[i]->init(seed, i, h ? h + offsets_[i] : nullptr);
+    exec_->copy_h2d(stream(), params_.raw(), h, params_.bytes());
+    exec_synchronize(*exec_, stream(), exec_timeout_s(), "Sequential::init");
+    forward_count_ = 0;
+    zero_grad();
+  }
+
+  std::int64_t in_features() const noexcept { return widths_.front(); }
+  std::int64_t out_features() const noexcept { return widths_.back(); }
+  std::size_t layer_count() const noexcept { return layers_.size(); }
+  /// Number of learnable scalars (elements of each arena).
+  std::size_t parameter_count() const noexcept { return params_.size(); }
+
+  /// The whole parameter arena (dtype of T, exec memory, space tagged). The model owns it; the
+  /// view stays valid for the model's lifetime and may be written (optimizers, broadcasts,
+  /// checkpoint restore) in stream order.
+  BufferView parameters() const noexcept { return params_.view(); }
+  /// The whole gradient arena, same layout as parameters(); hand it to the gradient all-reduce.
+  BufferView gradients() const noexcept { return grads_.view(); }
+  /// Typed host views of the arenas: only for policies whose memory is host memory.
+  span<T> parameter_span() { return params_.template as<T>("Sequential::parameter_span"); }
+  span<T> gradient_span() { return grads_.template as<T>("Sequential::gradient_span"); }
+  /// Name, shape and arena range of every learnable tensor, in arena order.
+  const std::vector<ParameterInfo>& parameter_info() const noexcept { return info_; }
+
+  /// Queues the zeroing of the gradient arena (gradients accumulate over backward calls until
+  /// then). Local, non-blocking.
+  void zero_grad() { exec_->fill(stream(), static_cast<T*>(grads_.raw()), grads_.size(), T(0)); }
+
+  /// Runs the layers on `x` (host memory, [batch, in_features]; copied, so it may be reused on
+  /// return). Returns the output [batch, out_features] in exec memory, owned by the model and
+  /// valid until the next forward (copy_output brings it to the host). Local; queued on the
+  /// policy's compute stream (blocking with HostExec).
+  const T* forward(const T* x, std::int64_t batch, const PassOptions& options = {}) {
+    DTRAIN_REQUIRE(batch >= 0, "Sequential::forward", "negative batch " << batch);
+    DTRAIN_REQUIRE(x != nullptr || batch == 0, "Sequential::forward", "null input");
+    Stage& st = begin_stage(batch);
+    stage_inputs(st, x, batch, options);
+    end_stage(st);
+    return run_forward(batch, options);
+  }
+
+  /// Copies the output of the last forward ([batch, out_features]) into `out` (host memory).
+  /// Local, blocking (bounded).
+  void copy_output(T* out) {
+    const std::size_t n = static_cast<std::size_t>(batch_ * out_features());
+    exec_->copy_d2h(stream(), out, acts_.back().raw(), n * sizeof(T));
+    exec_synchronize(*exec_, stream(), exec_timeout_s(), "Sequential::copy_output");
+  }
+
+  /// Back-propagates `dy` (exec memory: d loss / d output of the last forward, [batch,
+  /// out_features]), ACCUMULATING into the gradient arena and calling `on_ready` for each layer
+  /// with parameters as soon as its gradient kernels are queued, last layer first (a GradientSync
+  /// records an event there). With gradient accumulation over micro-batches pass `on_ready` only
+  /// on the last one. Local; queued on the compute stream.
+  void backward(const T* dy, GradSink on_ready = {}) {
+    DTRAIN_REQUIRE(forwarded_, "Sequential::backward", "no forward pass to differentiate");
+    const T* grad_out = dy;
+    for (std::size_t ri = layers_.size(); ri-- > 0;) {
+      const T* x = ri == 0 ? static_cast<const T*>(input_.raw()) : act(ri - 1);
+      T* dx = ri == 0 ? nullptr : static_cast<T*>(dbuf_[ri % 2].raw());
+      layers_[ri]->backward(stream(), x, act(ri), grad_out, dx, batch_, widths_[ri], ctx_);
+      const std::size_t count = layers_[ri]->param_count();
+      if (on_ready && count) on_ready(offsets_[ri], count);
+      grad_out = dx;
+    }
+  }
+
+  /// Raw form: forward, loss and backward on `batch` rows of `x` (host, [batch, in_features])
+  /// against `target` (host): int32 class labels in [0, out_features) for
+  /// Loss::softmax_cross_entropy or Loss::mse (one-hot), or T regression targets
+  /// [batch, out_features] for Loss::mse. Gradients accumulate (scaled by options.loss_scale);
+  /// `on_ready` as for backward. Returns the mean loss, read on demand. Local; queued on the
+  /// compute stream; throws InvalidArgument on labels out of range or a loss that does not fit
+  /// the targets.
+  template <class Target, class = std::enable_if_t<std::is_same_v<Target, std::int32_t> ||
+                                                   std::is_same_v<Target, T>>>
+  PendingLoss<Exec> forward_backward(const T* x, const Target* target, std::int64_t batch,
+                                     Loss loss = Loss::softmax_cross_entropy,
+                                     GradSink on_ready = {}, const PassOptions& options = {}) {
+    constexpr const char* op = "Sequential::forward_backward";
+    DTRAIN_REQUIRE(batch >= 0, op, "negative batch " << batch);
+    DTRAIN_REQUIRE((x != nullptr && target != nullptr) || batch == 0, op, "null input");
+    const std::int64_t classes = out_features();
+    const std::size_t n = static_cast<std::size_t>(batch * classes);
+    Stage& st = begin_stage(batch);
+    stage_inputs(st, x, batch, options);
+    const T* target_exec = nullptr;
+    const std::int32_t* labels_exec = nullptr;
+    if constexpr (std::is_same_v<Target, std::int32_t>) {
+      host::detail::check_labels(target, batch, classes, op);
+      if (loss == Loss::softmax_cross_entropy) {
+        upload(st.labels, labels_, target, static_cast<std::size_t>(batch));
+        labels_exec = static_cast<const std::int32_t*>(labels_.raw());
+      } else {
+        T* onehot = static_cast<T*>(st.target.raw());
+        std::fill_n(onehot, n, T(0));
+        for (std::int64_t r = 0; r < batch; ++r) onehot[r * classes + target[r]] = T(1);
+        upload(st.target, target_, static_cast<const T*>(onehot), n);
+        target_exec = static_cast<const T*>(target_.raw());
+      }
+    } else {
+      DTRAIN_REQUIRE(loss == Loss::mse, op,
+                     "real-valued targets need Loss::mse, not " << name_of(loss));
+      upload(st.target, target_, target, n);
+      target_exec = static_cast<const T*>(target_.raw());
+    }
+    end_stage(st);
+    const T* out = run_forward(batch, options);
+    T* dy = static_cast<T*>(loss_grad_.raw());
+    const std::size_t slot = passes_ % loss_slots;
+    double* loss_exec = static_cast<double*>(loss_exec_.raw()) + slot;
+    if (loss == Loss::softmax_cross_entropy)
+      exec_->softmax_cross_entropy(stream(), out, labels_exec, batch, classes, dy,
+                                   options.loss_scale, loss_exec);
+    else
+      exec_->mse(stream(), out, target_exec, batch, classes, dy, options.loss_scale, loss_exec);
+    backward(dy, std::move(on_ready));
+    return finish_loss(slot, loss_exec);
+  }
+
+  /// Batch form: one loader batch (f32 features [size, in_features], i32 labels [size], dataset
+  /// indices): forward, loss, backward, reporting gradient ranges to `sync`. Dropout masks
+  /// follow the batch's dataset indices unless options.sample_ids is set, so they do not depend
+  /// on the rank count. Returns the mean loss, read on demand. Local; throws InvalidArgument on
+  /// a shape mismatch.
+  template <class Batch, class = std::enable_if_t<detail::is_loader_batch<Batch>::value>>
+  PendingLoss<Exec> forward_backward(const Batch& batch, GradSink sync = {},
+                                     Loss loss = Loss::softmax_cross_entropy,
+                                     PassOptions options = {}) {
+    constexpr const char* op = "Sequential::forward_backward";
+    const BufferView f = batch.features.view(), l = batch.labels.view();
+    const auto n = static_cast<std::int64_t>(batch.size);
+    const auto x = f.as<T>("Sequential::forward_backward (features)");
+    const auto y = l.as<std::int32_t>("Sequential::forward_backward (labels)");
+    DTRAIN_REQUIRE(x.size() == batch.size * static_cast<std::size_t>(in_features()), op,
+                   "input has " << x.size() << " elements, expected batch " << n << " x "
+                                << in_features() << " features");
+    DTRAIN_REQUIRE(y.size() == batch.size, op,
+                   "batch has " << y.size() << " labels for " << batch.size << " rows");
+    if (!options.sample_ids && batch.indices.size() == batch.size)
+      options.sample_ids = batch.indices.data();
+    return forward_backward(static_cast<const T*>(x.data()),
+                            static_cast<const std::int32_t*>(y.data()), n, loss, std::move(sync),
+                            options);
+  }
+
+  /// Evaluation forward: writes the argmax class of each row to `classes_out` (host, batch
+  /// entries). Local, blocking.
+  void predict(const T* x, std::int64_t batch, std::int32_t* classes_out) {
+    const T* out = eval_to_host(x, batch);
+    for (std::int64_t r = 0; r < batch; ++r)
+      classes_out[r] = argmax(out + r * out_features(), out_features());
+  }
+
+  /// Evaluation forward and the number of rows whose argmax equals the label. Local, blocking.
+  std::int64_t count_correct(const T* x, const std::int32_t* labels, std::int64_t batch) {
+    const T* out = eval_to_host(x, batch);
+    return dtrain::count_correct(out, labels, batch, out_features());
+  }
+
+  /// Evaluation forward and the fraction of rows classified correctly. Local, blocking.
+  double accuracy(const T* x, const std::int32_t* labels, std::int64_t batch) {
+    return batch ? static_cast<double>(count_correct(x, labels, batch)) / static_cast<double>(batch)
+                 : 0.0;
+  }
+
+  /// Training forwards so far (the default dropout step). Restored by checkpoints.
+  std::int64_t step_count() const noexcept { return forward_count_; }
+
+  /// Checkpoint protocol: every learnable tensor under its ParameterInfo name with its true
+  /// shape (exec memory views: a visitor stages them through the policy's copies), then the init
+  /// seed and the training step counter.
+  template <class V>
+  void visit_state(V& v) {
+    for (const auto& p : info_) v.tensor(p.name, params_.view().slice(p.offset, p.count), p.shape);
+    std::int64_t seed = static_cast<std::int64_t>(seed_);
+    v.scalar("seed", seed);
+    v.scalar("step_count", forward_count_);
+    if (v.loading()) {
+      seed_ = static_cast<std::uint64_t>(seed);
+      // Re-derive per-layer keys (dropout) without touching the restored tensors.
+      for (std::size_t i = 0; i < layers_.size(); ++i)
+        if (layers_[i]->param_count() == 0) layers_[i]->init(seed_, i, nullptr);
+    }
+  }
+
+ private:
+  // Host buffers the inputs of one pass go through; reused once the uploads from them are done.
+  struct Stage {
+    Tensor x, ids, labels, target;
+    ExecEvent<Exec> uploaded;
+    std::int64_t rows = 0;
+  };
+
+  stream_type stream() const { return exec_->compute_stream(); }
+  const T* act(std::size_t i) const { return static_cast<const T*>(acts_[i].raw()); }
+
+  void build(const std::vector<LayerSpec>& layers) {
     DTRAIN_REQUIRE(!layers.empty(), "Sequential", "needs at least one layer");
-    DTRAIN_REQUIRE(alloc.space() == Space::host, "Sequential",
-                   "the layers run on the host but the allocator gives " << name_of(alloc.space())
-                                                                         << " memory");
     std::int64_t width = 0;
     std::size_t total = 0;
     for (std::size_t i = 0; i < layers.size(); ++i) {
-      auto layer = detail::make_layer<T>(layers[i]);
+      auto layer = detail::make_layer<T, Exec>(layers[i]);
       const std::int64_t need = layer->in_features();
       if (need > 0) {
         DTRAIN_REQUIRE(width == 0 || width == need, "Sequential",
@@ -126,247 +422,139 @@ class BasicSequential {
       widths_.push_back(width);
       layers_.push_back(std::move(layer));
     }
-    params_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, alloc);
-    grads_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, alloc);
+    Allocator& a = exec_->allocator();
+    params_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
+    grads_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
+    loss_exec_ = Tensor({static_cast<std::int64_t>(loss_slots)}, DType::f64, a);
+    loss_host_ =
+        Tensor({static_cast<std::int64_t>(loss_slots)}, DType::f64, exec_->host_allocator());
+    slot_pass_.assign(loss_slots, 0);
+    for (std::size_t k = 0; k < loss_slots; ++k) loss_events_.emplace_back(*exec_);
+    for (auto& st : stages_) st.uploaded = ExecEvent<Exec>(*exec_);
     T* p = static_cast<T*>(params_.raw());
     T* g = static_cast<T*>(grads_.raw());
     for (std::size_t i = 0; i < layers_.size(); ++i)
-      layers_[i]->bind(p ? p + offsets_[i] : nullptr, g ? g + offsets_[i] : nullptr);
+      layers_[i]->bind(*exec_, p ? p + offsets_[i] : nullptr, g ? g + offsets_[i] : nullptr);
     // Never leave the arena as whatever the allocator returned (it need not be zeroed).
     init(0);
   }
 
-  BasicSequential(BasicSequential&&) noexcept = default;
-  BasicSequential& operator=(BasicSequential&&) noexcept = default;
-  BasicSequential(const BasicSequential&) = delete;
-  BasicSequential& operator=(const BasicSequential&) = delete;
-
-  /// Deterministic initialisation from `seed` (Kaiming/Xavier per layer, counter-based RNG):
-  /// every rank that passes the same seed holds identical parameters, without communication.
-  /// Also resets the training step counter and zeroes the gradients. Local.
-  void init(std::uint64_t seed) {
-    seed_ = seed;
-    for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->init(seed, i);
-    forward_count_ = 0;
-    zero_grad();
-  }
-
-  std::int64_t in_features() const noexcept { return widths_.front(); }
-  std::int64_t out_features() const noexcept { return widths_.back(); }
-  std::size_t layer_count() const noexcept { return layers_.size(); }
-  /// Number of learnable scalars (elements of each arena).
-  std::size_t parameter_count() const noexcept { return params_.size(); }
-
-  /// The whole parameter arena (dtype of T, host). The model owns it; the view stays valid for the
-  /// model's lifetime and may be written (optimizers, broadcasts, checkpoint restore).
-  BufferView parameters() const noexcept { return params_.view(); }
-  /// The whole gradient arena, same layout as parameters(); hand it to the gradient all-reduce.
-  BufferView gradients() const noexcept { return grads_.view(); }
-  span<T> parameter_span() noexcept {
-    return span<T>(static_cast<T*>(params_.raw()), params_.size());
-  }
-  span<T> gradient_span() noexcept { return span<T>(static_cast<T*>(grads_.raw()), grads_.size()); }
-  /// Name, shape and arena range of every learnable tensor, in arena order.
-  const std::vector<ParameterInfo>& parameter_info() const noexcept { return info_; }
-
-  /// Zeroes the gradient arena (gradients accumulate over backward calls until then). Local.
-  void zero_grad() noexcept {
-    if (grads_.bytes()) std::fill_n(static_cast<T*>(grads_.raw()), grads_.size(), T(0));
-  }
-
-  /// Runs the layers on `x` ([batch, in_features], caller-owned, must stay alive and unchanged
-  /// until backward). Returns the output [batch, out_features], owned by the model and valid until
-  /// the next forward. Local, blocking.
-  const T* forward(const T* x, std::int64_t batch, const PassOptions& options = {}) {
-    DTRAIN_REQUIRE(batch >= 0, "Sequential::forward", "negative batch " << batch);
-    DTRAIN_REQUIRE(x != nullptr || batch == 0, "Sequential::forward", "null input");
+  // Picks the next host stage, waiting until the device has consumed what it last held, and
+  // grows it (and the exec buffers) to `batch` rows.
+  Stage& begin_stage(std::int64_t batch) {
+    Stage& st = stages_[next_stage_];
+    next_stage_ = (next_stage_ + 1) % 2;
+    exec_wait(*exec_, st.uploaded.get(), exec_timeout_s(), "Sequential (staging inputs)");
+    if (batch > st.rows) {
+      Allocator& h = exec_->host_allocator();
+      const auto b = batch;
+      st.x = Tensor({b, in_features()}, dtype_of_v<T>, h);
+      st.ids = Tensor({b}, DType::i64, h);
+      st.labels = Tensor({b}, DType::i32, h);
+      st.target = Tensor({b, out_features()}, dtype_of_v<T>, h);
+      st.rows = b;
+    }
     reserve(batch);
+    return st;
+  }
+  void end_stage(Stage& st) { exec_->record(st.uploaded.get(), stream()); }
+
+  // Copies n host elements into the stage buffer and queues their upload into `dst`.
+  template <class U>
+  void upload(Tensor& stage, Tensor& dst, const U* src, std::size_t n) {
+    U* h = static_cast<U*>(stage.raw());
+    if (n && h != src) std::memcpy(h, src, n * sizeof(U));
+    exec_->copy_h2d(stream(), dst.raw(), h, n * sizeof(U));
+  }
+
+  void stage_inputs(Stage& st, const T* x, std::int64_t batch, const PassOptions& options) {
+    upload(st.x, input_, x, static_cast<std::size_t>(batch * in_features()));
+    if (options.sample_ids)
+      upload(st.ids, ids_, options.sample_ids, static_cast<std::size_t>(batch));
+  }
+
+  const T* run_forward(std::int64_t batch, const PassOptions& options) {
     ctx_.training = options.training;
     ctx_.sample_offset = options.sample_offset;
-    ctx_.sample_ids = options.sample_ids;
+    ctx_.sample_ids = options.sample_ids ? static_cast<const std::int64_t*>(ids_.raw()) : nullptr;
     if (options.step >= 0)
       ctx_.step = static_cast<std::uint64_t>(options.step);
     else
       ctx_.step = static_cast<std::uint64_t>(forward_count_);
     if (options.training) ++forward_count_;
-    input_ = x;
     batch_ = batch;
-    const T* in = x;
+    forwarded_ = true;
+    const T* in = static_cast<const T*>(input_.raw());
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      T* out = acts_[i].data();
-      layers_[i]->forward(in, out, batch, widths_[i], ctx_);
+      T* out = static_cast<T*>(acts_[i].raw());
+      layers_[i]->forward(stream(), in, out, batch, widths_[i], ctx_);
       in = out;
     }
     return in;
   }
 
-  /// Back-propagates `dy` (d loss / d output of the last forward, [batch, out_features]),
-  /// ACCUMULATING into the gradient arena and calling `on_ready` for each layer with parameters as
-  /// soon as its gradients are final, last layer first. With gradient accumulation over
-  /// micro-batches pass `on_ready` only on the last one. Local, blocking.
-  void backward(const T* dy, const GradReadyCallback& on_ready = {}) {
-    DTRAIN_REQUIRE(input_ != nullptr || batch_ == 0, "Sequential::backward",
-                   "no forward pass to differentiate");
-    const T* grad_out = dy;
-    for (std::size_t ri = layers_.size(); ri-- > 0;) {
-      const T* x = ri == 0 ? input_ : acts_[ri - 1].data();
-      T* dx = ri == 0 ? nullptr : dbuf_[ri % 2].data();
-      layers_[ri]->backward(x, acts_[ri].data(), grad_out, dx, batch_, widths_[ri], ctx_);
-      const std::size_t count = layers_[ri]->param_count();
-      if (on_ready && count) on_ready(offsets_[ri], count);
-      grad_out = dx;
-    }
+  PendingLoss<Exec> finish_loss(std::size_t slot, const double* loss_exec) {
+    double* host = static_cast<double*>(loss_host_.raw()) + slot;
+    exec_->copy_d2h(stream(), host, loss_exec, sizeof(double));
+    exec_->record(loss_events_[slot].get(), stream());
+    slot_pass_[slot] = ++passes_;
+    return PendingLoss<Exec>(exec_, loss_events_[slot].get(), host, &slot_pass_[slot], passes_);
   }
 
-  /// Forward, loss and backward on one batch of class labels (int32 in [0, out_features)).
-  /// Returns the mean loss of the batch; gradients accumulate (scaled by options.loss_scale).
-  /// Local, blocking; `on_ready` as for backward.
-  double forward_backward(const T* x, const std::int32_t* labels, std::int64_t batch,
-                          Loss loss = Loss::softmax_cross_entropy,
-                          const GradReadyCallback& on_ready = {}, const PassOptions& options = {}) {
-    const T* out = forward(x, batch, options);
-    const std::int64_t classes = out_features();
-    T* dy = loss_grad_.data();
-    double value = 0;
-    if (loss == Loss::softmax_cross_entropy) {
-      value = host::softmax_cross_entropy(out, labels, batch, classes, dy, options.loss_scale);
-    } else {
-      host::detail::check_labels(labels, batch, classes, "Sequential::forward_backward");
-      onehot_.assign(static_cast<std::size_t>(batch * classes), T(0));
-      for (std::int64_t r = 0; r < batch; ++r) onehot_[r * classes + labels[r]] = T(1);
-      value = host::mse(out, onehot_.data(), batch, classes, dy, options.loss_scale);
-    }
-    backward(dy, on_ready);
-    return value;
-  }
-
-  /// Span form of the above; checks the sizes against batch and the model's widths.
-  double forward_backward(span<const T> x, span<const std::int32_t> labels, std::int64_t batch,
-                          Loss loss = Loss::softmax_cross_entropy,
-                          const GradReadyCallback& on_ready = {}, const PassOptions& options = {}) {
-    check_input(x, batch, "Sequential::forward_backward");
-    DTRAIN_REQUIRE(labels.size() == static_cast<std::size_t>(batch), "Sequential::forward_backward",
-                   "labels has " << labels.size() << " entries for batch " << batch);
-    return forward_backward(x.data(), labels.data(), batch, loss, on_ready, options);
-  }
-
-  /// Same, reporting finished gradient ranges to `sync.ready(offset, count)` (e.g. GradientSync,
-  /// whose bucket all-reduces then overlap the rest of backward).
-  template <class Sync, class = std::enable_if_t<detail::is_grad_sink<Sync>::value>>
-  double forward_backward(const T* x, const std::int32_t* labels, std::int64_t batch, Loss loss,
-                          Sync& sync, const PassOptions& options = {}) {
-    return forward_backward(
-        x, labels, batch, loss, [&sync](std::size_t o, std::size_t c) { sync.ready(o, c); },
-        options);
-  }
-
-  /// One loader batch (f32 features [size, in_features], i32 labels [size], dataset indices):
-  /// forward, loss, backward, reporting gradient ranges to `sync.ready`. Dropout masks follow the
-  /// batch's dataset indices unless options.sample_ids is set, so they do not depend on the rank
-  /// count. Returns the mean loss. Local, blocking; throws InvalidArgument on a shape mismatch.
-  template <class Batch, class Sync,
-            class = std::enable_if_t<detail::is_loader_batch<Batch>::value &&
-                                     detail::is_grad_sink<Sync>::value>>
-  double forward_backward(const Batch& batch, Sync& sync, Loss loss = Loss::softmax_cross_entropy,
-                          PassOptions options = {}) {
-    const BufferView f = batch.features.view(), l = batch.labels.view();
-    const auto n = static_cast<std::int64_t>(batch.size);
-    DTRAIN_REQUIRE(f.space == Space::host && l.space == Space::host, "Sequential::forward_backward",
-                   "batch lives in " << name_of(f.space) << " memory; the layers run on the host");
-    const auto x = f.as<T>("Sequential::forward_backward (features)");
-    const auto y = l.as<std::int32_t>("Sequential::forward_backward (labels)");
-    check_input(span<const T>(x.data(), x.size()), n, "Sequential::forward_backward");
-    DTRAIN_REQUIRE(y.size() == batch.size, "Sequential::forward_backward",
-                   "batch has " << y.size() << " labels for " << batch.size << " rows");
-    if (!options.sample_ids && batch.indices.size() == batch.size)
-      options.sample_ids = batch.indices.data();
-    return forward_backward(x.data(), y.data(), n, loss, sync, options);
-  }
-
-  /// Regression: forward, mean squared error against `targets` ([batch, out_features]) and
-  /// backward. Returns the mean loss. Local, blocking.
-  double forward_backward(const T* x, const T* targets, std::int64_t batch,
-                          const GradReadyCallback& on_ready = {}, const PassOptions& options = {}) {
-    const T* out = forward(x, batch, options);
-    T* dy = loss_grad_.data();
-    const double value = host::mse(out, targets, batch, out_features(), dy, options.loss_scale);
-    backward(dy, on_ready);
-    return value;
-  }
-
-  /// Evaluation forward: writes the argmax class of each row to `classes_out` (batch entries).
-  void predict(const T* x, std::int64_t batch, std::int32_t* classes_out) {
+  const T* eval_to_host(const T* x, std::int64_t batch) {
     PassOptions eval;
     eval.training = false;
-    const T* out = forward(x, batch, eval);
-    for (std::int64_t r = 0; r < batch; ++r)
-      classes_out[r] = argmax(out + r * out_features(), out_features());
+    forward(x, batch, eval);
+    const std::size_t n = static_cast<std::size_t>(batch * out_features());
+    if (eval_out_.size() < n)
+      eval_out_ = Tensor({static_cast<std::int64_t>(n)}, dtype_of_v<T>, exec_->host_allocator());
+    copy_output(static_cast<T*>(eval_out_.raw()));
+    return static_cast<const T*>(eval_out_.raw());
   }
 
-  /// Evaluation forward and the number of rows whose argmax equals the label. Local.
-  std::int64_t count_correct(const T* x, const std::int32_t* labels, std::int64_t batch) {
-    PassOptions eval;
-    eval.training = false;
-    const T* out = forward(x, batch, eval);
-    return dtrain::count_correct(out, labels, batch, out_features());
-  }
-
-  /// Evaluation forward and the fraction of rows classified correctly. Local.
-  double accuracy(const T* x, const std::int32_t* labels, std::int64_t batch) {
-    return batch ? static_cast<double>(count_correct(x, labels, batch)) / static_cast<double>(batch)
-                 : 0.0;
-  }
-
-  /// Training forwards so far (the default dropout step). Restored by checkpoints.
-  std::int64_t step_count() const noexcept { return forward_count_; }
-
-  /// Checkpoint protocol: every learnable tensor under its ParameterInfo name with its true
-  /// shape, then the init seed and the training step counter.
-  template <class V>
-  void visit_state(V& v) {
-    for (const auto& p : info_) v.tensor(p.name, params_.view().slice(p.offset, p.count), p.shape);
-    std::int64_t seed = static_cast<std::int64_t>(seed_);
-    v.scalar("seed", seed);
-    v.scalar("step_count", forward_count_);
-    if (v.loading()) {
-      seed_ = static_cast<std::uint64_t>(seed);
-      // Re-derive per-layer keys (dropout) without touching the restored tensors.
-      for (std::size_t i = 0; i < layers_.size(); ++i)
-        if (layers_[i]->param_count() == 0) layers_[i]->init(seed_, i);
-    }
-  }
-
- private:
-  void check_input(span<const T> x, std::int64_t batch, const char* op) const {
-    DTRAIN_REQUIRE(batch >= 0 && x.size() == static_cast<std::size_t>(batch * in_features()), op,
-                   "input has " << x.size() << " elements, expected batch " << batch << " x "
-                                << in_features() << " features");
-  }
-  // Scratch grows to the largest batch seen; steady-state steps do not allocate.
+  // Exec buffers grow to the largest batch seen; steady-state steps do not allocate.
   void reserve(std::int64_t batch) {
-    if (batch <= capacity_ && acts_.size() == layers_.size()) return;
-    const auto b = static_cast<std::size_t>(batch);
-    acts_.resize(layers_.size());
-    std::size_t widest = 0;
+    if (batch <= capacity_ && !acts_.empty()) return;
+    const std::int64_t b = std::max<std::int64_t>(batch, 1);
+    Allocator& a = exec_->allocator();
+    acts_.clear();
+    std::int64_t widest = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      acts_[i].assign(b * static_cast<std::size_t>(widths_[i + 1]), T(0));
-      widest = std::max(widest, static_cast<std::size_t>(widths_[i]));
+      acts_.emplace_back(Shape{b, widths_[i + 1]}, dtype_of_v<T>, a);
+      widest = std::max(widest, widths_[i]);
+      layers_[i]->reserve(b, widths_[i]);
     }
-    for (auto& d : dbuf_) d.assign(b * widest, T(0));
-    loss_grad_.assign(b * static_cast<std::size_t>(out_features()), T(0));
-    capacity_ = batch;
+    for (auto& d : dbuf_) d = Tensor({b, widest}, dtype_of_v<T>, a);
+    input_ = Tensor({b, in_features()}, dtype_of_v<T>, a);
+    ids_ = Tensor({b}, DType::i64, a);
+    labels_ = Tensor({b}, DType::i32, a);
+    target_ = Tensor({b, out_features()}, dtype_of_v<T>, a);
+    loss_grad_ = Tensor({b, out_features()}, dtype_of_v<T>, a);
+    capacity_ = b;
   }
 
-  std::vector<std::unique_ptr<detail::LayerImpl<T>>> layers_;
+  std::unique_ptr<Exec> owned_exec_;  // set when the model made its own policy
+  detail::MovablePtr<Exec> exec_;     // null once moved from
+  std::vector<std::unique_ptr<detail::LayerImpl<T, Exec>>> layers_;
   std::vector<std::int64_t> widths_;  // widths_[i]: input width of layer i; back(): output
   std::vector<std::size_t> offsets_;  // arena offset of each layer's parameters
   std::vector<ParameterInfo> info_;
   Tensor params_, grads_;
-  std::vector<std::vector<T>> acts_;  // acts_[i]: output of layer i
-  std::vector<T> dbuf_[2], loss_grad_, onehot_;
+  // Exec memory: input copy, layer outputs, input gradients (ping-pong), uploaded labels,
+  // targets and sample ids, the loss gradient, and one loss value per slot.
+  Tensor input_;
+  std::vector<Tensor> acts_;  // acts_[i]: output of layer i
+  Tensor dbuf_[2], ids_, labels_, target_, loss_grad_, loss_exec_;
+  // Host memory: loss slots, input stages, evaluation output.
+  Tensor loss_host_, eval_out_;
+  Stage stages_[2];
+  std::size_t next_stage_ = 0;
+  std::vector<ExecEvent<Exec>> loss_events_;
+  std::vector<std::uint64_t> slot_pass_;  // which pass each loss slot holds
+  std::uint64_t passes_ = 0;
   std::int64_t capacity_ = 0;
-  const T* input_ = nullptr;
   std::int64_t batch_ = 0;
+  bool forwarded_ = false;
   detail::PassContext ctx_;
   std::uint64_t seed_ = 0;
   std::int64_t forward_count_ = 0;

@@ -2,12 +2,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_traits.hpp>
+#include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
 #include <dtrain/optim/schedule.hpp>
@@ -22,35 +25,47 @@ struct AdamWOptions {
   double weight_decay = 0.01;
 };
 
-/// AdamW over a parameter arena and its gradient arena (host, f32 or f64; both views borrowed,
-/// they must outlive the optimizer). Update, with t = step_count() + 1:
+/// AdamW over a parameter arena and its gradient arena (f32 or f64, exec memory of policy Exec;
+/// both views borrowed, they must outlive the optimizer). Update, with t = step_count() + 1:
 ///   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 ///   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-/// Local object, not thread-safe; step() is blocking. Moments live in the allocator's memory.
-class AdamW {
- public:
-  AdamW(BufferView params, BufferView grads, Schedule schedule, AdamWOptions options = {},
-        Allocator& alloc = default_allocator())
-      : params_(params), grads_(grads), schedule_(schedule), opt_(options) {
-    detail::check_param_grad(params, grads, "AdamW");
-    DTRAIN_REQUIRE(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
-                       options.beta2 < 1 && options.eps > 0 && options.weight_decay >= 0,
-                   "AdamW",
-                   "need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0; got beta1="
-                       << options.beta1 << " beta2=" << options.beta2 << " eps=" << options.eps
-                       << " weight_decay=" << options.weight_decay);
-    const Shape shape{static_cast<std::int64_t>(params.count)};
-    exp_avg_ = Tensor(shape, params.dtype, alloc);
-    exp_avg_sq_ = Tensor(shape, params.dtype, alloc);
-  }
-  /// Same, on any model exposing parameters() and gradients() (e.g. Sequential).
-  template <class M, class = std::enable_if_t<detail::has_arenas<M>::value>>
-  AdamW(M& model, Schedule schedule, AdamWOptions options = {},
-        Allocator& alloc = default_allocator())
-      : AdamW(model.parameters(), model.gradients(), schedule, options, alloc) {}
+/// The moments are exec memory from the policy's allocator; updates are queued on the policy's
+/// compute stream. Local object, not thread-safe.
+template <class Exec = HostExec>
+class BasicAdamW {
+  static_assert(detail::check_exec_policy<Exec>(), "BasicAdamW needs an execution policy");
 
-  /// Applies one update with lr = schedule.lr(step_count()) and advances the step. Local.
+ public:
+  using exec_type = Exec;
+
+  /// Runs on `exec` (borrowed; it must outlive the optimizer).
+  BasicAdamW(Exec& exec, BufferView params, BufferView grads, Schedule schedule,
+             AdamWOptions options = {})
+      : BasicAdamW(detail::ExecHolder<Exec>(exec), params, grads, schedule, options) {}
+  /// Runs on a policy of its own made from `alloc` (HostExec: host memory).
+  template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
+  BasicAdamW(BufferView params, BufferView grads, Schedule schedule, AdamWOptions options = {},
+             Allocator& alloc = default_allocator())
+      : BasicAdamW(detail::ExecHolder<Exec>(std::make_unique<Exec>(alloc)), params, grads, schedule,
+                   options) {}
+  /// Same, on any model exposing parameters() and gradients() (e.g. Sequential), on the model's
+  /// policy when it has one.
+  template <class M, class = std::enable_if_t<detail::has_arenas<M>::value>>
+  BasicAdamW(M& model, Schedule schedule, AdamWOptions options = {})
+      : BasicAdamW(detail::ExecHolder<Exec>::of_model(model), model.parameters(), model.gradients(),
+                   schedule, options) {}
+
+  /// Queues one update with lr = schedule.lr(step_count()) and advances the step. Local.
   void step() {
+    update(0, params_.count);
+    complete_step();
+  }
+  /// Queues the current step's update of elements [offset, offset + count) only, without
+  /// advancing the step; every element once, then complete_step(), gives the same bits as
+  /// step() (the update is element-wise). Local; throws InvalidArgument on a range outside the
+  /// arena.
+  void update(std::size_t offset, std::size_t count) {
+    detail::check_range(offset, count, params_.count, "AdamW::update");
     host::AdamWParams h;
     h.lr = schedule_.lr(step_);
     h.beta1 = opt_.beta1;
@@ -59,27 +74,25 @@ class AdamW {
     h.weight_decay = opt_.weight_decay;
     h.step = step_ + 1;
     if (params_.dtype == DType::f32)
-      host::adamw_update(static_cast<float*>(params_.data), static_cast<const float*>(grads_.data),
-                         static_cast<float*>(exp_avg_.raw()),
-                         static_cast<float*>(exp_avg_sq_.raw()), params_.count, h);
+      run<float>(offset, count, h);
     else
-      host::adamw_update(static_cast<double*>(params_.data),
-                         static_cast<const double*>(grads_.data),
-                         static_cast<double*>(exp_avg_.raw()),
-                         static_cast<double*>(exp_avg_sq_.raw()), params_.count, h);
-    ++step_;
+      run<double>(offset, count, h);
   }
+  /// Ends a step whose elements were all given to update(). Local.
+  void complete_step() noexcept { ++step_; }
 
   std::int64_t step_count() const noexcept { return step_; }
   double current_lr() const noexcept { return schedule_.lr(step_); }
   const Schedule& schedule() const noexcept { return schedule_; }
   void set_schedule(Schedule s) noexcept { schedule_ = s; }
   const AdamWOptions& options() const noexcept { return opt_; }
-  /// First and second moments (same layout as the parameter arena).
+  Exec& exec() const noexcept { return exec_.get(); }
+  /// First and second moments (same layout as the parameter arena; exec memory).
   BufferView exp_avg() const noexcept { return exp_avg_.view(); }
   BufferView exp_avg_sq() const noexcept { return exp_avg_sq_.view(); }
 
-  /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq"; scalars "step" and "schedule".
+  /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq" (exec memory); scalars "step" and
+  /// "schedule".
   template <class V>
   void visit_state(V& v) {
     const Shape shape{static_cast<std::int64_t>(params_.count)};
@@ -90,11 +103,41 @@ class AdamW {
   }
 
  private:
+  BasicAdamW(detail::ExecHolder<Exec> exec, BufferView params, BufferView grads, Schedule schedule,
+             AdamWOptions options)
+      : exec_(std::move(exec)), params_(params), grads_(grads), schedule_(schedule), opt_(options) {
+    detail::check_param_grad(params, grads, "AdamW", Exec::space);
+    DTRAIN_REQUIRE(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
+                       options.beta2 < 1 && options.eps > 0 && options.weight_decay >= 0,
+                   "AdamW",
+                   "need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0; got beta1="
+                       << options.beta1 << " beta2=" << options.beta2 << " eps=" << options.eps
+                       << " weight_decay=" << options.weight_decay);
+    const Shape shape{static_cast<std::int64_t>(params.count)};
+    Allocator& a = exec_.get().allocator();
+    exp_avg_ = Tensor(shape, params.dtype, a);
+    exp_avg_sq_ = Tensor(shape, params.dtype, a);
+    detail::fill_zero(exec_.get(), exp_avg_);
+    detail::fill_zero(exec_.get(), exp_avg_sq_);
+  }
+  template <class T>
+  void run(std::size_t offset, std::size_t count, const host::AdamWParams& h) {
+    Exec& e = exec_.get();
+    e.adamw_update(e.compute_stream(), static_cast<T*>(params_.data) + offset,
+                   static_cast<const T*>(grads_.data) + offset,
+                   static_cast<T*>(exp_avg_.raw()) + offset,
+                   static_cast<T*>(exp_avg_sq_.raw()) + offset, count, h);
+  }
+
+  detail::ExecHolder<Exec> exec_;
   BufferView params_, grads_;
   Schedule schedule_;
   AdamWOptions opt_;
   Tensor exp_avg_, exp_avg_sq_;
   std::int64_t step_ = 0;
 };
+
+/// AdamW on the host.
+using AdamW = BasicAdamW<HostExec>;
 
 }  // namespace dtrain

@@ -2,12 +2,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <type_traits>
 
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_traits.hpp>
+#include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
 #include <dtrain/optim/schedule.hpp>
@@ -23,29 +26,47 @@ struct SgdOptions {
   bool nesterov = false;
 };
 
-/// SGD over a parameter arena and its gradient arena (host, f32 or f64; both views are borrowed
-/// and must outlive the optimizer). Every rank applies the same step to the same averaged
-/// gradients, so replicas stay identical. Local object, not thread-safe; step() is blocking.
-class Sgd {
- public:
-  Sgd(BufferView params, BufferView grads, Schedule schedule, SgdOptions options = {},
-      Allocator& alloc = default_allocator())
-      : params_(params), grads_(grads), schedule_(schedule), opt_(options) {
-    detail::check_param_grad(params, grads, "Sgd");
-    DTRAIN_REQUIRE(!(options.nesterov && (options.momentum <= 0 || options.dampening != 0)), "Sgd",
-                   "Nesterov momentum needs momentum > 0 and dampening 0");
-    DTRAIN_REQUIRE(options.momentum >= 0 && options.weight_decay >= 0, "Sgd",
-                   "momentum and weight decay must be non-negative");
-    if (options.momentum != 0.0)
-      momentum_ = Tensor({static_cast<std::int64_t>(params.count)}, params.dtype, alloc);
-  }
-  /// Same, on any model exposing parameters() and gradients() (e.g. Sequential).
-  template <class M, class = std::enable_if_t<detail::has_arenas<M>::value>>
-  Sgd(M& model, Schedule schedule, SgdOptions options = {}, Allocator& alloc = default_allocator())
-      : Sgd(model.parameters(), model.gradients(), schedule, options, alloc) {}
+/// SGD over a parameter arena and its gradient arena (f32 or f64, exec memory of policy Exec;
+/// both views are borrowed and must outlive the optimizer). Every rank applies the same step to
+/// the same averaged gradients, so replicas stay identical. The momentum buffer is exec memory
+/// from the policy's allocator; updates are queued on the policy's compute stream. Local object,
+/// not thread-safe.
+template <class Exec = HostExec>
+class BasicSgd {
+  static_assert(detail::check_exec_policy<Exec>(), "BasicSgd needs an execution policy");
 
-  /// Applies one update with lr = schedule.lr(step_count()) and advances the step. Local.
+ public:
+  using exec_type = Exec;
+
+  /// Runs on `exec` (borrowed; it must outlive the optimizer).
+  BasicSgd(Exec& exec, BufferView params, BufferView grads, Schedule schedule,
+           SgdOptions options = {})
+      : BasicSgd(detail::ExecHolder<Exec>(exec), params, grads, schedule, options) {}
+  /// Runs on a policy of its own made from `alloc` (HostExec: host memory).
+  template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
+  BasicSgd(BufferView params, BufferView grads, Schedule schedule, SgdOptions options = {},
+           Allocator& alloc = default_allocator())
+      : BasicSgd(detail::ExecHolder<Exec>(std::make_unique<Exec>(alloc)), params, grads, schedule,
+                 options) {}
+  /// Same, on any model exposing parameters() and gradients() (e.g. Sequential), on the model's
+  /// policy when it has one.
+  template <class M, class = std::enable_if_t<detail::has_arenas<M>::value>>
+  BasicSgd(M& model, Schedule schedule, SgdOptions options = {})
+      : BasicSgd(detail::ExecHolder<Exec>::of_model(model), model.parameters(), model.gradients(),
+                 schedule, options) {}
+
+  /// Queues one update with lr = schedule.lr(step_count()) and advances the step. Local.
   void step() {
+    update(0, params_.count);
+    complete_step();
+  }
+  /// Queues the current step's update of elements [offset, offset + count) only, without
+  /// advancing the step: updating every element once this way and then calling complete_step()
+  /// gives the same bits as step() (the update is element-wise). Lets a gradient sync update
+  /// each bucket as soon as its average has arrived. Local; throws InvalidArgument on a range
+  /// outside the arena.
+  void update(std::size_t offset, std::size_t count) {
+    detail::check_range(offset, count, params_.count, "Sgd::update");
     host::SgdParams h;
     h.lr = schedule_.lr(step_);
     h.momentum = opt_.momentum;
@@ -54,13 +75,12 @@ class Sgd {
     h.nesterov = opt_.nesterov;
     h.first_step = step_ == 0;
     if (params_.dtype == DType::f32)
-      host::sgd_update(static_cast<float*>(params_.data), static_cast<const float*>(grads_.data),
-                       static_cast<float*>(momentum_.raw()), params_.count, h);
+      run<float>(offset, count, h);
     else
-      host::sgd_update(static_cast<double*>(params_.data), static_cast<const double*>(grads_.data),
-                       static_cast<double*>(momentum_.raw()), params_.count, h);
-    ++step_;
+      run<double>(offset, count, h);
   }
+  /// Ends a step whose elements were all given to update(). Local.
+  void complete_step() noexcept { ++step_; }
 
   /// Steps taken so far (also the schedule position).
   std::int64_t step_count() const noexcept { return step_; }
@@ -69,8 +89,10 @@ class Sgd {
   const Schedule& schedule() const noexcept { return schedule_; }
   void set_schedule(Schedule s) noexcept { schedule_ = s; }
   const SgdOptions& options() const noexcept { return opt_; }
+  Exec& exec() const noexcept { return exec_.get(); }
 
-  /// Checkpoint protocol: "momentum" (when momentum is used), scalars "step" and "schedule".
+  /// Checkpoint protocol: "momentum" (when momentum is used; exec memory), scalars "step" and
+  /// "schedule".
   template <class V>
   void visit_state(V& v) {
     if (opt_.momentum != 0.0)
@@ -80,11 +102,38 @@ class Sgd {
   }
 
  private:
+  BasicSgd(detail::ExecHolder<Exec> exec, BufferView params, BufferView grads, Schedule schedule,
+           SgdOptions options)
+      : exec_(std::move(exec)), params_(params), grads_(grads), schedule_(schedule), opt_(options) {
+    detail::check_param_grad(params, grads, "Sgd", Exec::space);
+    DTRAIN_REQUIRE(!(options.nesterov && (options.momentum <= 0 || options.dampening != 0)), "Sgd",
+                   "Nesterov momentum needs momentum > 0 and dampening 0");
+    DTRAIN_REQUIRE(options.momentum >= 0 && options.weight_decay >= 0, "Sgd",
+                   "momentum and weight decay must be non-negative");
+    if (options.momentum != 0.0) {
+      momentum_ =
+          Tensor({static_cast<std::int64_t>(params.count)}, params.dtype, exec_.get().allocator());
+      detail::fill_zero(exec_.get(), momentum_);
+    }
+  }
+  template <class T>
+  void run(std::size_t offset, std::size_t count, const host::SgdParams& h) {
+    Exec& e = exec_.get();
+    T* buf = static_cast<T*>(momentum_.raw());
+    e.sgd_update(e.compute_stream(), static_cast<T*>(params_.data) + offset,
+                 static_cast<const T*>(grads_.data) + offset, buf ? buf + offset : nullptr, count,
+                 h);
+  }
+
+  detail::ExecHolder<Exec> exec_;
   BufferView params_, grads_;
   Schedule schedule_;
   SgdOptions opt_;
   Tensor momentum_;
   std::int64_t step_ = 0;
 };
+
+/// SGD on the host.
+using Sgd = BasicSgd<HostExec>;
 
 }  // namespace dtrain

@@ -1,0 +1,17 @@
+# Execution policies: HostExec and the test-only emulated device (tests/support/emulated_device.hpp).
+# One executable; each doctest suite is its own CTest so that `ctest -R emulated` lists them.
+set(_dtrain_exec_blas "")
+if(DTRAIN_HAVE_BLAS)
+  set(_dtrain_exec_blas dtrain::blas)
+endif()
+dtrain_add_unit_test(NAME unit_exec_emulated
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_emulated_test.cpp
+  LINK dtrain::loopback ${_dtrain_exec_blas}
+  ARGS --test-suite-exclude=emulated_*
+  TIMEOUT 120)
+foreach(_suite model optim sync negative)
+  add_test(NAME unit_exec_emulated_${_suite}
+    COMMAND unit_exec_emulated --test-suite=emulated_${_suite})
+  set_tests_properties(unit_exec_emulated_${_suite} PROPERTIES TIMEOUT 120 LABELS "unit"
+    SKIP_RETURN_CODE 77 ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115")
+endforeach()
