@@ -2,6 +2,7 @@
 // bytes to the same directory, restore time, and the cost of saving on the training step time.
 //
 //   ckpt_bench --dir DIR [--mb N] [--saves K] [--keep K] [--compare] [--steps S] [--passes P]
+//   (--help lists the options and their ranges)
 //   mpiexec.mpich -n 2 ckpt_bench --dir DIR --mb 100 --saves 5 --compare
 //
 // Writes K checkpoints of about N MiB into DIR through the Checkpointer (automatic strategy,
@@ -25,6 +26,7 @@
 #include <dtrain/core/timer.hpp>
 
 #include "ckpt/mpi_comm.hpp"
+#include "common/cli_mpi.hpp"
 
 namespace {
 
@@ -152,40 +154,26 @@ int main(int argc, char** argv) {
   double mib = 100;
   int saves = 5, keep = 3, steps = 20, passes = 10;
   bool compare = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        if (rank == 0) std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        MPI_Abort(MPI_COMM_WORLD, 2);
-      }
-      return argv[++i];
-    };
-    if (a == "--dir")
-      dir = next();
-    else if (a == "--mb")
-      mib = std::atof(next().c_str());
-    else if (a == "--saves")
-      saves = std::atoi(next().c_str());
-    else if (a == "--keep")
-      keep = std::atoi(next().c_str());
-    else if (a == "--steps")
-      steps = std::atoi(next().c_str());
-    else if (a == "--passes")
-      passes = std::atoi(next().c_str());
-    else if (a == "--compare")
-      compare = true;
-    else {
-      if (rank == 0)
-        std::fprintf(stderr,
-                     "usage: ckpt_bench --dir DIR [--mb N] [--saves K] [--keep K] [--steps S] "
-                     "[--passes P] [--compare]\n");
-      MPI_Abort(MPI_COMM_WORLD, 2);
+  {
+    CLI::App app(
+        "ckpt_bench: checkpoint save bandwidth against a plain write + fsync of the same bytes, "
+        "restore time, and the cost of saving on the step time.",
+        "ckpt_bench");
+    app.add_option("--dir", dir, "folder for the checkpoints (left there)")
+        ->required()
+        ->type_name("DIR");
+    dtrain_cli::add_real(app, "--mb", mib, "checkpoint size in MiB", 1e-3, 1e6);
+    dtrain_cli::add_int(app, "--saves", saves, "checkpoints written", 1, 100000);
+    dtrain_cli::add_int(app, "--keep", keep, "checkpoints kept (keep-last)", 1, 100000);
+    dtrain_cli::add_int(app, "--steps", steps, "steps timed per save mode (no save, sync, async)",
+                        1, 1000000);
+    dtrain_cli::add_int(app, "--passes", passes,
+                        "sweeps over the parameters per step (stand-in for compute)", 1, 100000);
+    app.add_flag("--compare", compare, "also time every other write strategy");
+    if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
+      MPI_Finalize();
+      return code;
     }
-  }
-  if (dir.empty() || saves < 1 || mib <= 0) {
-    if (rank == 0) std::fprintf(stderr, "ckpt_bench: --dir is required; --mb, --saves > 0\n");
-    MPI_Abort(MPI_COMM_WORLD, 2);
   }
   int code = 0;
   try {

@@ -4,7 +4,7 @@
 // (an MLP 784-512-10 forward+backward with CBLAS standing in for the model).
 //
 // Usage: mpiexec.mpich -n P data_bench [--src DIR] [--work DIR] [--batch B] [--epochs E]
-//                                       [--depth D] [--step-only] [--only SUBSTRING]
+//                                       [--depth D] [--step-only] [--only SUBSTRING]  (--help)
 // Prints one row per configuration: samples/s and MB/s per rank (slowest rank), and the ratio to
 // the plain read() baseline. Bytes count the raw sample bytes delivered (784 per Fashion-MNIST
 // image); all files are freshly written, so every variant reads from the page cache alike.
@@ -34,6 +34,8 @@
 #include <dtrain/data/idx.hpp>
 #include <dtrain/data/in_memory_dataset.hpp>
 #include <dtrain/data/loader.hpp>
+
+#include "common/cli_mpi.hpp"
 
 namespace {
 
@@ -245,26 +247,26 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
   Args a;
   bool step_only = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    auto v = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
-    if (k == "--src")
-      a.src = v();
-    else if (k == "--work")
-      a.work = v();
-    else if (k == "--batch")
-      a.batch = std::strtoul(v().c_str(), nullptr, 10);
-    else if (k == "--epochs")
-      a.epochs = std::atoi(v().c_str());
-    else if (k == "--depth")
-      a.depth = std::strtoul(v().c_str(), nullptr, 10);
-    else if (k == "--step-only")
-      step_only = true;
-    else if (k == "--only")
-      a.only = v();
-    else {
-      std::fprintf(stderr, "data_bench: unknown argument %s\n", k.c_str());
-      MPI_Abort(MPI_COMM_WORLD, 2);
+  {
+    CLI::App app(
+        "data_bench: loader throughput (IDX, HDF5 layouts and drivers, in-memory) against read() "
+        "of the same bytes, then the loader's share of a training step.",
+        "data_bench");
+    app.add_option("--src", a.src,
+                   "folder with Fashion-MNIST's IDX files (synthetic data if absent)")
+        ->type_name("DIR")
+        ->capture_default_str();
+    app.add_option("--work", a.work, "folder for the files written (default: a new /tmp folder)")
+        ->type_name("DIR");
+    dtrain_cli::add_batch(app, a.batch);
+    dtrain_cli::add_epochs(app, a.epochs);
+    dtrain_cli::add_int(app, "--depth", a.depth, "loader prefetch depth", 0, 64);
+    app.add_flag("--step-only", step_only, "only the training-step share");
+    app.add_option("--only", a.only, "run only the rows whose name contains this")
+        ->type_name("TEXT");
+    if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
+      MPI_Finalize();
+      return code;
     }
   }
   int code = 0;
