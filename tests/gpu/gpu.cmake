@@ -13,3 +13,7 @@ if(DTRAIN_HAVE_HIP)
   dtrain_add_unit_test(NAME gpu_host_api_hip SOURCES "${CMAKE_CURRENT_LIST_DIR}/gpu_host_api_test.cpp"
     LINK dtrain::hip TIMEOUT 60 LABELS gpu)
 endif()
+
+# The GPU execution policy: conformance and Sequential / AdamW / Sgd instantiated on it (compile
+# time, both dialects); on a GPU, a short training run against the host run of the same seed.
+dtrain_add_gpu_test(NAME gpu_exec SOURCE "${CMAKE_CURRENT_LIST_DIR}/gpu_exec_test.cpp" TIMEOUT 300)

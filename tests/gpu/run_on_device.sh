@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every GPU test and the kernel benchmark on a machine with a GPU, in one short
-# visit: the device kernels against their host references (tests/gpu/kernels_gpu_test.cpp), then
+# visit: gpu.hpp's host API (tests/gpu/gpu_host_api_test.cpp), the device kernels against their
+# host references (tests/gpu/kernels_gpu_test.cpp), the GPU execution policy with a short training
+# run compared step by step with the host run of the same seed (tests/gpu/gpu_exec_test.cpp), then
 # kernels_bench with its device section (tiled GEMM vs the vendor BLAS, AdamW vs device memcpy).
 #
 # Needs nvcc (NVIDIA) or hipcc (AMD) and doctest's header; CMake is not needed. OpenBLAS is used
@@ -63,27 +65,50 @@ for d in /usr/include/x86_64-linux-gnu/openblas-pthread /usr/include/openblas /u
 done
 
 status=0
-# Build both in parallel: device compiles dominate the visit.
-"$CC" "${FLAGS[@]}" "${INC[@]}" "$ROOT/tests/gpu/kernels_gpu_test.cpp" -o "$BUILD/gpu_kernels_$DIALECT" "${LIBS[@]}" \
-  > "$OUT/build_test.log" 2>&1 &
-p_test=$!
+# Build everything in parallel: device compiles dominate the visit.
+TESTS=(gpu_kernels:kernels_gpu_test.cpp gpu_exec:gpu_exec_test.cpp)
+pids=()
+for t in "${TESTS[@]}"; do
+  name=${t%%:*} src=${t#*:}
+  "$CC" "${FLAGS[@]}" "${INC[@]}" "$ROOT/tests/gpu/$src" -o "$BUILD/${name}_$DIALECT" "${LIBS[@]}" \
+    > "$OUT/build_$name.log" 2>&1 &
+  pids+=("$!:$name")
+done
+# gpu.hpp's host-only path: a plain C++ compiler with the vendor runtime.
+if [ "$DIALECT" = cuda ]; then
+  CUDA_HOME="$(dirname "$(dirname "$(readlink -f "$NVCC")")")"
+  HOSTAPI=(c++ -std=c++17 -O2 -DDTRAIN_HAVE_CUDA=1 -DDOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+           -I"$CUDA_HOME/include" "${INC[@]}" "$ROOT/tests/gpu/gpu_host_api_test.cpp"
+           -o "$BUILD/gpu_host_api_$DIALECT" -L"$CUDA_HOME/lib64" -lcudart -pthread)
+else
+  HOSTAPI=("$HIPCC" -std=c++17 -O2 -DDTRAIN_HAVE_HIP=1 -DDOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+           "${INC[@]}" "$ROOT/tests/gpu/gpu_host_api_test.cpp" -o "$BUILD/gpu_host_api_$DIALECT"
+           -lpthread)
+fi
+"${HOSTAPI[@]}" > "$OUT/build_gpu_host_api.log" 2>&1 &
+pids+=("$!:gpu_host_api")
 "$CC" "${FLAGS[@]}" "${INC[@]}" "$ROOT/benchmarks/kernels_bench.cpp" -o "$BUILD/kernels_bench_$DIALECT" "${BLAS[@]}" "${LIBS[@]}" \
   > "$OUT/build_bench.log" 2>&1 &
-p_bench=$!
-if ! wait $p_test; then log "building the GPU test failed:"; tail -30 "$OUT/build_test.log"; status=1; fi
-if ! wait $p_bench; then log "building the benchmark failed:"; tail -30 "$OUT/build_bench.log"; status=1; fi
+pids+=("$!:bench")
+for pn in "${pids[@]}"; do
+  if ! wait "${pn%%:*}"; then
+    log "building ${pn#*:} failed:"; tail -30 "$OUT/build_${pn#*:}.log"; status=1
+  fi
+done
 
-if [ -x "$BUILD/gpu_kernels_$DIALECT" ]; then
-  log "running gpu_kernels_$DIALECT"
-  DTRAIN_TEST_WATCHDOG_S=240 "$BUILD/gpu_kernels_$DIALECT" -d 2>&1 | tee "$OUT/gpu_kernels_$DIALECT.txt" | tail -25
+for name in gpu_host_api gpu_kernels gpu_exec; do
+  exe="$BUILD/${name}_$DIALECT"
+  [ -x "$exe" ] || continue
+  log "running ${name}_$DIALECT"
+  DTRAIN_TEST_WATCHDOG_S=240 "$exe" -d 2>&1 | tee "$OUT/${name}_$DIALECT.txt" | tail -25
   rc=${PIPESTATUS[0]}
-  log "gpu_kernels_$DIALECT exit status $rc"
+  log "${name}_$DIALECT exit status $rc"
   if [ "$rc" -eq 77 ]; then
     [ "$status" -eq 0 ] && status=77
   elif [ "$rc" -ne 0 ]; then
     status=1
   fi
-fi
+done
 if [ -x "$BUILD/kernels_bench_$DIALECT" ]; then
   log "running kernels_bench_$DIALECT -n $ITERS"
   OPENBLAS_NUM_THREADS=1 "$BUILD/kernels_bench_$DIALECT" -n "$ITERS" 2>&1 | tee "$OUT/kernels_bench_$DIALECT.txt"

@@ -15,6 +15,7 @@
 #include <dtrain/kernels/host/gemm.hpp>
 #include <dtrain/kernels/host/layernorm.hpp>
 #include <dtrain/kernels/host/loss.hpp>
+#include <dtrain/kernels/host/memory.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/kernels/host/reduce.hpp>
 #if defined(DTRAIN_HAVE_CBLAS)
@@ -383,6 +384,18 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
           CHECK(same_bits(ps, pw));
         }
   }
+}
+
+TEST_CASE("fill, copy, axpy and sum_to: the device kernels' host references") {
+  std::vector<float> x = {1.5f, -2.0f, 0.25f, 8.0f, 3.0f}, y = {1, 1, 1, 1, 1}, z(5);
+  host::fill(z.data(), -0.5f, z.size());
+  CHECK(z == std::vector<float>(5, -0.5f));
+  host::copy(x.data(), z.data(), x.size());
+  CHECK(z == x);
+  host::axpy(2.0f, x.data(), y.data(), y.size());
+  CHECK(y == std::vector<float>{4.0f, -3.0f, 1.5f, 17.0f, 7.0f});
+  CHECK(host::sum_to(x.data(), x.size(), 0.5) == 5.375);
+  CHECK(host::sum_to(x.data(), 0, 0.5) == 0.0);
 }
 
 TEST_CASE("f16 and bf16: every bit pattern round-trips exactly through f32") {

@@ -300,6 +300,76 @@ inline void check_launch(const char* what) {
     raise<DeviceError>(what, std::string(vendor) + " launch failed: " + error_string(e));
 }
 
+/// Pinned (page-locked) host memory: copies to and from it run asynchronously at full speed.
+/// Throws DeviceError. Blocking with respect to the host.
+inline void* malloc_host(std::size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return nullptr;
+#if defined(DTRAIN_GPU_HIP)
+  DTRAIN_CHECK_GPU(hipHostMalloc(&p, bytes, hipHostMallocDefault));
+#else
+  DTRAIN_CHECK_GPU(cudaMallocHost(&p, bytes));
+#endif
+  return p;
+}
+/// Frees memory from malloc_host; never throws.
+inline void free_host(void* p) noexcept {
+  if (!p) return;
+#if defined(DTRAIN_GPU_HIP)
+  (void)hipHostFree(p);
+#else
+  (void)cudaFreeHost(p);
+#endif
+}
+
+/// True when every piece of work queued on `s` has completed; non-blocking. Throws DeviceError
+/// when the stream reports an error.
+inline bool stream_query(stream_t s) {
+#if defined(DTRAIN_GPU_HIP)
+  const error_t e = hipStreamQuery(s);
+  if (e == hipErrorNotReady) return false;
+#else
+  const error_t e = cudaStreamQuery(s);
+  if (e == cudaErrorNotReady) return false;
+#endif
+  if (e != success) detail::throw_gpu(e, "stream query", __FILE__, __LINE__);
+  return true;
+}
+
+/// An event without timing, for ordering and completion checks (cheaper than a timing event).
+inline event_t event_create_sync() {
+  event_t e;
+#if defined(DTRAIN_GPU_HIP)
+  DTRAIN_CHECK_GPU(hipEventCreateWithFlags(&e, hipEventDisableTiming));
+#else
+  DTRAIN_CHECK_GPU(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+#endif
+  return e;
+}
+
+/// True once the event's last record has completed (or it was never recorded); non-blocking.
+/// Throws DeviceError when the event reports an error.
+inline bool event_query(event_t e) {
+#if defined(DTRAIN_GPU_HIP)
+  const error_t r = hipEventQuery(e);
+  if (r == hipErrorNotReady) return false;
+#else
+  const error_t r = cudaEventQuery(e);
+  if (r == cudaErrorNotReady) return false;
+#endif
+  if (r != success) detail::throw_gpu(r, "event query", __FILE__, __LINE__);
+  return true;
+}
+
+/// Later work queued on `s` waits for the last record of `e`; the host does not block.
+inline void stream_wait_event(stream_t s, event_t e) {
+#if defined(DTRAIN_GPU_HIP)
+  DTRAIN_CHECK_GPU(hipStreamWaitEvent(s, e, 0));
+#else
+  DTRAIN_CHECK_GPU(cudaStreamWaitEvent(s, e, 0));
+#endif
+}
+
 /// Timing events (for benchmarks).
 inline event_t event_create() {
   event_t e;
@@ -344,6 +414,15 @@ class DeviceAllocator final : public Allocator {
   void* allocate(std::size_t bytes, std::size_t) override { return gpu::malloc(bytes); }
   void deallocate(void* p, std::size_t) noexcept override { gpu::free(p); }
   Space space() const noexcept override { return gpu::space; }
+};
+
+/// Pinned host memory as a dtrain::Allocator (space host: the host may read and write it).
+/// Thread-safe. The memory is NOT zeroed.
+class PinnedAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t bytes, std::size_t) override { return gpu::malloc_host(bytes); }
+  void deallocate(void* p, std::size_t) noexcept override { gpu::free_host(p); }
+  Space space() const noexcept override { return Space::host; }
 };
 
 /// Owning device array of n elements of T (move-only). For tests, benchmarks and scratch.

@@ -1,4 +1,5 @@
-// dtrain: device fill, copy and axpy. Host references: <dtrain/kernels/host/memory.hpp>.
+// dtrain: device fill, copy, axpy and a scaled sum into one double. Host references:
+// <dtrain/kernels/host/memory.hpp>.
 #pragma once
 
 #include <cstddef>
@@ -17,6 +18,16 @@ __global__ void fill(T* __restrict__ x, T value, std::size_t n) {
 template <class T>
 __global__ void axpy(T alpha, const T* __restrict__ x, T* __restrict__ y, std::size_t n) {
   for (std::size_t i = global_thread(); i < n; i += grid_threads()) y[i] = alpha * x[i] + y[i];
+}
+// One block sums x in double, each thread over a fixed stride and then in a fixed tree, so the
+// result does not depend on timing (it may differ from the host's left-to-right order by rounding).
+template <class T>
+__global__ void sum_to(const T* __restrict__ x, std::size_t n, double scale, double* out) {
+  __shared__ double scratch[max_warps_per_block];
+  double s = 0;
+  for (std::size_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(x[i]);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) *out = s * scale;
 }
 }  // namespace kernels
 
@@ -40,6 +51,15 @@ void axpy(T alpha, const T* x, T* y, std::size_t n, stream_t stream = nullptr) {
   if (n == 0) return;
   kernels::axpy<T><<<blocks_for(n, 256), 256, 0, stream>>>(alpha, x, y, n);
   check_launch("gpu::axpy");
+}
+
+/// *out = scale * sum(x[0..n)) accumulated in double (out: one device double; n == 0 gives 0).
+/// Deterministic. Local, asynchronous on `stream`. For loss values, not for large arrays (one
+/// block).
+template <class T>
+void sum_to(const T* x, std::size_t n, double scale, double* out, stream_t stream = nullptr) {
+  kernels::sum_to<T><<<1, 256, 0, stream>>>(x, n, scale, out);
+  check_launch("gpu::sum_to");
 }
 
 DTRAIN_GPU_ABI_END

@@ -28,5 +28,13 @@ void axpy(T alpha, const T* x, T* y, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) y[i] = alpha * x[i] + y[i];
 }
 
+/// scale * sum(x[0..n)) accumulated in double, left to right. Local.
+template <class T>
+double sum_to(const T* x, std::size_t n, double scale) noexcept {
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]);
+  return s * scale;
+}
+
 }  // namespace host
 }  // namespace dtrain
