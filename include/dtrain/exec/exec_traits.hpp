@@ -83,9 +83,9 @@
 #include <type_traits>
 #include <utility>
 
-#include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/reduce_op.hpp>
 #include <dtrain/core/space.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/timer.hpp>

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include <dtrain/comm/reduce_op.hpp>
+#include <dtrain/core/reduce_op.hpp>
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/space.hpp>
@@ -153,7 +153,11 @@ class HostExec {
   void reduce_into(stream_type, ReduceOp op, BufferView acc, BufferView in) const {
     host::reduce_into(op, acc, in);
   }
-  void scale_avg(stream_type, BufferView acc, int ranks) const;
+  void scale_avg(stream_type, BufferView acc, int ranks) const {
+    DTRAIN_REQUIRE(acc.space == Space::host, "HostExec::scale_avg",
+                   "host kernel given " << name_of(acc.space) << " memory");
+    host::scale_avg(acc.dtype, acc.data, acc.count, ranks);
+  }
 
  private:
   static void copy(void* dst, const void* src, std::size_t bytes) noexcept {
@@ -163,19 +167,6 @@ class HostExec {
   Allocator* alloc_;
   host::GemmPath gemm_path_;
 };
-
-inline void HostExec::scale_avg(stream_type, BufferView acc, int ranks) const {
-  DTRAIN_REQUIRE(acc.space == Space::host, "HostExec::scale_avg",
-                 "host kernel given " << name_of(acc.space) << " memory");
-  switch (acc.dtype) {
-    case DType::f32: return host::scale_avg(static_cast<float*>(acc.data), acc.count, ranks);
-    case DType::f64: return host::scale_avg(static_cast<double*>(acc.data), acc.count, ranks);
-    case DType::f16: return host::scale_avg(static_cast<half*>(acc.data), acc.count, ranks);
-    case DType::bf16: return host::scale_avg(static_cast<bfloat16*>(acc.data), acc.count, ranks);
-    case DType::i32: return host::scale_avg(static_cast<std::int32_t*>(acc.data), acc.count, ranks);
-    case DType::i64: return host::scale_avg(static_cast<std::int64_t*>(acc.data), acc.count, ranks);
-  }
-}
 
 static_assert(detail::check_exec_policy<HostExec>(), "HostExec satisfies the policy");
 static_assert(is_exec_policy_v<HostExec>, "HostExec satisfies the policy");
