@@ -1,0 +1,12 @@
+# train_bench: training samples/s on 1 and 2 ranks in one run, scaling efficiency, phase split.
+# benchmarks/compare/ddp_bench.py is the PyTorch DistributedDataParallel counterpart.
+include("${PROJECT_SOURCE_DIR}/examples/common/cli11.cmake")
+if(DTRAIN_HAVE_MPI AND DTRAIN_HAVE_CLI11)
+  set(_train_bench_link dtrain::mpi)
+  if(DTRAIN_HAVE_BLAS)
+    list(APPEND _train_bench_link dtrain::blas)
+  endif()
+  dtrain_add_benchmark(NAME train_bench SOURCES ${CMAKE_CURRENT_LIST_DIR}/train_bench.cpp
+    LINK ${_train_bench_link})
+  dtrain_use_cli11(train_bench)
+endif()

@@ -1,0 +1,348 @@
+// train_bench: training throughput of one model and per-rank batch on 1 and on 2 ranks in the same
+// run, so the scaling efficiency is a ratio of figures measured side by side.
+//
+//   OPENBLAS_NUM_THREADS=1 mpiexec.mpich -n 2 train_bench [--hidden 256] [--batch 64]
+//       [--optimizer adamw|sgd] [--steps 300] [--warmup 20] [--json FILE]
+//
+// The 1-rank figure runs on rank 0 alone (a one-rank sub-communicator) while rank 1 waits, asleep
+// (non-blocking barrier polled every millisecond, so it does not compete for a core); then both
+// ranks run the same loop on MPI_COMM_WORLD. Data is synthetic (an in-memory dataset read through
+// the prefetching Loader, as example 10 reads its HDF5 file), the model an MLP 784-H-H-10 with
+// softmax cross-entropy. Each figure is measured in three modes:
+//   overlap     gradient buckets all-reduce while backward runs; wait, then opt.step()
+//   no-overlap  backward first, then all buckets (ready_all), wait, opt.step()
+//   fused       as overlap, but each bucket is updated by the optimizer as soon as its average
+//               has arrived (sync.wait(opt)); the optimizer time is then inside the sync wait
+// Per mode: samples/s, and rank 0's split of the step (data wait, forward, backward, sync wait,
+// optimizer). Forward is timed on separate forward-only passes of the same batches (the fused
+// forward_backward cannot be split), backward is the remainder. Peak resident memory per rank
+// (getrusage) is reported against the training state (parameters, gradients, optimizer state,
+// activations and their gradients for one batch, the loader's prefetch buffers).
+#include <mpi.h>
+
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/gradient_sync.hpp>
+#include <dtrain/core/rng.hpp>
+#include <dtrain/core/timer.hpp>
+#include <dtrain/data/distributed_sampler.hpp>
+#include <dtrain/data/in_memory_dataset.hpp>
+#include <dtrain/data/loader.hpp>
+#include <dtrain/model/model.hpp>
+#include <dtrain/optim/optim.hpp>
+#include <dtrain/train/json_summary.hpp>
+#include <dtrain/transports/mpi.hpp>
+
+#include "common/cli_mpi.hpp"
+
+namespace {
+
+struct Args {
+  std::int64_t hidden = 256;
+  std::int64_t batch = 64;
+  std::string optimizer = "adamw";
+  std::int64_t steps = 300;
+  std::int64_t warmup = 20;
+  std::int64_t bucket_kib = 256;
+  double lr = 1e-3;
+  std::uint64_t seed = 1;
+  std::string json;
+};
+
+enum class Mode { overlap, no_overlap, fused };
+const char* name_of(Mode m) {
+  return m == Mode::overlap ? "overlap" : m == Mode::no_overlap ? "no-overlap" : "fused";
+}
+
+struct Phases {
+  double data = 0, forward = 0, backward = 0, sync = 0, optimizer = 0;
+  double total() const { return data + forward + backward + sync + optimizer; }
+};
+
+struct Result {
+  double samples_per_s = 0;
+  Phases split;  // rank 0, seconds per step
+};
+
+constexpr std::int64_t kIn = 784, kClasses = 10;
+
+// Training loop on `comm`; every rank of it calls this. Returns samples/s of the whole group
+// (slowest rank's elapsed time) and rank 0's phase split per step.
+template <class Comm>
+Result measure(Comm& comm, dtrain::InMemoryDataset& data, const Args& a, Mode mode) {
+  const int world = comm.size();
+  dtrain::DistributedSampler sampler(data.size(), comm, a.seed);
+  dtrain::LoaderOptions lopt;
+  lopt.prefetch_depth = 2;
+  const std::size_t b = static_cast<std::size_t>(a.batch);
+  dtrain::Loader loader(data, sampler, b, lopt);
+  dtrain::Sequential model{dtrain::Linear(kIn, a.hidden), dtrain::Relu(),
+                           dtrain::Linear(a.hidden, a.hidden), dtrain::Relu(),
+                           dtrain::Linear(a.hidden, kClasses)};
+  model.init(a.seed);
+  dtrain::GradientSync sync(comm, model.gradients(), static_cast<std::size_t>(a.bucket_kib) * 1024);
+  // Only the chosen optimizer exists, so its state alone counts in the peak memory.
+  const bool use_sgd = a.optimizer == "sgd";
+  dtrain::SgdOptions so;
+  so.momentum = 0.9;
+  std::unique_ptr<dtrain::AdamW> adamw_p =
+      use_sgd ? nullptr : std::make_unique<dtrain::AdamW>(model, a.lr);
+  std::unique_ptr<dtrain::Sgd> sgd_p =
+      use_sgd ? std::make_unique<dtrain::Sgd>(model, a.lr, so) : nullptr;
+
+  dtrain::Batch batch;
+  std::int64_t epoch = 0;
+  auto next = [&]() {
+    while (!loader.next(batch)) sampler.set_epoch(++epoch);
+  };
+  Phases ph;
+  auto step = [&](bool timed) {
+    dtrain::Timer t;
+    next();
+    const double t_data = t.seconds();
+    t.reset();
+    model.zero_grad();
+    const auto* x = batch.features.as<float>().data();
+    const auto* y = batch.labels.as<std::int32_t>().data();
+    const auto n = static_cast<std::int64_t>(batch.size);
+    double loss = 0;
+    if (mode == Mode::no_overlap) {
+      loss = model.forward_backward(x, y, n);
+      sync.ready_all();
+    } else {
+      loss = model.forward_backward(x, y, n, dtrain::Loss::softmax_cross_entropy,
+                                    [&](std::size_t o, std::size_t c) { sync.ready(o, c); });
+    }
+    (void)loss;
+    const double t_fb = t.seconds();
+    t.reset();
+    double t_opt = 0;
+    if (mode == Mode::fused) {
+      if (use_sgd)
+        sync.wait(*sgd_p);
+      else
+        sync.wait(*adamw_p);
+    } else {
+      sync.wait();
+    }
+    const double t_sync = t.seconds();
+    if (mode != Mode::fused) {
+      t.reset();
+      if (use_sgd)
+        sgd_p->step();
+      else
+        adamw_p->step();
+      t_opt = t.seconds();
+    }
+    if (timed) {
+      ph.data += t_data;
+      ph.backward += t_fb;  // forward is split off below
+      ph.sync += t_sync;
+      ph.optimizer += t_opt;
+    }
+  };
+  for (std::int64_t i = 0; i < a.warmup; ++i) step(false);
+  comm.barrier();
+  const dtrain::Timer wall;
+  for (std::int64_t i = 0; i < a.steps; ++i) step(true);
+  double elapsed = wall.seconds();
+  comm.allreduce(dtrain::BufferView(&elapsed, 1, dtrain::DType::f64), dtrain::ReduceOp::max);
+
+  // Forward alone on the same batch shapes (local, outside the timed loop).
+  const std::int64_t fsteps = std::max<std::int64_t>(10, a.steps / 4);
+  const auto* x = batch.features.as<float>().data();
+  const auto n = static_cast<std::int64_t>(batch.size);
+  dtrain::PassOptions eval;
+  eval.training = false;
+  model.forward(x, n, eval);
+  const dtrain::Timer ft;
+  for (std::int64_t i = 0; i < fsteps; ++i) model.forward(x, n, eval);
+  const double fwd = ft.seconds() / static_cast<double>(fsteps);
+
+  Result r;
+  r.samples_per_s = static_cast<double>(a.steps * a.batch * world) / elapsed;
+  const double s = static_cast<double>(a.steps);
+  r.split.data = ph.data / s;
+  r.split.forward = std::min(fwd, ph.backward / s);
+  r.split.backward = ph.backward / s - r.split.forward;
+  r.split.sync = ph.sync / s;
+  r.split.optimizer = ph.optimizer / s;
+  return r;
+}
+
+double peak_rss_mib() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // Linux: KiB
+}
+
+std::string split_json(const Phases& p) {
+  const double t = p.total();
+  char b[512];
+  std::snprintf(b, sizeof b,
+                "{\"step_ms\": %.4f, \"data_wait\": %.4f, \"forward\": %.4f, \"backward\": %.4f, "
+                "\"sync_wait\": %.4f, \"optimizer\": %.4f}",
+                1e3 * t, p.data / t, p.forward / t, p.backward / t, p.sync / t, p.optimizer / t);
+  return b;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  int rank = 0, world = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  Args a;
+  {
+    CLI::App app(
+        "train_bench: training samples/s of an MLP 784-H-H-10 on 1 and 2 ranks in one run "
+        "(synthetic data), scaling efficiency, phase split, peak memory.",
+        "train_bench");
+    dtrain_cli::add_hidden(app, a.hidden);
+    dtrain_cli::add_batch(app, a.batch);
+    app.add_option("--optimizer", a.optimizer, "adamw or sgd (momentum 0.9)")
+        ->check(CLI::IsMember({"adamw", "sgd"}))
+        ->capture_default_str();
+    dtrain_cli::add_int(app, "--steps", a.steps, "timed steps per figure", 1, 1000000);
+    dtrain_cli::add_int(app, "--warmup", a.warmup, "untimed steps before each figure", 0, 100000);
+    dtrain_cli::add_int(app, "--bucket-kib", a.bucket_kib, "gradient bucket size in KiB", 1,
+                        1 << 20);
+    dtrain_cli::add_lr(app, a.lr);
+    dtrain_cli::add_seed(app, a.seed);
+    dtrain_cli::add_json(app, a.json);
+    if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
+      MPI_Finalize();
+      return code;
+    }
+  }
+  if (world != 2) {
+    if (rank == 0)
+      std::fprintf(stderr, "train_bench: run it on exactly 2 ranks (mpiexec -n 2), not %d\n",
+                   world);
+    MPI_Finalize();
+    return 2;
+  }
+  int code = 0;
+  try {
+    // The same synthetic samples on every rank: 64 global batches per epoch.
+    const std::size_t n = static_cast<std::size_t>(a.batch) * 2 * 64;
+    dtrain::InMemoryDataset data(dtrain::Shape{kIn}, n);
+    {
+      dtrain::RngStream rng(a.seed, 7);
+      std::vector<float> x(kIn);
+      for (std::size_t i = 0; i < n; ++i) {
+        for (auto& v : x) v = static_cast<float>(rng.normal());
+        data.append(dtrain::span<const float>(x.data(), x.size()),
+                    static_cast<std::int32_t>(rng.below(kClasses)));
+      }
+    }
+    MPI_Comm solo = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
+    dtrain::MpiTransport world_transport(MPI_COMM_WORLD);
+    dtrain::Communicator world_comm(world_transport);
+
+    const Mode modes[] = {Mode::overlap, Mode::no_overlap, Mode::fused};
+    Result one[3], two[3];
+    for (int m = 0; m < 3; ++m) {
+      // 1 rank: rank 0 on its own communicator; rank 1 sleeps in a polled non-blocking barrier.
+      if (rank == 0) {
+        dtrain::MpiTransport t(solo);
+        dtrain::Communicator c(t);
+        one[m] = measure(c, data, a, modes[m]);
+      }
+      MPI_Request req;
+      MPI_Ibarrier(MPI_COMM_WORLD, &req);
+      for (int done = 0; !done;) {
+        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+        if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      two[m] = measure(world_comm, data, a, modes[m]);
+    }
+    double rss[2] = {0, 0};
+    double mine = peak_rss_mib();
+    MPI_Gather(&mine, 1, MPI_DOUBLE, rss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
+
+    if (rank == 0) {
+      const double params = static_cast<double>(kIn * a.hidden + a.hidden + a.hidden * a.hidden +
+                                                a.hidden + a.hidden * kClasses + kClasses);
+      const double state_floats = params * (a.optimizer == "sgd" ? 3 : 4);
+      const double act_floats =
+          2.0 * static_cast<double>(a.batch) * (kIn + 4 * a.hidden + 2 * kClasses);
+      const double prefetch_floats = 3.0 * static_cast<double>(a.batch) * (kIn + 1);
+      const double state_mib = 4.0 * (state_floats + act_floats + prefetch_floats) / (1 << 20);
+      std::printf(
+          "# train_bench: MLP 784-%lld-%lld-10 (%.0f parameters), %s, batch %lld per rank, %lld "
+          "timed steps, synthetic data; 1 rank on a sub-communicator, then 2 ranks\n",
+          static_cast<long long>(a.hidden), static_cast<long long>(a.hidden), params,
+          a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.steps));
+      std::printf("# %-11s %12s %12s %10s   rank 0 split on 2 ranks: %s\n", "mode", "1 rank sps",
+                  "2 ranks sps", "efficiency",
+                  "data / forward / backward / sync wait / optimizer, step ms");
+      for (int m = 0; m < 3; ++m) {
+        const Phases& p = two[m].split;
+        const double t = p.total();
+        std::printf(
+            "  %-11s %12.0f %12.0f %10.3f   %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%%, "
+            "%.3f ms\n",
+            name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
+            two[m].samples_per_s / (2 * one[m].samples_per_s), 100 * p.data / t,
+            100 * p.forward / t, 100 * p.backward / t, 100 * p.sync / t, 100 * p.optimizer / t,
+            1e3 * t);
+      }
+      std::printf(
+          "# peak RSS: rank 0 %.1f MiB, rank 1 %.1f MiB; training state %.1f MiB "
+          "(parameters, gradients, optimizer state, activations, prefetch)\n",
+          rss[0], rss[1], state_mib);
+      if (!a.json.empty()) {
+        dtrain::JsonSummary js;
+        char model[64];
+        std::snprintf(model, sizeof model, "mlp-784-%lld-%lld-10", static_cast<long long>(a.hidden),
+                      static_cast<long long>(a.hidden));
+        js.add("model", model)
+            .add("optimizer", a.optimizer)
+            .add("batch_per_rank", a.batch)
+            .add("steps", a.steps)
+            .add("samples_per_s_1", one[0].samples_per_s)
+            .add("samples_per_s_2", two[0].samples_per_s)
+            .add("scaling_efficiency", two[0].samples_per_s / (2 * one[0].samples_per_s))
+            .add_raw("phase_split_2", split_json(two[0].split))
+            .add_raw("phase_split_1", split_json(one[0].split));
+        std::string modes_json = "{";
+        for (int m = 0; m < 3; ++m) {
+          char b[256];
+          std::snprintf(b, sizeof b,
+                        "%s\n    \"%s\": {\"samples_per_s_1\": %.1f, \"samples_per_s_2\": %.1f, "
+                        "\"scaling_efficiency\": %.4f, \"phase_split_2\": ",
+                        m ? "," : "", name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
+                        two[m].samples_per_s / (2 * one[m].samples_per_s));
+          modes_json += b + split_json(two[m].split) + "}";
+        }
+        modes_json += "\n  }";
+        js.add_raw("modes", modes_json)
+            .add("peak_rss_mib_rank0", rss[0])
+            .add("peak_rss_mib_rank1", rss[1])
+            .add("training_state_mib", state_mib);
+        js.write(a.json);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    code = 1;
+    MPI_Abort(MPI_COMM_WORLD, 1);
+  }
+  MPI_Finalize();
+  return code;
+}
