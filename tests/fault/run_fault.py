@@ -28,6 +28,11 @@ CASES = {
     "throw_propagate": dict(np=3, fault="throw", rank=1, step=5, max_s=MARGIN_S,
                             policy="propagate",
                             first=r"^dtrain: rank 1: fault_trainer step 5: injected failure"),
+    # The same without the node-shared window (DTRAIN_SHM=0): isolates the Hdf5Dataset (MPI-IO
+    # file close skipped while unwinding) from ~MpiTransport's MPI_Win_free.
+    "throw_propagate_noshm": dict(np=3, fault="throw", rank=1, step=5, max_s=MARGIN_S,
+                                  policy="propagate", env={"DTRAIN_SHM": "0"},
+                                  first=r"^dtrain: rank 1: fault_trainer step 5: injected failure"),
     "diskfull": dict(np=2, fault="diskfull", rank=0, step=5, max_s=MARGIN_S,
                      first=r"^dtrain: rank 0: checkpoint (save|write): .*(File too large|"
                            r"No space|errno|write failed|HDF5)"),
@@ -58,6 +63,7 @@ def main():
         fail("could not write the dataset")
     env = dict(os.environ, DTRAIN_COMM_TIMEOUT_S=str(DEADLINE_S), OPENBLAS_NUM_THREADS="1",
                DTRAIN_TEST_WATCHDOG_S="0")
+    env.update(c.get("env", {}))
     cmd = [mpiexec, "-n", str(c["np"]), trainer, "--data", data, "--run-dir", run_dir,
            "--steps", "12", "--every", "2", "--fault", c["fault"], "--fault-rank",
            str(c["rank"]), "--fault-step", str(c["step"]), "--policy", c.get("policy", "abort")]

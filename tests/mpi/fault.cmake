@@ -10,7 +10,7 @@ if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)
   target_include_directories(fault_trainer PRIVATE "${PROJECT_SOURCE_DIR}/tests")
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
-    foreach(_case throw throw_propagate diskfull kill stop mismatch)
+    foreach(_case throw throw_propagate throw_propagate_noshm diskfull kill stop mismatch)
       add_test(NAME fault_${_case}
         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_LIST_DIR}/../fault/run_fault.py
                 ${MPIEXEC_EXECUTABLE} $<TARGET_FILE:fault_trainer> ${_case}

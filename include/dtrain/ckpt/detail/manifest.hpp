@@ -362,6 +362,7 @@ class BlobReader {
     off_ += n;
   }
   bool done() const { return off_ == n_; }
+  std::size_t left() const { return n_ - off_; }
 
  private:
   void need(std::size_t n) {
@@ -388,20 +389,40 @@ inline void encode_entry(BlobWriter& w, const CkptEntry& e, bool with_data) {
   if (data) w.put_raw(e.data, e.bytes());
 }
 
+/// Decodes one entry written by encode_entry. The bytes come from another rank of the same job,
+/// but are still checked (kind, dtype, rank, extents, size against the message) so that a
+/// damaged message is an error, not an out-of-range allocation or read.
 inline CkptEntry decode_entry(BlobReader& r) {
+  const char* op = "checkpoint exchange";
   CkptEntry e;
   e.path = r.get_str();
-  e.kind = static_cast<EntryKind>(r.get_i64());
-  e.dtype = static_cast<DType>(r.get_i64());
-  e.shape.resize(static_cast<std::size_t>(r.get_i64()));
-  for (auto& d : e.shape) d = r.get_i64();
+  const std::int64_t kind = r.get_i64(), dtype = r.get_i64(), rank = r.get_i64();
+  if (kind < 0 || kind > static_cast<std::int64_t>(EntryKind::str) || dtype < 0 ||
+      dtype > static_cast<std::int64_t>(DType::i64) || rank < 0 || rank > 32)
+    raise<Error>(op, "malformed entry '" + e.path + "' in a message between ranks");
+  e.kind = static_cast<EntryKind>(kind);
+  e.dtype = static_cast<DType>(dtype);
+  e.shape.resize(static_cast<std::size_t>(rank));
+  std::size_t bytes = size_of(e.dtype);
+  for (auto& d : e.shape) {
+    d = r.get_i64();
+    if (d < 0 || (d > 0 && bytes > std::numeric_limits<std::size_t>::max() / 2 /
+                                       static_cast<std::size_t>(d)))
+      raise<Error>(op, "entry '" + e.path + "' has an invalid extent in a message between ranks");
+    bytes *= static_cast<std::size_t>(d);
+  }
   e.crc = static_cast<std::uint32_t>(r.get_i64());
   e.i64 = r.get_i64();
   e.f64 = r.get_f64();
   e.str = r.get_str();
-  e.owner = static_cast<int>(r.get_i64());
+  const std::int64_t owner = r.get_i64();
+  if (owner < -1 || owner > std::numeric_limits<int>::max())
+    raise<Error>(op, "entry '" + e.path + "' has an invalid owner in a message between ranks");
+  e.owner = static_cast<int>(owner);
   if (r.get_i64()) {
-    e.storage.resize(e.bytes());
+    if (e.kind != EntryKind::tensor || bytes > r.left())
+      raise<Error>(op, "truncated message between ranks (entry '" + e.path + "')");
+    e.storage.resize(bytes);
     r.get_raw(e.storage.data(), e.storage.size());
     e.data = e.storage.data();
   }
