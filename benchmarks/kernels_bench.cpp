@@ -20,6 +20,7 @@
 #include <dtrain/kernels/host/optim.hpp>
 #if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
 #include <dtrain/kernels/host/blas.hpp>
+#include <dtrain/kernels/host/blas_exec.hpp>
 #endif
 #include <dtrain/model/model.hpp>
 #include <dtrain/optim/optim.hpp>
@@ -266,10 +267,19 @@ void bench_optim(const Options& o) {
 
 void bench_mlp(const Options& o) {
   const std::int64_t batch = o.batch;
-  dtrain::Sequential model{dtrain::Linear(784, 1024), dtrain::Relu(), dtrain::Linear(1024, 1024),
-                           dtrain::Relu(), dtrain::Linear(1024, 10)};
+  // The layers' GEMM is the policy's: CBLAS through HostBlasExec when this build has it.
+  const std::vector<dtrain::LayerSpec> layers = {dtrain::Linear(784, 1024), dtrain::Relu(),
+                                                 dtrain::Linear(1024, 1024), dtrain::Relu(),
+                                                 dtrain::Linear(1024, 10)};
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+  using Exec = dtrain::HostBlasExec;
+#else
+  using Exec = dtrain::HostExec;
+#endif
+  Exec exec;
+  dtrain::BasicSequential<float, Exec> model(layers, exec);
   model.init(1);
-  dtrain::AdamW opt(model, 1e-3);
+  dtrain::BasicAdamW<Exec> opt(model, 1e-3);
   const auto x = random_vec(static_cast<std::size_t>(batch * 784), 3);
   std::vector<std::int32_t> labels(static_cast<std::size_t>(batch));
   for (std::int64_t i = 0; i < batch; ++i) labels[i] = static_cast<std::int32_t>(i % 10);
@@ -398,6 +408,28 @@ void bench_device(const Options& o) {
   std::printf("# %-16s %12s %12s %8s\n", "bandwidth", "GB/s", "memcpy GB/s", "ratio");
   std::printf("  %-16s %12.1f %12.1f %8.3f\n", "adamw 16M f32", adam_bw, copy_bw,
               adam_bw / copy_bw);
+  // Other streaming kernels against the same memcpy: f32 -> f16 (6 B/element), dropout forward
+  // (8 B/element), unfused bias add then ReLU in place (16 B/element over the two kernels).
+  gpu::DeviceBuffer<dtrain::half> half_out(n);
+  const float t_conv = time_ms([&] { gpu::convert(src.data(), half_out.data(), n); });
+  const float t_drop = time_ms([&] {
+    gpu::dropout_forward(src.data(), dst.data(), std::int64_t(n) / 1024, 1024, 0.1f, 1, 2, 0);
+  });
+  const float t_bias = time_ms([&] {
+    gpu::bias_add(dst.data(), src.data(), std::int64_t(n) / 1024, 1024);
+    gpu::activation_forward(dtrain::host::Activation::relu, dst.data(), dst.data(), n);
+  });
+  const struct {
+    const char* what;
+    double bytes;
+    float ms;
+  } rows[] = {{"f32->f16 16M", 6.0 * n, t_conv},
+              {"dropout 16M f32", 8.0 * n, t_drop},
+              {"bias+relu 16M", 16.0 * n, t_bias}};
+  for (const auto& r : rows) {
+    const double bw = r.bytes / (r.ms * 1e-3) * 1e-9;
+    std::printf("  %-16s %12.1f %12.1f %8.3f\n", r.what, bw, copy_bw, bw / copy_bw);
+  }
   gpu::event_destroy(e0);
   gpu::event_destroy(e1);
 }

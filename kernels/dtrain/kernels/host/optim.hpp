@@ -77,47 +77,50 @@ inline void adamw_element(T& p, T g, T& m, T& v, const AdamWCoeffs<T>& k) noexce
 // with intrinsics because a std::sqrt loop does not vectorise under the default -fmath-errno.
 // __SSE2__ is part of the x86-64 ABI, so every translation unit of one program sees the same
 // choice (it is a property of the target, not a feature switch).
-inline std::size_t adamw_lanes(float* __restrict p, const float* __restrict g, float* __restrict m,
-                               float* __restrict v, std::size_t n,
-                               const AdamWCoeffs<float>& k) noexcept {
-  const __m128 b1 = _mm_set1_ps(k.b1), b2 = _mm_set1_ps(k.b2), c1 = _mm_set1_ps(k.c1),
-               c2 = _mm_set1_ps(k.c2), decay = _mm_set1_ps(k.decay),
-               step = _mm_set1_ps(k.step_size), ibc2 = _mm_set1_ps(k.inv_bc2),
-               eps = _mm_set1_ps(k.eps);
+template <class T>
+struct Sse2;
+template <>
+struct Sse2<float> {
+  using V = __m128;
+  static constexpr std::size_t width = 4;
+  static V set1(float x) noexcept { return _mm_set1_ps(x); }
+  static V load(const float* p) noexcept { return _mm_loadu_ps(p); }
+  static void store(float* p, V x) noexcept { _mm_storeu_ps(p, x); }
+  static V add(V a, V b) noexcept { return _mm_add_ps(a, b); }
+  static V sub(V a, V b) noexcept { return _mm_sub_ps(a, b); }
+  static V mul(V a, V b) noexcept { return _mm_mul_ps(a, b); }
+  static V div(V a, V b) noexcept { return _mm_div_ps(a, b); }
+  static V sqrt(V a) noexcept { return _mm_sqrt_ps(a); }
+};
+template <>
+struct Sse2<double> {
+  using V = __m128d;
+  static constexpr std::size_t width = 2;
+  static V set1(double x) noexcept { return _mm_set1_pd(x); }
+  static V load(const double* p) noexcept { return _mm_loadu_pd(p); }
+  static void store(double* p, V x) noexcept { _mm_storeu_pd(p, x); }
+  static V add(V a, V b) noexcept { return _mm_add_pd(a, b); }
+  static V sub(V a, V b) noexcept { return _mm_sub_pd(a, b); }
+  static V mul(V a, V b) noexcept { return _mm_mul_pd(a, b); }
+  static V div(V a, V b) noexcept { return _mm_div_pd(a, b); }
+  static V sqrt(V a) noexcept { return _mm_sqrt_pd(a); }
+};
+template <class T>
+inline std::size_t adamw_lanes(T* __restrict p, const T* __restrict g, T* __restrict m,
+                               T* __restrict v, std::size_t n, const AdamWCoeffs<T>& k) noexcept {
+  using S = Sse2<T>;
+  const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),
+             decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2),
+             eps = S::set1(k.eps);
   std::size_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    const __m128 gi = _mm_loadu_ps(g + i);
-    const __m128 mi = _mm_add_ps(_mm_mul_ps(b1, _mm_loadu_ps(m + i)), _mm_mul_ps(c1, gi));
-    const __m128 vi =
-        _mm_add_ps(_mm_mul_ps(b2, _mm_loadu_ps(v + i)), _mm_mul_ps(_mm_mul_ps(c2, gi), gi));
-    _mm_storeu_ps(m + i, mi);
-    _mm_storeu_ps(v + i, vi);
-    const __m128 den = _mm_add_ps(_mm_sqrt_ps(_mm_mul_ps(vi, ibc2)), eps);
-    const __m128 pi =
-        _mm_sub_ps(_mm_mul_ps(_mm_loadu_ps(p + i), decay), _mm_div_ps(_mm_mul_ps(step, mi), den));
-    _mm_storeu_ps(p + i, pi);
-  }
-  return i;
-}
-inline std::size_t adamw_lanes(double* __restrict p, const double* __restrict g,
-                               double* __restrict m, double* __restrict v, std::size_t n,
-                               const AdamWCoeffs<double>& k) noexcept {
-  const __m128d b1 = _mm_set1_pd(k.b1), b2 = _mm_set1_pd(k.b2), c1 = _mm_set1_pd(k.c1),
-                c2 = _mm_set1_pd(k.c2), decay = _mm_set1_pd(k.decay),
-                step = _mm_set1_pd(k.step_size), ibc2 = _mm_set1_pd(k.inv_bc2),
-                eps = _mm_set1_pd(k.eps);
-  std::size_t i = 0;
-  for (; i + 2 <= n; i += 2) {
-    const __m128d gi = _mm_loadu_pd(g + i);
-    const __m128d mi = _mm_add_pd(_mm_mul_pd(b1, _mm_loadu_pd(m + i)), _mm_mul_pd(c1, gi));
-    const __m128d vi =
-        _mm_add_pd(_mm_mul_pd(b2, _mm_loadu_pd(v + i)), _mm_mul_pd(_mm_mul_pd(c2, gi), gi));
-    _mm_storeu_pd(m + i, mi);
-    _mm_storeu_pd(v + i, vi);
-    const __m128d den = _mm_add_pd(_mm_sqrt_pd(_mm_mul_pd(vi, ibc2)), eps);
-    const __m128d pi =
-        _mm_sub_pd(_mm_mul_pd(_mm_loadu_pd(p + i), decay), _mm_div_pd(_mm_mul_pd(step, mi), den));
-    _mm_storeu_pd(p + i, pi);
+  for (; i + S::width <= n; i += S::width) {
+    const auto gi = S::load(g + i);
+    const auto mi = S::add(S::mul(b1, S::load(m + i)), S::mul(c1, gi));
+    const auto vi = S::add(S::mul(b2, S::load(v + i)), S::mul(S::mul(c2, gi), gi));
+    S::store(m + i, mi);
+    S::store(v + i, vi);
+    const auto den = S::add(S::sqrt(S::mul(vi, ibc2)), eps);
+    S::store(p + i, S::sub(S::mul(S::load(p + i), decay), S::div(S::mul(step, mi), den)));
   }
   return i;
 }
