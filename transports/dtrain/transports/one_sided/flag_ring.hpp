@@ -5,7 +5,11 @@
 // before it was read.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <vector>
+
+#include <dtrain/transports/one_sided/backend.hpp>
 
 namespace dtrain::detail::rma {
 
@@ -41,5 +45,57 @@ inline bool read_ring(const std::uint64_t* ring, std::uint64_t size, std::uint64
   rx += 2;
   return true;
 }
+
+/// Appends the notifications that arrived in `peer`'s ring to out[n..max) as events; returns
+/// the new n.
+inline int ring_events(const std::uint64_t* ring, std::uint64_t size, std::uint64_t& rx, int peer,
+                       one_sided::Event* out, int n, int max) noexcept {
+  std::uint32_t imm = 0;
+  while (n < max && read_ring(ring, size, rx, imm)) {
+    one_sided::Event e;
+    e.kind = one_sided::Event::notified;
+    e.peer = peer;
+    e.imm = imm;
+    out[n++] = e;
+  }
+  return n;
+}
+
+/// Events of backends whose writes finish inside the posting call (loopback, MPI), kept for
+/// the next poll. Local.
+class EventQueue {
+ public:
+  void done(int peer, std::uint64_t wr_id) {
+    one_sided::Event e;
+    e.kind = one_sided::Event::write_done;
+    e.peer = peer;
+    e.wr_id = wr_id;
+    events_.push_back(e);
+  }
+  void failed(int peer, std::uint64_t wr_id, const char* status, int code, const char* opcode) {
+    one_sided::Event e;
+    e.kind = one_sided::Event::failed;
+    e.peer = peer;
+    e.wr_id = wr_id;
+    e.status = status;
+    e.code = code;
+    e.opcode = opcode;
+    events_.push_back(e);
+  }
+  /// Moves up to `max` queued events to `out`; returns how many.
+  int drain(one_sided::Event* out, int max) {
+    int n = 0;
+    while (n < max && head_ < events_.size()) out[n++] = events_[head_++];
+    if (head_ == events_.size()) {
+      events_.clear();
+      head_ = 0;
+    }
+    return n;
+  }
+
+ private:
+  std::vector<one_sided::Event> events_;
+  std::size_t head_ = 0;
+};
 
 }  // namespace dtrain::detail::rma

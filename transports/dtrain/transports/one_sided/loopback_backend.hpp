@@ -236,7 +236,7 @@ class LoopbackRmaBackend {
              const std::uint32_t* imm) {
     const char* opcode = imm ? "RDMA_WRITE_WITH_IMM" : "RDMA_WRITE";
     if (A::broken(*w_, rank_, peer).load(std::memory_order_acquire)) {
-      fail(peer, wr_id, "work request flushed error", 5, opcode);
+      events_.failed(peer, wr_id, "work request flushed error", 5, opcode);
       return true;
     }
     bool lose = false;
@@ -246,13 +246,14 @@ class LoopbackRmaBackend {
         if (f.rank != rank_ || f.peer != peer || f.after != n) continue;
         if (f.kind == LoopbackRmaFault::Kind::remote_access_error) {
           break_connection(peer);
-          fail(peer, wr_id, "remote access error (injected)", 10, opcode);
+          events_.failed(peer, wr_id, "remote access error (injected)", 10, opcode);
           return true;
         }
         if (f.kind == LoopbackRmaFault::Kind::flushed_queue) {
           break_connection(peer);
-          fail(peer, wr_id, "work request flushed error (injected: connection in error state)", 5,
-               opcode);
+          events_.failed(peer, wr_id,
+                         "work request flushed error (injected: connection in error state)", 5,
+                         opcode);
           return true;
         }
         if (f.kind == LoopbackRmaFault::Kind::lost_notification) lose = true;
@@ -261,12 +262,13 @@ class LoopbackRmaBackend {
     const auto s = reinterpret_cast<std::uintptr_t>(src);
     const auto sa = reinterpret_cast<std::uintptr_t>(src_region.data);
     if (s < sa || s + bytes > sa + src_region.bytes) {
-      fail(peer, wr_id, "local protection error (source outside its registration)", 4, opcode);
+      events_.failed(peer, wr_id, "local protection error (source outside its registration)", 4,
+                     opcode);
       return true;
     }
     if (!check_remote(peer, dst, bytes)) {
       break_connection(peer);
-      fail(peer, wr_id, "remote access error", 10, opcode);
+      events_.failed(peer, wr_id, "remote access error", 10, opcode);
       return true;
     }
     if (bytes) std::memcpy(reinterpret_cast<void*>(dst.addr), src, bytes);
@@ -279,30 +281,30 @@ class LoopbackRmaBackend {
     } else if (imm) {
       ++tx_[static_cast<std::size_t>(peer)];
     }
-    if (signaled) done(peer, wr_id);
+    if (signaled) events_.done(peer, wr_id);
     return true;
   }
 
   bool write_word(int peer, std::uint64_t value, one_sided::RemoteAddr dst, std::uint64_t wr_id,
                   bool signaled) {
     if (A::broken(*w_, rank_, peer).load(std::memory_order_acquire)) {
-      fail(peer, wr_id, "work request flushed error", 5, "RDMA_WRITE");
+      events_.failed(peer, wr_id, "work request flushed error", 5, "RDMA_WRITE");
       return true;
     }
     const std::uint64_t n = ++credit_stores_[static_cast<std::size_t>(peer)];
     for (const auto& f : A::faults(*w_))
       if (f.kind == LoopbackRmaFault::Kind::stop_credits && f.rank == rank_ && f.peer == peer &&
           n > f.after) {
-        if (signaled) done(peer, wr_id);
+        if (signaled) events_.done(peer, wr_id);
         return true;  // silently withheld
       }
     if (!check_remote(peer, dst, 8)) {
       break_connection(peer);
-      fail(peer, wr_id, "remote access error", 10, "RDMA_WRITE");
+      events_.failed(peer, wr_id, "remote access error", 10, "RDMA_WRITE");
       return true;
     }
     __atomic_store_n(reinterpret_cast<std::uint64_t*>(dst.addr), value, __ATOMIC_RELEASE);
-    if (signaled) done(peer, wr_id);
+    if (signaled) events_.done(peer, wr_id);
     return true;
   }
 
@@ -311,12 +313,7 @@ class LoopbackRmaBackend {
   }
 
   int poll(Event* out, int max) {
-    int n = 0;
-    while (n < max && head_ < events_.size()) out[n++] = events_[head_++];
-    if (head_ == events_.size()) {
-      events_.clear();
-      head_ = 0;
-    }
+    int n = events_.drain(out, max);
     const int p = size();
     for (int q = 0; q < p && n < max; ++q) {
       if (q == rank_) continue;
@@ -332,16 +329,8 @@ class LoopbackRmaBackend {
         out[n++] = e;
         continue;
       }
-      const std::uint64_t* ring = A::ring(*w_, rank_, q);
-      std::uint32_t imm = 0;
-      while (n < max && detail::rma::read_ring(ring, A::ring_size(*w_),
-                                               rx_[static_cast<std::size_t>(q)], imm)) {
-        Event e;
-        e.kind = Event::notified;
-        e.peer = q;
-        e.imm = imm;
-        out[n++] = e;
-      }
+      n = rma::ring_events(A::ring(*w_, rank_, q), A::ring_size(*w_),
+                           rx_[static_cast<std::size_t>(q)], q, out, n, max);
     }
     return n;
   }
@@ -369,30 +358,11 @@ class LoopbackRmaBackend {
     A::broken(*w_, peer, rank_).store(1, std::memory_order_release);
     reported_[static_cast<std::size_t>(peer)] = 1;  // this side reports the write's own error
   }
-  void fail(int peer, std::uint64_t wr_id, const char* status, int code, const char* opcode) {
-    Event e;
-    e.kind = Event::failed;
-    e.peer = peer;
-    e.wr_id = wr_id;
-    e.status = status;
-    e.code = code;
-    e.opcode = opcode;
-    events_.push_back(e);
-  }
-  void done(int peer, std::uint64_t wr_id) {
-    Event e;
-    e.kind = Event::write_done;
-    e.peer = peer;
-    e.wr_id = wr_id;
-    events_.push_back(e);
-  }
-
   LoopbackRmaWorld* w_;
   int rank_;
   std::vector<std::uint64_t> tx_, rx_, notified_, credit_stores_;
   std::vector<unsigned char> reported_;
-  std::vector<Event> events_;
-  std::size_t head_ = 0;
+  rma::EventQueue events_;
   std::size_t registrations_ = 0;
 };
 

@@ -37,6 +37,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -101,7 +102,8 @@ class OneSidedTransport {
 
  public:
   static constexpr bool supports_device_memory = false;
-  static constexpr bool requires_registration = false;  // unregistered buffers work, slower
+  /// Plans register every buffer they move (unregistered ones still work, registered per message).
+  static constexpr bool requires_registration = true;
   static constexpr bool one_sided = true;
   static constexpr bool thread_safe = true;
 
@@ -135,9 +137,11 @@ class OneSidedTransport {
   };
 
   /// Collective: builds the backend from `backend_args` and bootstraps with default settings.
-  template <class... A>
-  explicit OneSidedTransport(A&&... backend_args)
-      : OneSidedTransport(OneSidedConfig{}, std::forward<A>(backend_args)...) {}
+  template <class A0, class... A,
+            class = std::enable_if_t<!std::is_same_v<std::decay_t<A0>, OneSidedConfig>>>
+  explicit OneSidedTransport(A0&& backend_arg0, A&&... backend_args)
+      : OneSidedTransport(OneSidedConfig{}, std::forward<A0>(backend_arg0),
+                          std::forward<A>(backend_args)...) {}
 
   /// Collective: as above with explicit protocol settings (the same on every rank).
   template <class... A>
@@ -713,14 +717,6 @@ class OneSidedTransport {
   std::map<std::pair<std::uintptr_t, std::size_t>, CacheEntry> cache_;
   std::vector<std::vector<unsigned char>> pool_;
   std::exception_ptr error_;
-};
-
-template <class B>
-struct transport_capabilities<OneSidedTransport<B>> {
-  static constexpr bool supports_device_memory = false;
-  static constexpr bool requires_registration = false;
-  static constexpr bool one_sided = true;
-  static constexpr bool thread_safe = true;
 };
 
 }  // namespace dtrain
