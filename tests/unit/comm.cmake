@@ -11,6 +11,11 @@ dtrain_add_unit_test(NAME unit_comm_reduce_contract
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_reduce_contract_test.cpp
   LINK dtrain::loopback
   TIMEOUT 60)
+# The transport seam: detected capabilities, registration, device memory, persistent channels.
+dtrain_add_unit_test(NAME unit_comm_transport
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_transport_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 120)
 dtrain_add_unit_test(NAME unit_comm_noalloc
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_noalloc_test.cpp
   LINK dtrain::loopback

@@ -16,7 +16,9 @@ namespace dtrain {
 /// Wraps any transport (by reference; it must outlive the wrapper) behind virtual calls. Costs
 /// one indirect call per operation; each Request allocates its underlying request once, on first
 /// use, so plans (which reuse their requests) still execute without allocating. Satisfies
-/// is_transport_v and forwards shared segments and the progress-thread answer.
+/// is_transport_v and forwards shared segments, the progress-thread answer, the capabilities
+/// (capabilities(), run-time values of the wrapped transport's transport_capabilities) and
+/// persistent channels (supports_channels() says whether the wrapped transport has them).
 class AnyTransport {
   struct Iface {
     virtual ~Iface() = default;
@@ -33,6 +35,12 @@ class AnyTransport {
     virtual void deregister_memory(MemoryRegion& m) noexcept = 0;
     virtual SharedSegments* shared_segments() noexcept = 0;
     virtual bool allows_progress_thread() const = 0;
+    virtual TransportCapabilities capabilities() const = 0;
+    virtual bool supports_channels() const = 0;
+    virtual void* bind(bool send, int peer, int id, const MemoryRegion& m, std::size_t offset,
+                       std::size_t bytes) = 0;
+    virtual void start(void* r, void* channel) = 0;
+    virtual void unbind(void* channel) noexcept = 0;
   };
 
   template <class T>
@@ -60,6 +68,29 @@ class AnyTransport {
     SharedSegments* shared_segments() noexcept override { return shared_segments_of(*t_); }
     bool allows_progress_thread() const override {
       return detail::transport_allows_progress_thread(*t_);
+    }
+    TransportCapabilities capabilities() const override { return capabilities_of(*t_); }
+    bool supports_channels() const override { return channels_available(*t_); }
+    void* bind(bool send, int peer, int id, const MemoryRegion& m, std::size_t offset,
+               std::size_t bytes) override {
+      if constexpr (detail::has_channels<T>::value) {
+        using C = typename T::Channel;
+        return new C(send ? t_->bind_send(peer, id, m, offset, bytes)
+                          : t_->bind_recv(peer, id, m, offset, bytes));
+      } else {
+        raise<InvalidArgument>("AnyTransport::bind", "the wrapped transport has no channels");
+      }
+    }
+    void start(void* r, void* channel) override {
+      if constexpr (detail::has_channels<T>::value)
+        t_->start(req(r), *static_cast<typename T::Channel*>(channel));
+    }
+    void unbind(void* channel) noexcept override {
+      if constexpr (detail::has_channels<T>::value) {
+        auto* c = static_cast<typename T::Channel*>(channel);
+        t_->unbind(*c);
+        delete c;
+      }
     }
     T* t_;
   };
@@ -92,6 +123,23 @@ class AnyTransport {
     Iface* owner_ = nullptr;
   };
 
+  /// A bound channel of the wrapped transport (owned; unbind releases it).
+  class Channel {
+   public:
+    Channel() = default;
+    Channel(Channel&& o) noexcept : impl_(o.impl_) { o.impl_ = nullptr; }
+    Channel& operator=(Channel&& o) noexcept {
+      std::swap(impl_, o.impl_);
+      return *this;
+    }
+    Channel(const Channel&) = delete;
+    Channel& operator=(const Channel&) = delete;
+
+   private:
+    friend class AnyTransport;
+    void* impl_ = nullptr;
+  };
+
   /// Local: wraps `t`, which must satisfy is_transport_v and outlive this object.
   template <class T, class = std::enable_if_t<!std::is_same_v<std::decay_t<T>, AnyTransport>>>
   explicit AnyTransport(T& t) : impl_(std::make_unique<Impl<T>>(t)) {
@@ -119,11 +167,33 @@ class AnyTransport {
   void deregister_memory(MemoryRegion& m) noexcept { impl_->deregister_memory(m); }
   SharedSegments* shared_segments() noexcept { return impl_->shared_segments(); }
   bool allows_progress_thread() const { return impl_->allows_progress_thread(); }
+  /// The wrapped transport's capabilities.
+  TransportCapabilities capabilities() const { return impl_->capabilities(); }
+  /// Whether the wrapped transport has persistent channels (bind_* throw InvalidArgument if not).
+  bool supports_channels() const { return impl_->supports_channels(); }
+  Channel bind_send(int peer, int channel_id, const MemoryRegion& m, std::size_t offset,
+                    std::size_t bytes) {
+    Channel c;
+    c.impl_ = impl_->bind(true, peer, channel_id, m, offset, bytes);
+    return c;
+  }
+  Channel bind_recv(int peer, int channel_id, const MemoryRegion& m, std::size_t offset,
+                    std::size_t bytes) {
+    Channel c;
+    c.impl_ = impl_->bind(false, peer, channel_id, m, offset, bytes);
+    return c;
+  }
+  void start(Request& r, Channel& c) { impl_->start(r.get(impl_.get()), c.impl_); }
+  void unbind(Channel& c) noexcept {
+    if (c.impl_) impl_->unbind(c.impl_);
+    c.impl_ = nullptr;
+  }
 
  private:
   std::unique_ptr<Iface> impl_;
 };
 
 static_assert(detail::check_transport<AnyTransport>(), "");
+static_assert(detail::has_channels<AnyTransport>::value, "AnyTransport forwards channels");
 
 }  // namespace dtrain

@@ -24,6 +24,10 @@ struct CommConfig {
   /// Run non-blocking collectives on a per-communicator progress thread (DTRAIN_COMM_PROGRESS=
   /// thread|caller). Without it, progress happens only inside test()/wait().
   bool progress_thread = true;
+  /// Bind every plan message as a persistent channel of the transport at plan construction and
+  /// start it on each execution, where the transport has channels (DTRAIN_COMM_PERSISTENT=0 turns
+  /// it off: two-sided isend / irecv per message).
+  bool persistent_channels = true;
   /// What `automatic` means (DTRAIN_ALLREDUCE_ALGO); an explicit argument wins over it.
   AllreduceAlgorithm default_algorithm = AllreduceAlgorithm::automatic;
   /// A given cost model (DTRAIN_COMM_ALPHA, _BETA, _GAMMA in seconds); invalid = measure once.
@@ -39,6 +43,8 @@ struct CommConfig {
       c.segment_bytes = static_cast<std::size_t>(parse(s, "DTRAIN_COMM_SEGMENT_BYTES"));
     if (const char* s = std::getenv("DTRAIN_COMM_CHECK"))
       c.check_fingerprints = std::string(s) != "0";
+    if (const char* s = std::getenv("DTRAIN_COMM_PERSISTENT"))
+      c.persistent_channels = std::string(s) != "0";
     if (const char* s = std::getenv("DTRAIN_COMM_PROGRESS")) {
       const std::string v = s;
       DTRAIN_REQUIRE(v == "thread" || v == "caller", "CommConfig::from_env",

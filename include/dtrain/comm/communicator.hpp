@@ -45,7 +45,9 @@ inline std::size_t partition_count(std::size_t count, int parts, int i) noexcept
 /// mismatch raises RemoteError on every rank naming both calls. Every wait has a deadline
 /// (CommConfig::timeout_s, default 300 s); on expiry TimeoutError names the rank, the
 /// collective, its sequence number and the peer. After a failure the communicator refuses
-/// further collectives (RemoteError). Buffers are host memory owned by the caller.
+/// further collectives (RemoteError). Buffers are owned by the caller and lie in host memory;
+/// broadcast also accepts device memory when the transport's capabilities say it moves device
+/// memory (supports_device_memory), and every call refuses device memory otherwise.
 /// Thread-safety: one user thread at a time per communicator; the communicator's own progress
 /// thread is internal (see detail/progress_engine.hpp for how progress is made and its cost).
 template <class Transport>
@@ -190,12 +192,21 @@ class Communicator {
     return s;
   }
 
-  static void require_host(const BufferView& b, const char* op) {
-    DTRAIN_REQUIRE(
-        b.space == Space::host, op,
-        "buffer in " << name_of(b.space) << " memory; this transport moves host memory only");
+  // Device buffers are accepted only where the transport moves device memory, and only for the
+  // collectives that do nothing but move bytes (the reductions and local copies run on the host).
+  void require_memory(const BufferView& b, const char* op) const {
     DTRAIN_REQUIRE(b.data != nullptr || b.count == 0, op,
                    "null buffer of " << b.count << " elements");
+    if (b.space == Space::host) return;
+    DTRAIN_REQUIRE(capabilities_of(*state_->transport).supports_device_memory, op,
+                   "buffer in " << name_of(b.space)
+                                << " memory, but this transport does not support device memory "
+                                   "(transport capability supports_device_memory is false)");
+    DTRAIN_REQUIRE(std::string(op) == "broadcast", op,
+                   "buffer in " << name_of(b.space)
+                                << " memory: only broadcast moves device memory; the reductions "
+                                   "and copies of "
+                                << op << " run on the host");
   }
   static bool overlap(const BufferView& a, const BufferView& b) {
     const auto* a0 = static_cast<const char*>(a.data);
@@ -204,7 +215,7 @@ class Communicator {
   }
 
   Spec broadcast_spec(BufferView buf, int root) const {
-    require_host(buf, "broadcast");
+    require_memory(buf, "broadcast");
     DTRAIN_REQUIRE(root >= 0 && root < size(), "broadcast",
                    "root " << root << " outside 0.." << size() - 1);
     Spec s = make_spec(detail::CollectiveKind::broadcast);
@@ -213,12 +224,13 @@ class Communicator {
     s.in = buf.data;
     s.out = buf.data;
     s.root = root;
+    s.space = buf.space;
     return s;
   }
 
   Spec allreduce_spec(BufferView in, BufferView out, ReduceOp op, AllreduceAlgorithm algo) {
-    require_host(in, "allreduce");
-    require_host(out, "allreduce");
+    require_memory(in, "allreduce");
+    require_memory(out, "allreduce");
     DTRAIN_REQUIRE(in.dtype == out.dtype && in.count == out.count, "allreduce",
                    "input is " << in.count << " x " << name_of(in.dtype) << " but output is "
                                << out.count << " x " << name_of(out.dtype));
@@ -235,8 +247,8 @@ class Communicator {
   }
 
   Spec reduce_scatter_spec(BufferView in, BufferView out, ReduceOp op) const {
-    require_host(in, "reduce_scatter");
-    require_host(out, "reduce_scatter");
+    require_memory(in, "reduce_scatter");
+    require_memory(out, "reduce_scatter");
     const std::size_t want = partition_count(in.count, size(), rank());
     DTRAIN_REQUIRE(in.dtype == out.dtype && out.count == want, "reduce_scatter",
                    "output must be " << want << " x " << name_of(in.dtype) << " (rank " << rank()
@@ -253,8 +265,8 @@ class Communicator {
   }
 
   Spec allgather_spec(BufferView in, BufferView out) const {
-    require_host(in, "allgather");
-    require_host(out, "allgather");
+    require_memory(in, "allgather");
+    require_memory(out, "allgather");
     const std::size_t want = partition_count(out.count, size(), rank());
     DTRAIN_REQUIRE(in.dtype == out.dtype && in.count == want, "allgather",
                    "input must be " << want << " x " << name_of(out.dtype) << " (rank " << rank()

@@ -1,8 +1,9 @@
 // dtrain: what a transport must provide, checked at compile time.
 //
 // A transport moves bytes between the ranks of one fixed group. The collective algorithms
-// (<dtrain/comm/communicator.hpp>) are written once against this vocabulary:
+// (<dtrain/comm/communicator.hpp>) are written once against this vocabulary.
 //
+// Required (two-sided messages):
 //   using Request = ...;                       default-constructible handle of one operation;
 //                                              it must not move while the operation is active
 //   int rank() const;  int size() const;
@@ -11,23 +12,46 @@
 //   bool test(Request&);                       non-blocking; true once complete
 //   bool wait_until(Request&, const Deadline&) blocking; false when the deadline passed first
 //   void cancel(Request&) noexcept;            abandons an active operation (error paths)
-//   MemoryRegion register_memory(void*, std::size_t, Space);   plan-time registration hook
+//   MemoryRegion register_memory(void*, std::size_t, Space);   plan-time registration
 //   void deregister_memory(MemoryRegion&) noexcept;
-// and optionally
+//
+// Optional, detected (a transport without them gets the fallback named):
+//   Persistent, plan-scoped channels (fallback: isend/irecv with tag channel_tag(id)):
+//     using Channel = ...;                     default-constructible, movable while unbound
+//     Channel bind_send(int peer, int channel_id, const MemoryRegion& region,
+//                       std::size_t offset, std::size_t bytes);
+//     Channel bind_recv(int peer, int channel_id, const MemoryRegion& region,
+//                       std::size_t offset, std::size_t bytes);
+//     void start(Request&, Channel&);          posts the bound operation once; complete it with
+//                                              test / wait_until, abandon it with cancel
+//     void unbind(Channel&) noexcept;          at plan destruction (the channel is not active)
+//     bool supports_channels() const;          optional run-time answer (default: true)
+//   A plan binds every message it will ever send or receive at construction (local: no
+//   communication), then starts the same channels, in the same order, on every execution. The
+//   channel id is the same on both ends of a message and stable across executions (it comes from
+//   the algorithm's schedule, never from a sequence number); ids are non-negative ints, unique
+//   per (sender, receiver) within one plan, and ids below 32 are the fingerprint exchange's (the
+//   same in every plan). `region` is what register_memory returned for the buffer holding the
+//   message, `offset` the message's position in it. A send is only started once the receiver's
+//   matching channel may have been started too (the algorithms never depend on it being
+//   started first). Channels of different plans with the same (peer, id) are never active at
+//   the same time.
 //   SharedSegments* shared_segments() noexcept;   node-shared memory for the shm algorithm
 //   bool allows_progress_thread() const;          whether a progress thread may drive it
+//   capabilities: static constexpr bool members supports_device_memory, requires_registration,
+//     one_sided, thread_safe (or a transport_capabilities specialisation; a run-time
+//     `TransportCapabilities capabilities() const` wins, as AnyTransport has), see below.
 //
 // Messages between one (sender, receiver, tag) triple match in the order they were posted, and a
 // receive names the exact byte count the matching send carries. Ranks never post a send to
 // themselves. Sends may complete before the receiver posts (buffered) or only once matched
 // (rendezvous): the algorithms never depend on either.
 //
-// One-sided, pre-registered transports (RDMA verbs) fit this vocabulary because every plan
-// registers all the memory it will ever send from or receive into at construction
-// (register_memory) and then replays the same (peer, tag, address, bytes) pattern on each
-// execution. Such a transport can exchange remote addresses and keys on the first execution of a
-// pattern and afterwards turn each isend into a single RDMA write with immediate data into the
-// peer's already known receive buffer; the algorithms stay unchanged.
+// One-sided, pre-registered transports (RDMA) implement the channels: at bind time they know the
+// peer, the registered region and the exact bytes of every message the plan will ever move, so
+// they can exchange remote addresses and keys once (on a channel's first start) and afterwards
+// turn each start of a send channel into one remote write with notification into the peer's
+// already known receive buffer.
 #pragma once
 
 #include <atomic>
@@ -121,21 +145,61 @@ struct SharedSegmentConfig {
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "shared-memory counters must be lock-free to work across processes");
 
-/// Capabilities of a transport. Specialise (or give the transport static constexpr members of
-/// the same names, which the primary template picks up) to advertise more.
+namespace detail {
+// A transport's own `static constexpr bool NAME` member, or `fallback` without one.
+#define DTRAIN_TRANSPORT_FLAG(NAME)                                                                \
+  template <class T, bool Fallback, class = void>                                                  \
+  struct flag_##NAME : std::bool_constant<Fallback> {};                                            \
+  template <class T, bool Fallback>                                                                \
+  struct flag_##NAME<T, Fallback, std::enable_if_t<std::is_same_v<decltype(T::NAME), const bool>>> \
+      : std::bool_constant<T::NAME> {};
+DTRAIN_TRANSPORT_FLAG(supports_device_memory)
+DTRAIN_TRANSPORT_FLAG(requires_registration)
+DTRAIN_TRANSPORT_FLAG(one_sided)
+DTRAIN_TRANSPORT_FLAG(thread_safe)
+#undef DTRAIN_TRANSPORT_FLAG
+}  // namespace detail
+
+/// Capabilities of a transport, known at compile time. The primary template reads the
+/// transport's own `static constexpr bool` members of these names (absent: the default shown);
+/// a specialisation may state them instead. The communicator consults them through
+/// capabilities_of (below), which also sees a run-time answer where the transport gives one.
 template <class T, class = void>
 struct transport_capabilities {
-  /// isend/irecv accept device pointers (GPU-aware MPI, GPUDirect RDMA).
-  static constexpr bool supports_device_memory = false;
-  /// isend/irecv require the memory to lie inside a region from register_memory.
-  static constexpr bool requires_registration = false;
-  /// The transport is one-sided underneath and benefits from plans that replay one pattern.
-  static constexpr bool one_sided = false;
+  /// isend/irecv/bind accept device pointers (GPU-aware MPI, GPUDirect RDMA). Without it the
+  /// communicator refuses device buffers.
+  static constexpr bool supports_device_memory =
+      detail::flag_supports_device_memory<T, false>::value;
+  /// Every buffer passed to isend/irecv/bind must lie inside a region from register_memory: the
+  /// plan then registers every buffer it sends from or receives into (the caller's and its
+  /// scratch) and uses the returned regions. Without it (and without one_sided) the plan calls
+  /// no register_memory.
+  static constexpr bool requires_registration = detail::flag_requires_registration<T, false>::value;
+  /// The transport is one-sided underneath and benefits from plans that replay one pattern:
+  /// plans register their buffers with it as with requires_registration.
+  static constexpr bool one_sided = detail::flag_one_sided<T, false>::value;
   /// A second thread may drive this transport while the owner thread waits on a queue (needed
   /// for the communicator's progress thread). Transports decide at run time via
   /// `bool allows_progress_thread() const` when they have it.
-  static constexpr bool thread_safe = true;
+  static constexpr bool thread_safe = detail::flag_thread_safe<T, true>::value;
 };
+
+/// The same capabilities as run-time values (AnyTransport reports its wrapped transport's).
+struct TransportCapabilities {
+  bool supports_device_memory = false;
+  bool requires_registration = false;
+  bool one_sided = false;
+  bool thread_safe = true;
+};
+
+/// The tag a two-sided transport gives channel `id` when it has no larger tag space: ids below
+/// 32767 map to themselves, larger ones wrap above the fingerprint ids (32767 itself is the
+/// cost-model calibration's tag). Messages with equal tags between one pair still match in the
+/// order both ends post them.
+inline int channel_tag(int id) noexcept {
+  constexpr int kFirst = 32, kLimit = 32767;
+  return id < kLimit ? id : kFirst + (id - kFirst) % (kLimit - kFirst);
+}
 
 namespace detail {
 
@@ -215,6 +279,50 @@ struct has_shared_segments<T, std::enable_if_t<std::is_same_v<
                                   SharedSegments*, decltype(std::declval<T&>().shared_segments())>>>
     : std::true_type {};
 
+template <class T, class = void>
+struct has_channels : std::false_type {};
+template <class T>
+struct has_channels<
+    T, std::void_t<typename T::Channel,
+                   std::enable_if_t<std::is_same_v<typename T::Channel,
+                                                   decltype(std::declval<T&>().bind_send(
+                                                       0, 0, std::declval<const MemoryRegion&>(),
+                                                       std::size_t{}, std::size_t{}))>>,
+                   std::enable_if_t<std::is_same_v<typename T::Channel,
+                                                   decltype(std::declval<T&>().bind_recv(
+                                                       0, 0, std::declval<const MemoryRegion&>(),
+                                                       std::size_t{}, std::size_t{}))>>,
+                   decltype(std::declval<T&>().start(std::declval<typename T::Request&>(),
+                                                     std::declval<typename T::Channel&>())),
+                   decltype(std::declval<T&>().unbind(std::declval<typename T::Channel&>()))>>
+    : std::true_type {};
+
+template <class T, class = void>
+struct has_channel_query : std::false_type {};
+template <class T>
+struct has_channel_query<T,
+                         std::void_t<decltype(bool{std::declval<const T&>().supports_channels()})>>
+    : std::true_type {};
+
+template <class T, class = void>
+struct has_runtime_capabilities : std::false_type {};
+template <class T>
+struct has_runtime_capabilities<
+    T, std::enable_if_t<std::is_same_v<TransportCapabilities,
+                                       decltype(std::declval<const T&>().capabilities())>>>
+    : std::true_type {};
+
+/// The channel handle of T, or an empty placeholder for transports without channels.
+struct NoChannel {};
+template <class T, bool = has_channels<T>::value>
+struct channel_type_of {
+  using type = NoChannel;
+};
+template <class T>
+struct channel_type_of<T, true> {
+  using type = typename T::Channel;
+};
+
 }  // namespace detail
 
 /// The transport's node-shared segments, or null when it has none (or the ranks span nodes).
@@ -224,6 +332,30 @@ SharedSegments* shared_segments_of(T& t) noexcept {
     return t.shared_segments();
   else
     return nullptr;
+}
+
+/// Whether plans over `t` bind persistent channels (T has them and, where it answers at run
+/// time, says yes).
+template <class T>
+bool channels_available(const T& t) {
+  if constexpr (!detail::has_channels<T>::value)
+    return false;
+  else if constexpr (detail::has_channel_query<T>::value)
+    return t.supports_channels();
+  else
+    return true;
+}
+
+/// T's capabilities: its run-time answer where it has one, else transport_capabilities<T>.
+template <class T>
+TransportCapabilities capabilities_of(const T& t) {
+  if constexpr (detail::has_runtime_capabilities<T>::value) {
+    return t.capabilities();
+  } else {
+    using C = transport_capabilities<T>;
+    return TransportCapabilities{C::supports_device_memory, C::requires_registration, C::one_sided,
+                                 C::thread_safe};
+  }
 }
 
 /// True when T provides every member the collectives need (see the top of this header).

@@ -172,6 +172,22 @@ class LoopbackTransport {
     Request& operator=(const Request&) = delete;
   };
 
+  /// A bound message: start posts it as isend / irecv with the channel id as tag (one address
+  /// space needs no more; the channel path of the plans is exercised all the same).
+  struct Channel {
+    int peer = -1;
+    int tag = 0;
+    void* data = nullptr;
+    std::size_t bytes = 0;
+    bool is_send = false;
+  };
+
+  // Capabilities (transport_capabilities reads these): host memory, no registration needed.
+  static constexpr bool supports_device_memory = false;
+  static constexpr bool requires_registration = false;
+  static constexpr bool one_sided = false;
+  static constexpr bool thread_safe = true;
+
   LoopbackTransport(LoopbackWorld& world, int rank) : world_(&world), rank_(rank) {
     DTRAIN_REQUIRE(rank >= 0 && rank < world.size(), "LoopbackTransport",
                    "rank " << rank << " outside world of " << world.size());
@@ -308,6 +324,29 @@ class LoopbackTransport {
     op.state.store(detail::LoopbackOp::idle, std::memory_order_release);
   }
 
+  /// Binds a send of `bytes` at `offset` in `region` to `peer` as channel `channel_id`. Local.
+  Channel bind_send(int peer, int channel_id, const MemoryRegion& region, std::size_t offset,
+                    std::size_t bytes) {
+    check_peer(peer, "loopback bind_send");
+    return Channel{peer, channel_id, static_cast<unsigned char*>(region.data) + offset, bytes,
+                   true};
+  }
+  /// Binds a receive from `peer`. Local.
+  Channel bind_recv(int peer, int channel_id, const MemoryRegion& region, std::size_t offset,
+                    std::size_t bytes) {
+    check_peer(peer, "loopback bind_recv");
+    return Channel{peer, channel_id, static_cast<unsigned char*>(region.data) + offset, bytes,
+                   false};
+  }
+  /// Posts the channel's message; `r` completes it like any request.
+  void start(Request& r, Channel& c) {
+    if (c.is_send)
+      isend(r, c.peer, c.tag, c.data, c.bytes);
+    else
+      irecv(r, c.peer, c.tag, c.data, c.bytes);
+  }
+  void unbind(Channel& c) noexcept { c = Channel{}; }
+
   /// Registration is not needed in one address space: returns the range unchanged.
   MemoryRegion register_memory(void* data, std::size_t bytes, Space space) {
     DTRAIN_REQUIRE(space == Space::host, "loopback register_memory",
@@ -380,14 +419,6 @@ class LoopbackTransport {
   LoopbackWorld* world_;
   int rank_;
   SharedSegments segments_;
-};
-
-template <>
-struct transport_capabilities<LoopbackTransport> {
-  static constexpr bool supports_device_memory = false;
-  static constexpr bool requires_registration = false;
-  static constexpr bool one_sided = false;
-  static constexpr bool thread_safe = true;
 };
 
 static_assert(detail::check_transport<LoopbackTransport>(), "");

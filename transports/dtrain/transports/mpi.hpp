@@ -73,11 +73,23 @@ class MpiSession {
 /// communicator's progress thread, which is only started when MPI runs at MPI_THREAD_MULTIPLE).
 class MpiTransport {
  public:
-  /// Handle of one send or receive.
+  /// Handle of one send or receive (its own request, or a started persistent channel's).
   struct Request {
     MPI_Request req = MPI_REQUEST_NULL;
     bool is_recv = false;
+    MPI_Request* bound = nullptr;  // the channel's persistent request while started
   };
+  /// A persistent channel: MPI_Send_init / MPI_Recv_init, started with MPI_Start.
+  struct Channel {
+    MPI_Request req = MPI_REQUEST_NULL;
+    bool is_recv = false;
+  };
+
+  // Capabilities (transport_capabilities reads these): host memory, no registration needed.
+  static constexpr bool supports_device_memory = false;
+  static constexpr bool requires_registration = false;
+  static constexpr bool one_sided = false;
+  static constexpr bool thread_safe = true;
 
   explicit MpiTransport(MPI_Comm comm) {
     int initialized = 0;
@@ -93,6 +105,10 @@ class MpiTransport {
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
+    void* ub = nullptr;
+    int has_ub = 0;
+    if (MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &has_ub) == MPI_SUCCESS && has_ub && ub)
+      tag_ub_ = *static_cast<int*>(ub);
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
     thread_multiple_ = level == MPI_THREAD_MULTIPLE;
@@ -132,11 +148,52 @@ class MpiTransport {
                      "MPI irecv");
   }
   bool test(Request& r) {
-    if (r.req == MPI_REQUEST_NULL) return true;
+    MPI_Request* q = r.bound ? r.bound : &r.req;
+    if (*q == MPI_REQUEST_NULL) return true;
     int flag = 0;
     MPI_Status st;
-    DTRAIN_CHECK_MPI(MPI_Test(&r.req, &flag, &st), r.is_recv ? "MPI receive" : "MPI send");
+    DTRAIN_CHECK_MPI(MPI_Test(q, &flag, &st), r.is_recv ? "MPI receive" : "MPI send");
+    if (flag) r.bound = nullptr;  // a persistent request stays allocated, now inactive
     return flag != 0;
+  }
+
+  /// Binds a persistent send of `bytes` at `offset` in `region` to `peer` (MPI_Send_init; local).
+  /// The channel id is the MPI tag (channel_tag(id) beyond this MPI's tag limit).
+  Channel bind_send(int peer, int channel_id, const MemoryRegion& region, std::size_t offset,
+                    std::size_t bytes) {
+    check_bytes(bytes, "MPI bind_send");
+    Channel c;
+    DTRAIN_CHECK_MPI(
+        MPI_Send_init(static_cast<const char*>(region.data) + offset, static_cast<int>(bytes),
+                      MPI_BYTE, peer, tag_of(channel_id), comm_, &c.req),
+        "MPI bind_send");
+    return c;
+  }
+  /// Binds a persistent receive from `peer` (MPI_Recv_init; local).
+  Channel bind_recv(int peer, int channel_id, const MemoryRegion& region, std::size_t offset,
+                    std::size_t bytes) {
+    check_bytes(bytes, "MPI bind_recv");
+    Channel c;
+    c.is_recv = true;
+    DTRAIN_CHECK_MPI(
+        MPI_Recv_init(static_cast<char*>(region.data) + offset, static_cast<int>(bytes), MPI_BYTE,
+                      peer, tag_of(channel_id), comm_, &c.req),
+        "MPI bind_recv");
+    return c;
+  }
+  /// Starts the channel's operation (MPI_Start); `r` then completes it like any request.
+  void start(Request& r, Channel& c) {
+    DTRAIN_CHECK_MPI(MPI_Start(&c.req), c.is_recv ? "MPI start receive" : "MPI start send");
+    r.bound = &c.req;
+    r.is_recv = c.is_recv;
+  }
+  /// Frees the persistent request (an operation still active after a cancel completes on its
+  /// own). Never throws.
+  void unbind(Channel& c) noexcept {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && c.req != MPI_REQUEST_NULL) MPI_Request_free(&c.req);
+    c.req = MPI_REQUEST_NULL;
   }
   /// Polls MPI_Test with the communication layer's backoff (detail/backoff.hpp: spin, then
   /// yield, then bounded sleeps), so that a long wait (a late rank, the progress thread) does not
@@ -147,6 +204,16 @@ class MpiTransport {
   /// Abandons an active request: a receive is cancelled, a send is released to complete on its
   /// own. Never throws.
   void cancel(Request& r) noexcept {
+    if (r.bound) {
+      // A started channel: cancel a receive; the persistent request itself is freed by unbind.
+      if (r.is_recv && *r.bound != MPI_REQUEST_NULL) {
+        MPI_Cancel(r.bound);
+        int flag = 0;
+        MPI_Test(r.bound, &flag, MPI_STATUS_IGNORE);
+      }
+      r.bound = nullptr;
+      return;
+    }
     if (r.req == MPI_REQUEST_NULL) return;
     if (r.is_recv) {
       MPI_Cancel(&r.req);
@@ -166,6 +233,9 @@ class MpiTransport {
   bool allows_progress_thread() const noexcept { return thread_multiple_; }
 
  private:
+  int tag_of(int channel_id) const noexcept {
+    return channel_id < tag_ub_ ? channel_id : channel_tag(channel_id);
+  }
   static void check_bytes(std::size_t bytes, const char* op) {
     DTRAIN_REQUIRE(bytes <= static_cast<std::size_t>(INT_MAX), op,
                    "message of " << bytes << " B exceeds the MPI int count limit");
@@ -222,15 +292,8 @@ class MpiTransport {
   SharedSegments segments_;
   int rank_ = 0;
   int size_ = 1;
+  int tag_ub_ = 32767;
   bool thread_multiple_ = false;
-};
-
-template <>
-struct transport_capabilities<MpiTransport> {
-  static constexpr bool supports_device_memory = false;
-  static constexpr bool requires_registration = false;
-  static constexpr bool one_sided = false;
-  static constexpr bool thread_safe = true;
 };
 
 static_assert(detail::check_transport<MpiTransport>(), "");

@@ -70,10 +70,10 @@ class PlanImpl final : public Job {
     const int p = ctx_.size(), r = ctx_.rank();
     // Everything this plan will ever send from or receive into is registered with the transport:
     // the caller's buffers here, scratch memory by PlanContext::scratch.
-    ctx_.register_range(s.in, in_bytes());
-    ctx_.register_range(s.out, out_bytes());
-    ctx_.register_range(&check_mine_, sizeof(CheckState));
-    ctx_.register_range(&check_peer_, sizeof(CheckState));
+    ctx_.register_range(s.in, in_bytes(), s.space);
+    ctx_.register_range(s.out, out_bytes(), s.space);
+    ctx_.register_range(&check_mine_, sizeof(CheckState), Space::host);
+    ctx_.register_range(&check_peer_, sizeof(CheckState), Space::host);
     if (p == 1) return;
     for (int d = 1, round = 0; d < p; d <<= 1, ++round) {
       // One id per round, the same in every plan: a rank that skipped a call still meets its

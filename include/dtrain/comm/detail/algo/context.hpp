@@ -40,6 +40,7 @@ struct PlanSpec {
   const void* in = nullptr;
   void* out = nullptr;
   int root = 0;
+  Space space = Space::host;  // of the caller's buffers (device only where the transport can)
 };
 
 /// Elements [begin, end) of block `i` when `count` elements are split into `parts` blocks whose
@@ -53,18 +54,9 @@ inline std::size_t ceil_div(std::size_t a, std::size_t b) noexcept {
 }
 
 /// Channel ids below this are the fingerprint exchange's (one per dissemination round, the same
-/// in every plan so that mismatched calls still meet); algorithms number theirs from here.
+/// in every plan so that mismatched calls still meet); algorithms number theirs from here. The
+/// two-sided fallback sends each message with tag channel_tag(id) (transport_traits.hpp).
 inline constexpr int kFirstAlgorithmChannel = 32;
-/// Tags of the two-sided fallback: a channel id maps to a tag below this (MPI guarantees tags up
-/// to 32767; 32767 itself is the cost-model calibration's).
-inline constexpr int kChannelTagLimit = 32767;
-inline int channel_tag(int id) noexcept {
-  return id < kFirstAlgorithmChannel
-             ? id
-             : kFirstAlgorithmChannel +
-                   (id - kFirstAlgorithmChannel) % (kChannelTagLimit - kFirstAlgorithmChannel);
-}
-
 /// The plan-wide state the algorithms share. Lives inside its plan (never moves).
 template <class Transport>
 class PlanContext {
@@ -73,7 +65,12 @@ class PlanContext {
   using uchar = unsigned char;
 
   PlanContext(CommState<Transport>& comm, const PlanSpec& s)
-      : comm_(&comm), spec_(s), p_(comm.transport->size()), r_(comm.transport->rank()) {
+      : comm_(&comm),
+        spec_(s),
+        p_(comm.transport->size()),
+        r_(comm.transport->rank()),
+        caps_(capabilities_of(*comm.transport)),
+        use_channels_(comm.config.persistent_channels && channels_available(*comm.transport)) {
     const bool widen =
         (s.dtype == DType::f16 || s.dtype == DType::bf16) &&
         (s.kind == CollectiveKind::allreduce || s.kind == CollectiveKind::reduce_scatter);
@@ -84,7 +81,11 @@ class PlanContext {
   }
   ~PlanContext() {
     cancel_all();
-    for (auto& m : regions_) comm_->transport->deregister_memory(m);
+    if constexpr (has_channels<Transport>::value)
+      for (std::size_t i = 0; i < bound_.size(); ++i)
+        if (channels_[i].bytes) comm_->transport->unbind(bound_[i]);
+    for (auto& r : regions_)
+      if (r.registered) comm_->transport->deregister_memory(r.region);
   }
   PlanContext(const PlanContext&) = delete;
   PlanContext& operator=(const PlanContext&) = delete;
@@ -107,18 +108,33 @@ class PlanContext {
   }
 
   // ---- scratch memory ------------------------------------------------------------------------
-  /// A zeroed buffer of `bytes` owned by the plan and registered with the transport.
+  /// A zeroed host buffer of `bytes` owned by the plan (registered like the caller's buffers).
   uchar* scratch(std::size_t bytes) {
     buffers_.emplace_back(bytes);
     uchar* p = buffers_.back().data();
-    register_range(p, bytes);
+    register_range(p, bytes, Space::host);
     return p;
   }
-  /// Registers memory the plan sends from or receives into (nothing for null or empty ranges).
-  void register_range(const void* p, std::size_t bytes) {
+  /// Declares memory the plan sends from or receives into (nothing for null or empty ranges).
+  /// A transport that requires registration (or is one-sided, where registration made once per
+  /// plan saves registering in the hot loop) gets it registered now, and every message in it
+  /// then uses the region register_memory returned.
+  void register_range(const void* p, std::size_t bytes, Space space) {
     if (!p || !bytes) return;
-    regions_.push_back(comm_->transport->register_memory(const_cast<void*>(p), bytes, Space::host));
+    Range r;
+    r.base = static_cast<const uchar*>(p);
+    r.bytes = bytes;
+    if (caps_.requires_registration || caps_.one_sided) {
+      r.region = comm_->transport->register_memory(const_cast<void*>(p), bytes, space);
+      r.registered = true;
+    } else {
+      r.region = MemoryRegion{const_cast<void*>(p), bytes, space, 0, nullptr};
+    }
+    regions_.push_back(r);
   }
+  const TransportCapabilities& capabilities() const noexcept { return caps_; }
+  /// Whether this plan's channels are the transport's persistent ones (else isend / irecv).
+  bool persistent() const noexcept { return use_channels_; }
 
   // ---- channels ------------------------------------------------------------------------------
   /// Declares a message to `peer` (plan construction). Returns the channel's index for run().
@@ -129,13 +145,39 @@ class PlanContext {
   std::size_t add_recv(int peer, int id, void* data, std::size_t bytes) {
     return add(peer, id, false, data, bytes);
   }
-  /// Ends the schedule: allocates each channel's request (done once, by the plan).
-  void bind_channels() { requests_.reset(new Request[channels_.size()]); }
+  /// Ends the schedule (once, by the plan): locates every message in its region, allocates each
+  /// channel's request and, with persistent channels, binds them all with the transport.
+  void bind_channels() {
+    requests_.reset(new Request[channels_.size()]);
+    for (Channel& c : channels_) {
+      if (!c.bytes) continue;
+      const Range& r = range_of(c);
+      c.data = static_cast<uchar*>(r.region.data) + c.offset;
+    }
+    if constexpr (has_channels<Transport>::value) {
+      if (!use_channels_) return;
+      Transport& t = *comm_->transport;
+      bound_.resize(channels_.size());
+      for (std::size_t i = 0; i < channels_.size(); ++i) {
+        const Channel& c = channels_[i];
+        if (!c.bytes) continue;
+        const MemoryRegion& m = regions_[c.range].region;
+        bound_[i] = c.send ? t.bind_send(c.peer, c.id, m, c.offset, c.bytes)
+                           : t.bind_recv(c.peer, c.id, m, c.offset, c.bytes);
+      }
+    }
+  }
   /// Posts channel `i` (an empty message is no message: start and wait do nothing).
   void start(std::size_t i) {
     const Channel& c = channels_[i];
     if (!c.bytes) return;
     Transport& t = *comm_->transport;
+    if constexpr (has_channels<Transport>::value) {
+      if (use_channels_) {
+        t.start(requests_[i], bound_[i]);
+        return;
+      }
+    }
     if (c.send)
       t.isend(requests_[i], c.peer, channel_tag(c.id), c.data, c.bytes);
     else
@@ -182,14 +224,44 @@ class PlanContext {
     int peer = -1;
     int id = 0;
     bool send = false;
-    void* data = nullptr;
+    void* data = nullptr;  // the message's address in its region
     std::size_t bytes = 0;
+    std::size_t range = 0;   // index into regions_
+    std::size_t offset = 0;  // within that region
+    const void* raw = nullptr;
+  };
+  struct Range {
+    const uchar* base = nullptr;
+    std::size_t bytes = 0;
+    MemoryRegion region;
+    bool registered = false;
   };
 
   std::size_t add(int peer, int id, bool send, void* data, std::size_t bytes) {
     DTRAIN_ASSERT(!requests_);
-    channels_.push_back(Channel{peer, id, send, data, bytes});
+    Channel c;
+    c.peer = peer;
+    c.id = id;
+    c.send = send;
+    c.bytes = bytes;
+    c.raw = data;
+    channels_.push_back(c);
     return channels_.size() - 1;
+  }
+  // The declared range holding channel c's message; every message lies in one (a plan that
+  // sends from memory it did not declare is a bug in its algorithm).
+  const Range& range_of(Channel& c) const {
+    const auto* p = static_cast<const uchar*>(c.raw);
+    for (std::size_t k = 0; k < regions_.size(); ++k) {
+      const Range& r = regions_[k];
+      if (p >= r.base && p + c.bytes <= r.base + r.bytes) {
+        c.range = k;
+        c.offset = static_cast<std::size_t>(p - r.base);
+        return r;
+      }
+    }
+    raise<Error>(name_of(spec_.kind), concat("plan message of ", c.bytes, " B to/from rank ",
+                                             c.peer, " lies outside every registered buffer"));
   }
 
   CommState<Transport>* comm_;
@@ -198,10 +270,13 @@ class PlanContext {
   DType wdtype_ = DType::f32;
   std::size_t es_ = 4;
   std::size_t seg_elems_ = 1;
+  TransportCapabilities caps_;
+  bool use_channels_;
   std::vector<Channel> channels_;
   std::unique_ptr<Request[]> requests_;
+  std::vector<typename channel_type_of<Transport>::type> bound_;
   std::vector<std::vector<uchar>> buffers_;
-  std::vector<MemoryRegion> regions_;
+  std::vector<Range> regions_;
   Fingerprint fp_{};
   Deadline deadline_{-1};
 };
