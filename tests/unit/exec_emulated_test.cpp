@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "support/emulated_device.hpp"
+#include "support/memory_state.hpp"
 
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
@@ -192,6 +193,49 @@ TEST_SUITE("emulated_model") {
     CHECK(bytes_of(dev, dev_opt.exp_avg_sq()) == bytes_of(host_opt.exp_avg_sq()));
     // Learning happened at all (the comparison is not between two untouched models).
     CHECK(lh.back() < lh.front());
+  }
+}
+
+TEST_SUITE("emulated_model") {
+  TEST_CASE("model and optimizer state saved on the device restore on the host, and back") {
+    EmulatedDevice dev;
+    Sequential host(mixed_layers());
+    DevModel model(mixed_layers(), dev);
+    model.init(3);
+    BasicAdamW<EmulatedDevice> dev_opt(model, 0.01);
+    const Data d = make_data(8, 12, 5, 1);
+    for (int s = 0; s < 2; ++s) {
+      model.zero_grad();
+      model.forward_backward(d.x.data(), d.y.data(), 8);
+      dev_opt.step();
+    }
+    // Save from the device (the visitor reads host memory only), restore on the host.
+    test::MemoryState saved;
+    saved.child("model", model);
+    saved.child("optimizer", dev_opt);
+    AdamW host_opt(host, 0.01);
+    saved.load = true;
+    saved.child("model", host);
+    saved.child("optimizer", host_opt);
+    CHECK(host_opt.step_count() == 2);
+    CHECK(bytes_of(host.parameters()) == bytes_of(dev, model.parameters()));
+    CHECK(bytes_of(host_opt.exp_avg_sq()) == bytes_of(dev, dev_opt.exp_avg_sq()));
+    // Train on the host, save there, restore onto a fresh device model: same bits again.
+    host.zero_grad();
+    host.forward_backward(d.x.data(), d.y.data(), 8);
+    host_opt.step();
+    test::MemoryState again;
+    again.child("model", host);
+    again.child("optimizer", host_opt);
+    EmulatedDevice dev2;
+    DevModel fresh(mixed_layers(), dev2);
+    BasicAdamW<EmulatedDevice> fresh_opt(fresh, 0.01);
+    again.load = true;
+    again.child("model", fresh);
+    again.child("optimizer", fresh_opt);
+    CHECK(bytes_of(dev2, fresh.parameters()) == bytes_of(host.parameters()));
+    CHECK(bytes_of(dev2, fresh_opt.exp_avg()) == bytes_of(host_opt.exp_avg()));
+    CHECK(fresh.step_count() == host.step_count());
   }
 }
 

@@ -33,6 +33,20 @@ struct PlannedBuckets final : BucketLauncher {
   std::vector<CollectivePlan<Transport>> plans;
   CollectiveHandle start(std::size_t i) override { return plans[i].start(); }
 };
+// Whether a communicator all-reduces device buffers itself (asked where it can answer).
+template <class C, class = void>
+struct has_device_reduction_query : std::false_type {};
+template <class C>
+struct has_device_reduction_query<
+    C, std::void_t<decltype(bool{std::declval<const C&>().reduces_device_memory()})>>
+    : std::true_type {};
+template <class C>
+bool reduces_device_memory(const C& comm) {
+  if constexpr (has_device_reduction_query<C>::value)
+    return comm.reduces_device_memory();
+  else
+    return false;
+}
 }  // namespace detail
 
 /// Averages a gradient arena across the ranks of a communicator, bucket by bucket, while the
@@ -46,12 +60,13 @@ struct PlannedBuckets final : BucketLauncher {
 /// once that event has completed (checked without blocking in ready(), waited for in wait()).
 /// With HostExec the event is complete at once, so the bucket starts inside ready().
 ///
-/// Where the transport cannot reach the arena's memory (device memory without
-/// supports_device_memory), each bucket is staged: a copy stream waits for the bucket's event and
-/// copies it to a host mirror (pinned, from the policy's host allocator); the all-reduce runs on
-/// the mirror; the average is copied back on a second stream while later buckets are still
-/// copied out or reduced, and the compute stream waits for it. Otherwise the buffers are handed
-/// to the transport directly.
+/// Device gradients are staged unless the communicator all-reduces device memory itself (it says
+/// so through `bool reduces_device_memory() const`: a transport with supports_device_memory and
+/// a device reduction): a copy stream waits for the bucket's event and copies it to a host mirror
+/// (pinned, from the policy's host allocator); the all-reduce runs on the mirror; the average is
+/// copied back on a second stream while later buckets are still copied out or reduced, and the
+/// compute stream waits for it. Host gradients, and device gradients such a communicator
+/// reduces, are handed over directly.
 ///
 /// Buckets always start in the same order (a bucket that completes early waits for the ones
 /// before it), so every rank issues the same collectives in the same order. wait() completes
@@ -84,8 +99,7 @@ class BasicGradientSync {
     per_bucket_ = bucket_bytes / es > 0 ? bucket_bytes / es : 1;
     const std::size_t n = grads.count;
     const std::size_t nb = n == 0 ? 0 : (n + per_bucket_ - 1) / per_bucket_;
-    staged_ =
-        grads.space != Space::host && !transport_capabilities<Transport>::supports_device_memory;
+    staged_ = grads.space != Space::host && !detail::reduces_device_memory(comm);
     BufferView target = grads;
     if (staged_) {
       mirror_ = Tensor({static_cast<std::int64_t>(n)}, grads.dtype, exec.host_allocator());

@@ -17,6 +17,7 @@
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_state.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/model/detail/layer_impl.hpp>
@@ -361,11 +362,12 @@ class BasicSequential {
   std::int64_t step_count() const noexcept { return forward_count_; }
 
   /// Checkpoint protocol: every learnable tensor under its ParameterInfo name with its true
-  /// shape (exec memory views: a visitor stages them through the policy's copies), then the init
-  /// seed and the training step counter.
+  /// shape (device tensors staged through host memory, see StateMirror), then the init
+  /// seed and the training step counter. Blocking.
   template <class V>
   void visit_state(V& v) {
-    for (const auto& p : info_) v.tensor(p.name, params_.view().slice(p.offset, p.count), p.shape);
+    for (const auto& p : info_)
+      state_mirror_.visit(*exec_, v, p.name, params_, p.offset, p.count, p.shape);
     std::int64_t seed = static_cast<std::int64_t>(seed_);
     v.scalar("seed", seed);
     v.scalar("step_count", forward_count_);
@@ -540,6 +542,7 @@ class BasicSequential {
   std::vector<std::size_t> offsets_;  // arena offset of each layer's parameters
   std::vector<ParameterInfo> info_;
   Tensor params_, grads_;
+  StateMirror<Exec> state_mirror_;  // host side of the parameters for checkpoints (devices)
   // Exec memory: input copy, layer outputs, input gradients (ping-pong), uploaded labels,
   // targets and sample ids, the loss gradient, and one loss value per slot.
   Tensor input_;

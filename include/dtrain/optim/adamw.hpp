@@ -9,6 +9,7 @@
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_state.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
@@ -91,13 +92,13 @@ class BasicAdamW {
   BufferView exp_avg() const noexcept { return exp_avg_.view(); }
   BufferView exp_avg_sq() const noexcept { return exp_avg_sq_.view(); }
 
-  /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq" (exec memory); scalars "step" and
-  /// "schedule".
+  /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq" (staged through host memory on a
+  /// device, see StateMirror); scalars "step" and "schedule". Blocking.
   template <class V>
   void visit_state(V& v) {
     const Shape shape{static_cast<std::int64_t>(params_.count)};
-    v.tensor("exp_avg", exp_avg_.view(), shape);
-    v.tensor("exp_avg_sq", exp_avg_sq_.view(), shape);
+    mirrors_[0].visit(exec_.get(), v, "exp_avg", exp_avg_, 0, exp_avg_.size(), shape);
+    mirrors_[1].visit(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, 0, exp_avg_sq_.size(), shape);
     v.scalar("step", step_);
     detail::visit_schedule(v, schedule_, "AdamW");
   }
@@ -134,6 +135,7 @@ class BasicAdamW {
   Schedule schedule_;
   AdamWOptions opt_;
   Tensor exp_avg_, exp_avg_sq_;
+  StateMirror<Exec> mirrors_[2];
   std::int64_t step_ = 0;
 };
 

@@ -9,6 +9,7 @@
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_state.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
@@ -91,12 +92,13 @@ class BasicSgd {
   const SgdOptions& options() const noexcept { return opt_; }
   Exec& exec() const noexcept { return exec_.get(); }
 
-  /// Checkpoint protocol: "momentum" (when momentum is used; exec memory), scalars "step" and
-  /// "schedule".
+  /// Checkpoint protocol: "momentum" (when momentum is used; staged through host memory on a
+  /// device, see StateMirror), scalars "step" and "schedule". Blocking.
   template <class V>
   void visit_state(V& v) {
     if (opt_.momentum != 0.0)
-      v.tensor("momentum", momentum_.view(), Shape{static_cast<std::int64_t>(params_.count)});
+      mirror_.visit(exec_.get(), v, "momentum", momentum_, 0, momentum_.size(),
+                    Shape{static_cast<std::int64_t>(params_.count)});
     v.scalar("step", step_);
     detail::visit_schedule(v, schedule_, "Sgd");
   }
@@ -130,6 +132,7 @@ class BasicSgd {
   Schedule schedule_;
   SgdOptions opt_;
   Tensor momentum_;
+  StateMirror<Exec> mirror_;
   std::int64_t step_ = 0;
 };
 

@@ -1,0 +1,59 @@
+// dtrain: handing exec-memory tensors to state visitors (checkpointers, comparers, hashers),
+// which read and write host memory and may keep the views they are given until they are done.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+#include <dtrain/core/span.hpp>
+#include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_traits.hpp>
+
+namespace dtrain {
+
+/// The host side of an exec-memory arena in the state protocol (<dtrain/core/state.hpp>). With a
+/// policy whose memory is host memory, visit() hands the arena's own view over. Otherwise the
+/// tensor goes through a host mirror of the arena (from exec.host_allocator(), allocated on first
+/// use): downloaded and waited for before a saving visitor reads it, uploaded and waited for
+/// after a loading visitor wrote it. So a checkpoint holds the same bytes whichever policy wrote
+/// it and restores into any policy. The views handed over stay valid until the owner's next
+/// visit (a checkpointer may collect them first and copy later). Local object of the arena's
+/// owner; not thread-safe.
+template <class Exec>
+class StateMirror {
+ public:
+  /// Visits elements [offset, offset + count) of `arena` as tensor `name` of shape `shape`.
+  /// Blocking (bounded by exec_timeout_s()); work queued on the compute stream before it is
+  /// ordered before the download.
+  template <class V>
+  void visit(Exec& exec, V& v, const std::string& name, const Tensor& arena, std::size_t offset,
+             std::size_t count, Shape shape) {
+    const BufferView view = arena.view().slice(offset, count);
+    if constexpr (Exec::space == Space::host) {
+      v.tensor(name, view, std::move(shape));
+    } else {
+      if (host_.size() != arena.size() || host_.dtype() != arena.dtype())
+        host_ =
+            Tensor({static_cast<std::int64_t>(arena.size())}, arena.dtype(), exec.host_allocator());
+      const BufferView mirror = host_.view().slice(offset, count);
+      const auto s = exec.compute_stream();
+      const bool loading = v.loading();
+      if (!loading) {
+        exec.copy_d2h(s, mirror.data, view.data, view.bytes());
+        exec_synchronize(exec, s, exec_timeout_s(), "checkpoint: download of a device tensor");
+      }
+      v.tensor(name, mirror, std::move(shape));
+      if (loading) {
+        exec.copy_h2d(s, view.data, mirror.data, view.bytes());
+        exec_synchronize(exec, s, exec_timeout_s(), "checkpoint: upload of a device tensor");
+      }
+    }
+  }
+
+ private:
+  Tensor host_;
+};
+
+}  // namespace dtrain
