@@ -17,3 +17,18 @@ endif()
 # The GPU execution policy: conformance and Sequential / AdamW / Sgd instantiated on it (compile
 # time, both dialects); on a GPU, a short training run against the host run of the same seed.
 dtrain_add_gpu_test(NAME gpu_exec SOURCE "${CMAKE_CURRENT_LIST_DIR}/gpu_exec_test.cpp" TIMEOUT 300)
+
+# ABI: a shared library built with nvcc / hipcc keeps dtrain::gpu in the versioned namespace and
+# exports none of it. Compile-and-inspect, so it runs without a GPU.
+foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
+  if(_dialect STREQUAL "cuda")
+    set(_cc "${DTRAIN_NVCC}")
+  else()
+    set(_cc "${DTRAIN_HIPCC}")
+  endif()
+  add_test(NAME gpu_abi_visibility_${_dialect}
+    COMMAND bash "${CMAKE_CURRENT_LIST_DIR}/abi_visibility.sh" ${_dialect} "${_cc}"
+            "${PROJECT_SOURCE_DIR}" "${CMAKE_CURRENT_BINARY_DIR}/abi_visibility")
+  set_tests_properties(gpu_abi_visibility_${_dialect} PROPERTIES TIMEOUT 300
+    LABELS "unit;${_dialect};abi")
+endforeach()
