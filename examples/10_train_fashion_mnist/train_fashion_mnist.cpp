@@ -55,6 +55,7 @@
 #include <dtrain/train/run_lock.hpp>
 #include <dtrain/train/straggler_monitor.hpp>
 #include <dtrain/transports/mpi.hpp>
+#include <dtrain/transports/mpi_abort.hpp>
 
 #include "common/cli_mpi.hpp"
 
@@ -519,6 +520,13 @@ int run(const Config& cfg) {
                     "; the schedule keeps its " + std::to_string(record.total_steps) + " steps";
   }
   record.world_size = world;
+  if (resumed && record.schedule != saved.schedule) {
+    // --override-schedule: the new schedule ends where this run ends.
+    record.total_steps = std::max<std::int64_t>(total_steps, 2);
+    record.warmup = std::min<std::int64_t>(100, record.total_steps / 10 + 1);
+    record.schedule = record.make_schedule().describe();
+    opt.set_schedule(record.make_schedule());
+  }
 
   // What rank 0 writes: progress, metrics; every rank: its own timing file.
   const bool keep = resumed.has_value();
@@ -581,10 +589,8 @@ int run(const Config& cfg) {
       dtrain::PassOptions pass;
       pass.step = step;
       pass.sample_ids = batch.indices.data();
-      const double loss = model.forward_backward(
-          batch.features.as<float>().data(), batch.labels.as<std::int32_t>().data(),
-          static_cast<std::int64_t>(batch.size), dtrain::Loss::softmax_cross_entropy,
-          [&](std::size_t offset, std::size_t count) { sync.ready(offset, count); }, pass);
+      const double loss =
+          model.forward_backward(batch, sync, dtrain::Loss::softmax_cross_entropy, pass);
       i_compute += t.seconds();
       t.reset();
       sync.wait();
@@ -756,6 +762,9 @@ int run(const Config& cfg) {
 int main(int argc, char** argv) {
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  // Fail fast: an error on one rank prints that rank's message and ends the job with MPI_Abort,
+  // without unwinding the stack into collectives (README: "When a rank fails").
+  dtrain::install_mpi_fail_fast(MPI_COMM_WORLD);
   Config cfg;
   if (const int code = parse(argc, argv, cfg); code >= 0) {
     MPI_Finalize();
@@ -770,11 +779,9 @@ int main(int argc, char** argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     if (rank == 0) std::fprintf(stderr, "%s\n", e.what());
     code = 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    code = 1;
-    MPI_Abort(MPI_COMM_WORLD, 1);
   }
+  // No catch-all: any other error finds no handler, so std::terminate runs without unwinding and
+  // the handler installed above prints it and aborts the job.
   MPI_Finalize();
   return code;
 }
