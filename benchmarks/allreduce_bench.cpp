@@ -1,14 +1,16 @@
 // allreduce_bench: dtrain's all-reduce algorithms against the system MPI_Allreduce on the same
 // buffers, nccl-tests style (see shared/PERFORMANCE.md for the conventions).
 //
-//   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench -b 4K -e 64M -f 4 --algo
-//   ring,tree,rhd,auto,mpi build/benchmarks/allreduce_bench --transport loopback --ranks 4 -b 1K -e
-//   1M
+//   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench -b 4K -e 64M -f 4 --algo ring,tree,auto,mpi
+//   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench --transport mpi,mpi-rma --rma-ceiling
+//   build/benchmarks/allreduce_bench --transport loopback --ranks 4 -b 1K -e 1M
 //
-// Flags: -b min bytes, -e max bytes, -f step factor, -n iterations, -w warm-up iterations,
-// -R rounds (each cell reports its best round),
-// -c 0|1 check results, -d dtype, -o op, --algo LIST (ring tree rhd rd auto mpi),
-// --transport mpi|loopback, --ranks N (loopback), --inplace, --json FILE.
+// Flags (strict; --help lists them): -b min bytes, -e max bytes, -f step factor, -n iterations,
+// -w warm-up iterations, -R rounds (each cell reports its best round), -c 0|1 check results,
+// -d dtype, -o op, --algo LIST (ring tree rhd rd auto mpi; mpi = MPI_Allreduce on the same
+// buffers), --transport LIST (mpi mpi-rma ibverbs loopback; each runs the suite in turn),
+// --ranks N (loopback), --inplace, --json FILE, --rma-ceiling (MPI one-sided put + flush against
+// two-sided transfers, the ceiling of mpi-rma).
 #include <mpi.h>
 
 #include <algorithm>
@@ -28,6 +30,12 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/transports/loopback.hpp>
 #include <dtrain/transports/mpi.hpp>
+#include <dtrain/transports/mpi_rma.hpp>
+#ifdef DTRAIN_HAVE_IBVERBS
+#include <dtrain/transports/ibverbs.hpp>
+#endif
+
+#include <CLI/CLI.hpp>
 
 namespace {
 
@@ -39,12 +47,15 @@ struct Options {
   dtrain::DType dtype = dtrain::DType::f32;
   dtrain::ReduceOp op = dtrain::ReduceOp::sum;
   std::vector<std::string> algos{"ring", "tree", "rhd", "auto", "mpi"};
-  std::string transport = "mpi";
+  std::vector<std::string> transports{"mpi"};
+  std::string transport = "mpi";  // the one being run
   int loopback_ranks = 2;
   std::string json;
+  bool rma_ceiling = false;
 };
 
 struct Row {
+  std::string transport;
   std::string algo;
   std::size_t bytes;
   std::size_t count;
@@ -52,10 +63,12 @@ struct Row {
   long long wrong;
 };
 
+// "4096", "4K", "1.5M", "2G" (K/M/G = 1024^k); anything else is an error.
 std::size_t parse_size(const std::string& s) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
-  std::string suf = end ? end : "";
+  const std::string suf = end ? end : "";
+  if (end == s.c_str() || !(v >= 0)) throw CLI::ValidationError("size", "bad size '" + s + "'");
   if (suf == "K" || suf == "k")
     v *= 1024;
   else if (suf == "M" || suf == "m")
@@ -63,70 +76,76 @@ std::size_t parse_size(const std::string& s) {
   else if (suf == "G" || suf == "g")
     v *= 1024.0 * 1024 * 1024;
   else if (!suf.empty())
-    throw dtrain::InvalidArgument("bad size '" + s + "'");
+    throw CLI::ValidationError("size", "bad size '" + s + "' (a number with K, M or G)");
+  if (v > 64.0 * 1024 * 1024 * 1024) throw CLI::ValidationError("size", "'" + s + "' above 64G");
   return static_cast<std::size_t>(v);
 }
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (start <= s.size()) {
-    const std::size_t c = s.find(',', start);
-    out.push_back(s.substr(start, c == std::string::npos ? std::string::npos : c - start));
-    if (c == std::string::npos) break;
-    start = c + 1;
-  }
-  return out;
-}
-
-Options parse(int argc, char** argv) {
+// Parses the command line (every rank alike); on --help or an error rank 0 prints and all ranks
+// return `exit_code` >= 0.
+Options parse(int argc, char** argv, int rank, int& exit_code) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw dtrain::InvalidArgument("missing value after " + a);
-      return argv[++i];
-    };
-    if (a == "-b")
-      o.min_bytes = parse_size(next());
-    else if (a == "-e")
-      o.max_bytes = parse_size(next());
-    else if (a == "-f")
-      o.factor = std::atof(next().c_str());
-    else if (a == "-n")
-      o.iters = std::atoi(next().c_str());
-    else if (a == "-w")
-      o.warmup = std::atoi(next().c_str());
-    else if (a == "-R")
-      o.rounds = std::max(1, std::atoi(next().c_str()));
-    else if (a == "-c")
-      o.check = std::atoi(next().c_str()) != 0;
-    else if (a == "-d")
-      o.dtype = dtrain::dtype_from_name(next());
-    else if (a == "-o")
-      o.op = dtrain::reduce_op_from_name(next());
-    else if (a == "--algo")
-      o.algos = split(next());
-    else if (a == "--transport")
-      o.transport = next();
-    else if (a == "--ranks")
-      o.loopback_ranks = std::atoi(next().c_str());
-    else if (a == "--inplace")
-      o.inplace = true;
-    else if (a == "--json")
-      o.json = next();
-    else if (a == "-h" || a == "--help") {
-      std::printf(
-          "usage: allreduce_bench [-b 4K] [-e 64M] [-f 4] [-n 20] [-w 5] [-R 3] [-c 1] [-d f32] "
-          "[-o sum] [--algo ring,tree,rhd,rd,auto,mpi] [--transport mpi|loopback] "
-          "[--ranks 2] [--inplace] [--json FILE]\n");
-      std::exit(0);
-    } else {
-      throw dtrain::InvalidArgument("unknown flag " + a);
-    }
+  CLI::App app{
+      "allreduce_bench: dtrain's all-reduce algorithms against MPI_Allreduce, "
+      "nccl-tests columns"};
+  std::string b = "4K", e = "64M", dtype = "f32", op = "sum";
+  int check = 1;
+  app.add_option("-b", b, "smallest message in bytes (suffix K, M, G)")->capture_default_str();
+  app.add_option("-e", e, "largest message in bytes")->capture_default_str();
+  app.add_option("-f", o.factor, "size step factor")
+      ->check(CLI::Range(1.01, 1024.0))
+      ->capture_default_str();
+  app.add_option("-n", o.iters, "timed iterations per round")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("-w", o.warmup, "warm-up iterations per round")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
+  app.add_option("-R", o.rounds, "interleaved rounds; each cell reports its best")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("-c", check, "check results (0 or 1)")
+      ->check(CLI::Range(0, 1))
+      ->capture_default_str();
+  app.add_option("-d", dtype, "element type")
+      ->check(CLI::IsMember({"f32", "f64", "i32", "i64", "f16", "bf16"}))
+      ->capture_default_str();
+  app.add_option("-o", op, "reduction")
+      ->check(CLI::IsMember({"sum", "avg", "min", "max", "prod"}))
+      ->capture_default_str();
+  app.add_option("--algo", o.algos, "algorithms (mpi = MPI_Allreduce)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"ring", "tree", "rhd", "rd", "shm", "auto", "mpi"}))
+      ->capture_default_str();
+  app.add_option("--transport", o.transports, "transports, each measured in turn")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"mpi", "mpi-rma", "ibverbs", "loopback"}))
+      ->capture_default_str();
+  app.add_option("--ranks", o.loopback_ranks, "threads per loopback world")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_flag("--inplace", o.inplace, "in-place all-reduce");
+  app.add_option("--json", o.json, "also write the rows to this JSON file");
+  app.add_flag("--rma-ceiling", o.rma_ceiling,
+               "measure MPI_Put + flush (dynamic and shared-memory windows) against two-sided "
+               "transfers first");
+  exit_code = -1;
+  try {
+    app.parse(argc, argv);
+    o.min_bytes = parse_size(b);
+    o.max_bytes = parse_size(e);
+    if (o.min_bytes == 0 || o.max_bytes < o.min_bytes)
+      throw CLI::ValidationError("-b/-e", "need 0 < min bytes <= max bytes");
+  } catch (const CLI::ParseError& err) {
+    if (rank == 0)
+      exit_code = app.exit(err);
+    else
+      exit_code = err.get_exit_code();
+    return o;
   }
-  if (o.factor <= 1) o.factor = 2;
-  if (o.min_bytes == 0) o.min_bytes = 4;
+  o.check = check != 0;
+  o.dtype = dtrain::dtype_from_name(dtype);
+  o.op = dtrain::reduce_op_from_name(op);
   return o;
 }
 
@@ -239,7 +258,8 @@ double measure_bc(Comm& comm) {
 }
 
 template <class Transport>
-std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options& o, bool print) {
+std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options& o, bool print,
+                           MPI_Comm mpi) {
   using dtrain::AllreduceAlgorithm;
   const int p = comm.size(), r = comm.rank();
   const std::size_t es = dtrain::size_of(o.dtype);
@@ -281,11 +301,11 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   std::vector<std::string> algos;
   for (const std::string& a : o.algos) {
     if (a == "mpi") {
-      const bool ok = std::is_same_v<Transport, dtrain::MpiTransport> &&
-                      mpi_type(o.dtype) != MPI_DATATYPE_NULL && mpi_op(o.op) != MPI_OP_NULL;
+      const bool ok = mpi != MPI_COMM_NULL && mpi_type(o.dtype) != MPI_DATATYPE_NULL &&
+                      mpi_op(o.op) != MPI_OP_NULL;
       if (!ok) {
         if (print)
-          std::printf("# algo mpi: skipped (needs --transport mpi, an MPI dtype and an MPI op)\n");
+          std::printf("# algo mpi: skipped (needs an MPI transport, an MPI dtype and op)\n");
         continue;
       }
     }
@@ -312,12 +332,10 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       cells.push_back(std::move(c));
     }
   auto once = [&](Cell& c) {
-    if constexpr (std::is_same_v<Transport, dtrain::MpiTransport>) {
-      if (c.is_mpi) {
-        MPI_Allreduce(o.inplace ? MPI_IN_PLACE : ip, op, static_cast<int>(c.count),
-                      mpi_type(o.dtype), mpi_op(o.op), comm.transport().mpi_comm());
-        return;
-      }
+    if (c.is_mpi) {
+      MPI_Allreduce(o.inplace ? MPI_IN_PLACE : ip, op, static_cast<int>(c.count), mpi_type(o.dtype),
+                    mpi_op(o.op), mpi);
+      return;
     }
     c.plan.execute();
   };
@@ -345,7 +363,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   std::vector<Row> rows;
   for (const std::string& a : algos) {
     if (print) {
-      std::printf("\n# algo %s\n", a.c_str());
+      std::printf("\n# transport %s, algo %s\n", o.transport.c_str(), a.c_str());
       std::printf("%12s %12s %6s %6s %9s %11s %12s %12s %7s\n", "size(B)", "count", "type", "redop",
                   "algo", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
@@ -353,7 +371,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       if (c.algo != a) continue;
       const double algbw = static_cast<double>(c.bytes) / c.best / 1e9;
       const double busbw = algbw * 2.0 * (p - 1) / p;
-      rows.push_back(Row{a, c.bytes, c.count, c.best * 1e6, algbw, busbw, c.wrong});
+      rows.push_back(Row{o.transport, a, c.bytes, c.count, c.best * 1e6, algbw, busbw, c.wrong});
       if (print)
         std::printf("%12zu %12zu %6s %6s %9s %11.2f %12.3f %12.3f %7lld\n", c.bytes, c.count,
                     dtrain::name_of(o.dtype), dtrain::name_of(o.op), c.shown.c_str(), c.best * 1e6,
@@ -364,18 +382,95 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   return rows;
 }
 
+// The ceiling of the MPI-RMA transport on this MPI: for each size, one rank's MPI_Put + flush
+// to its partner into a dynamic window (what mpi-rma does) and into a shared-memory window
+// (MPI_Win_allocate_shared), a plain memcpy into the partner's shared segment, and two-sided
+// MPI_Send/MPI_Recv of the same bytes; GB/s of the slowest rank, best of the rounds.
+void rma_ceiling(const Options& o, bool print) {
+  int p = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (p != 2) {
+    if (print) std::printf("# rma ceiling: skipped (needs exactly 2 ranks)\n");
+    return;
+  }
+  const int partner = 1 - r;
+  const std::size_t max = o.max_bytes;
+  std::vector<unsigned char> src(max, 1), dyn(max, 0), dst2(max, 0);
+  MPI_Win dwin, swin;
+  MPI_Win_create_dynamic(MPI_INFO_NULL, MPI_COMM_WORLD, &dwin);
+  MPI_Win_attach(dwin, dyn.data(), static_cast<MPI_Aint>(max));
+  MPI_Aint mine = 0, theirs = 0;
+  MPI_Get_address(dyn.data(), &mine);
+  MPI_Sendrecv(&mine, 1, MPI_AINT, partner, 0, &theirs, 1, MPI_AINT, partner, 0, MPI_COMM_WORLD,
+               MPI_STATUS_IGNORE);
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  unsigned char* sbase = nullptr;
+  MPI_Win_allocate_shared(static_cast<MPI_Aint>(max), 64, MPI_INFO_NULL, node, &sbase, &swin);
+  MPI_Aint qbytes = 0;
+  int disp = 0;
+  unsigned char* peer_seg = nullptr;
+  MPI_Win_shared_query(swin, partner, &qbytes, &disp, &peer_seg);
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, dwin);
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, swin);
+  if (print) {
+    std::printf("# rma ceiling (2 ranks, both sending at once, best of %d rounds of %d): GB/s\n",
+                o.rounds, o.iters);
+    std::printf("%12s %14s %14s %14s %14s\n", "size(B)", "put+flush dyn", "put+flush shm",
+                "memcpy shm", "send/recv");
+  }
+  for (double sz = static_cast<double>(o.min_bytes); sz <= static_cast<double>(max) * 1.0001;
+       sz *= o.factor) {
+    const auto bytes = static_cast<std::size_t>(sz);
+    const int n = static_cast<int>(bytes);
+    double best[4] = {1e30, 1e30, 1e30, 1e30};
+    for (int round = 0; round < o.rounds; ++round)
+      for (int mode = 0; mode < 4; ++mode) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = MPI_Wtime();
+        for (int i = 0; i < o.iters; ++i) {
+          if (mode == 0) {
+            MPI_Put(src.data(), n, MPI_BYTE, partner, theirs, n, MPI_BYTE, dwin);
+            MPI_Win_flush(partner, dwin);
+          } else if (mode == 1) {
+            MPI_Put(src.data(), n, MPI_BYTE, partner, 0, n, MPI_BYTE, swin);
+            MPI_Win_flush(partner, swin);
+          } else if (mode == 2) {
+            std::memcpy(peer_seg, src.data(), bytes);
+          } else {
+            MPI_Sendrecv(src.data(), n, MPI_BYTE, partner, 1, dst2.data(), n, MPI_BYTE, partner, 1,
+                         MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+          }
+        }
+        double dt = (MPI_Wtime() - t0) / o.iters;
+        MPI_Allreduce(MPI_IN_PLACE, &dt, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        best[mode] = std::min(best[mode], dt);
+      }
+    if (print)
+      std::printf("%12zu %14.3f %14.3f %14.3f %14.3f\n", bytes, bytes / best[0] / 1e9,
+                  bytes / best[1] / 1e9, bytes / best[2] / 1e9, bytes / best[3] / 1e9);
+  }
+  if (print) std::fflush(stdout);
+  MPI_Win_unlock_all(swin);
+  MPI_Win_unlock_all(dwin);
+  MPI_Win_free(&swin);
+  MPI_Win_detach(dwin, dyn.data());
+  MPI_Win_free(&dwin);
+  MPI_Comm_free(&node);
+}
+
 void write_json(const std::string& path, const std::vector<Row>& rows, const Options& o, int p) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw dtrain::IoError("cannot write " + path);
-  std::fprintf(
-      f, "{\"p\": %d, \"transport\": \"%s\", \"dtype\": \"%s\", \"op\": \"%s\", \"rows\": [\n", p,
-      o.transport.c_str(), dtrain::name_of(o.dtype), dtrain::name_of(o.op));
+  std::fprintf(f, "{\"p\": %d, \"dtype\": \"%s\", \"op\": \"%s\", \"rows\": [\n", p,
+               dtrain::name_of(o.dtype), dtrain::name_of(o.op));
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::fprintf(f,
-                 "  {\"algo\": \"%s\", \"bytes\": %zu, \"time_us\": %.3f, \"algbw\": %.4f, "
-                 "\"busbw\": %.4f, \"wrong\": %lld}%s\n",
-                 r.algo.c_str(), r.bytes, r.time_us, r.algbw, r.busbw, r.wrong,
+                 "  {\"transport\": \"%s\", \"algo\": \"%s\", \"bytes\": %zu, \"time_us\": %.3f, "
+                 "\"algbw\": %.4f, \"busbw\": %.4f, \"wrong\": %lld}%s\n",
+                 r.transport.c_str(), r.algo.c_str(), r.bytes, r.time_us, r.algbw, r.busbw, r.wrong,
                  i + 1 < rows.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
@@ -391,28 +486,53 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   int code = 0;
   try {
-    const Options o = parse(argc, argv);
+    int exit_code = -1;
+    Options o = parse(argc, argv, world_rank, exit_code);
+    if (exit_code >= 0) {
+      MPI_Finalize();
+      return exit_code;
+    }
     std::vector<Row> rows;
     int p = 0;
-    if (o.transport == "mpi") {
-      dtrain::MpiTransport t(MPI_COMM_WORLD);
-      dtrain::Communicator comm(t);
-      p = comm.size();
-      rows = run_suite(comm, o, world_rank == 0);
-    } else if (o.transport == "loopback") {
-      // Every MPI process runs its own loopback world; only world rank 0 reports.
-      p = o.loopback_ranks;
-      std::mutex m;
-      dtrain::run_loopback(o.loopback_ranks, [&](dtrain::LoopbackTransport& t) {
+    if (o.rma_ceiling) rma_ceiling(o, world_rank == 0);
+    for (const std::string& tr : o.transports) {
+      o.transport = tr;
+      std::vector<Row> got;
+      if (tr == "mpi") {
+        dtrain::MpiTransport t(MPI_COMM_WORLD);
         dtrain::Communicator comm(t);
-        auto mine = run_suite(comm, o, world_rank == 0 && t.rank() == 0);
-        if (t.rank() == 0) {
-          std::lock_guard<std::mutex> lock(m);
-          rows = std::move(mine);
-        }
-      });
-    } else {
-      throw dtrain::InvalidArgument("--transport must be mpi or loopback");
+        p = comm.size();
+        got = run_suite(comm, o, world_rank == 0, t.mpi_comm());
+      } else if (tr == "mpi-rma") {
+        dtrain::MpiRmaTransport t(MPI_COMM_WORLD);
+        dtrain::Communicator comm(t);
+        p = comm.size();
+        got = run_suite(comm, o, world_rank == 0, t.backend().mpi_comm());
+      } else if (tr == "ibverbs") {
+#ifdef DTRAIN_HAVE_IBVERBS
+        dtrain::IbverbsTransport t(MPI_COMM_WORLD);
+        dtrain::Communicator comm(t);
+        p = comm.size();
+        if (world_rank == 0)
+          std::printf("# ibverbs device: %s\n", t.backend().device_description().c_str());
+        got = run_suite(comm, o, world_rank == 0, MPI_COMM_WORLD);
+#else
+        throw dtrain::InvalidArgument("--transport ibverbs: built without libibverbs");
+#endif
+      } else {
+        // Every MPI process runs its own loopback world; only world rank 0 reports.
+        p = o.loopback_ranks;
+        std::mutex m;
+        dtrain::run_loopback(o.loopback_ranks, [&](dtrain::LoopbackTransport& t) {
+          dtrain::Communicator comm(t);
+          auto mine = run_suite(comm, o, world_rank == 0 && t.rank() == 0, MPI_COMM_NULL);
+          if (t.rank() == 0) {
+            std::lock_guard<std::mutex> lock(m);
+            got = std::move(mine);
+          }
+        });
+      }
+      rows.insert(rows.end(), got.begin(), got.end());
     }
     long long wrong = 0;
     for (const Row& r : rows) wrong += r.wrong;
