@@ -9,7 +9,7 @@ if(NOT DTRAIN_H5DUMP)
   message(STATUS "dtrain: insitu tests off: h5dump not found (Debian: hdf5-tools)")
   return()
 endif()
-set(_insitu_settings --nx 64 --ny 48 --steps 400 --sample-every 4 --horizon 2 --patch 5
+set(_insitu_settings --nx 64 --ny 48 --steps 300 --sample-every 4 --horizon 2 --patch 5
     --samples 32 --capacity 4096 --train-every 2 --opt-steps 2 --batch 64 --hidden 32 --lr 3e-3
     --validation 128 --eval-every 40 --ckpt-every 100 --rollout 5 --target-error 0.35
     --rollout-target 0.35 --baseline-steps 0)
@@ -17,7 +17,7 @@ foreach(np 2 3)
   add_test(NAME example_insitu_surrogate_np${np}
     COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:insitu_surrogate> -DMPIEXEC=${MPIEXEC_EXECUTABLE}
             -DNP_FLAG=${MPIEXEC_NUMPROC_FLAG} -DNP=${np} -DH5DUMP=${DTRAIN_H5DUMP}
-            -DWORK=${CMAKE_CURRENT_BINARY_DIR}/insitu-np${np} -DSTOP_AFTER=250
+            -DWORK=${CMAKE_CURRENT_BINARY_DIR}/insitu-np${np} -DSTOP_AFTER=150
             "-DSETTINGS=${_insitu_settings}" -P ${CMAKE_CURRENT_LIST_DIR}/insitu_test.cmake)
   set_tests_properties(example_insitu_surrogate_np${np} PROPERTIES TIMEOUT 300 PROCESSORS ${np}
     LABELS "example;mpi" ENVIRONMENT "OPENBLAS_NUM_THREADS=1;DTRAIN_SHM=0")

@@ -3,11 +3,11 @@
 //
 // The simulation is an ordinary MPI code: an explicit five-point stencil on a periodic nx x ny
 // grid, rows split over the ranks, halo rows exchanged with the application's own MPI_Sendrecv on
-// MPI_COMM_WORLD. Every --sample-every steps each rank remembers its subdomain; --horizon steps
-// later it turns --samples random points of it into training samples (the patch x patch
-// neighbourhood at step t, relative to its centre value -> the centre's change by step t+horizon)
-// and appends them to its own dtrain::InMemoryDataset. Every --train-every steps the ranks run
-// --opt-steps data-parallel AdamW steps on batches drawn from their stores.
+// MPI_COMM_WORLD. Every --sample-every steps each rank takes the patch x patch neighbourhoods of
+// --samples random points of its subdomain; --horizon steps later, when the centres' new values
+// exist, it appends them as training samples (neighbourhood at step t, relative to its centre ->
+// the centre's change by step t+horizon) to its own dtrain::InMemoryDataset. Every --train-every
+// steps the ranks run --opt-steps data-parallel AdamW steps on batches drawn from their stores.
 //
 // Mode: the same ranks alternate simulation and training. The sample data never leaves the rank
 // that produced it (no copies to training ranks), no core idles while the other half of the job
@@ -64,28 +64,28 @@
 namespace {
 
 struct Config {
-  int nx = 512, ny = 512;
+  int nx = 1024, ny = 1024;
   double r = 0.2;  // D dt / dx^2; the explicit scheme is stable for r <= 1/4
-  std::int64_t steps = 2000;
+  std::int64_t steps = 3000;
   std::uint64_t seed = 1;
   std::string run_dir = "insitu_run";
-  std::int64_t ckpt_every = 500;
+  std::int64_t ckpt_every = 1000;
   std::int64_t stop_after = -1;
   std::int64_t sample_every = 10;
   std::int64_t horizon = 2;
   int patch = 5;
   std::size_t samples = 64;
   std::size_t capacity = 16384;
-  std::int64_t train_every = 20;
-  int opt_steps = 1;
-  std::size_t batch = 64;
+  std::int64_t train_every = 10;
+  int opt_steps = 2;
+  std::size_t batch = 128;
   std::int64_t hidden = 64;
-  double lr = 2e-3;
+  double lr = 3e-3;
   std::size_t validation = 256;
   std::int64_t eval_every = 100;
   int rollout = 10;
-  double target_error = 0.1;
-  double rollout_target = 0.1;
+  double target_error = 0.25;
+  double rollout_target = 0.25;
   std::int64_t baseline_steps = 200;
 };
 
@@ -137,9 +137,9 @@ struct Grid {
     one(&u[at(rows - halo, 0)], down, kTagDown, &u[at(-halo, 0)], up);
   }
 
-  // One explicit step of u_t = D (u_xx + u_yy): halo exchange, then the five-point stencil.
+  // One explicit step of u_t = D (u_xx + u_yy): the five-point stencil, then the halo exchange,
+  // so that the ghost rows are always those of the current step (samples read them too).
   void step(std::vector<double>& u, std::vector<double>& tmp, double r) const {
-    exchange(u);
     for (int i = 0; i < rows; ++i) {
       const double* c = &u[at(i, 0)];
       const double* n = &u[at(i - 1, 0)];
@@ -151,6 +151,7 @@ struct Grid {
       o[nx - 1] = c[nx - 1] + r * (n[nx - 1] + s[nx - 1] + c[nx - 2] + c[0] - 4 * c[nx - 1]);
     }
     std::copy(tmp.begin() + at(0, 0), tmp.begin() + at(rows, 0), u.begin() + at(0, 0));
+    exchange(u);
   }
 
   double total(const std::vector<double>& u) const {
@@ -184,6 +185,7 @@ double check_fourier_decay(const Grid& g, double r, int steps) {
   for (int i = 0; i < g.rows; ++i)
     for (int j = 0; j < g.nx; ++j)
       u[g.at(i, j)] = 1.0 + 0.5 * std::cos(a * j) * std::cos(b * (g.row0 + i));
+  g.exchange(u);
   for (int s = 0; s < steps; ++s) g.step(u, tmp, r);
   const double amp = 0.5 * std::pow(1 + r * (2 * std::cos(a) + 2 * std::cos(b) - 4), steps);
   double err = 0, max_err = 0;
@@ -195,45 +197,49 @@ double check_fourier_decay(const Grid& g, double r, int steps) {
   return max_err;
 }
 
-// The main run's initial field: warm and cold Gaussian blobs at positions drawn from the seed.
+// The main run's initial field: warm and cold Gaussian blobs (4 to 12 cells wide, one per 32 x 32
+// cells) at positions drawn from the seed, each evaluated within 4 widths of its centre.
 void initial_field(const Grid& g, std::uint64_t seed, std::vector<double>& u) {
   dtrain::RngStream rng(seed, 0x1b10b5);
-  struct Blob {
-    double x, y, amp, inv2s2;
-  };
-  std::vector<Blob> blobs(24);
-  for (auto& b : blobs) {
-    b.x = rng.uniform_double() * g.nx;
-    b.y = rng.uniform_double() * g.ny;
-    b.amp = rng.uniform_double() * 2 - 1;
-    const double s = (0.02 + 0.04 * rng.uniform_double()) * std::min(g.nx, g.ny);
-    b.inv2s2 = 1 / (2 * s * s);
-  }
   for (int i = 0; i < g.rows; ++i)
-    for (int j = 0; j < g.nx; ++j) {
-      double v = 1.0;
-      for (const auto& b : blobs) {
-        // Periodic distance, so the field is smooth across the boundaries.
-        double dx = std::abs(j - b.x), dy = std::abs(g.row0 + i - b.y);
+    for (int j = 0; j < g.nx; ++j) u[g.at(i, j)] = 1.0;
+  const int blobs = std::max(8, g.nx / 32 * (g.ny / 32));
+  for (int k = 0; k < blobs; ++k) {
+    const double x = rng.uniform_double() * g.nx, y = rng.uniform_double() * g.ny;
+    const double amp = rng.uniform_double() * 2 - 1;
+    const double s = 4 + 8 * rng.uniform_double();
+    const int reach = static_cast<int>(std::ceil(4 * s));
+    for (int i = 0; i < g.rows; ++i) {
+      // Periodic distances, so the field is smooth across the boundaries.
+      double dy = std::abs(g.row0 + i - y);
+      dy = std::min(dy, g.ny - dy);
+      if (dy > reach) continue;
+      const int width = std::min(2 * reach + 1, g.nx);
+      const int first = 2 * reach + 1 >= g.nx ? 0 : static_cast<int>(x) - reach;
+      for (int t = 0; t < width; ++t) {
+        const int j = ((first + t) % g.nx + g.nx) % g.nx;
+        double dx = std::abs(j - x);
         dx = std::min(dx, g.nx - dx);
-        dy = std::min(dy, g.ny - dy);
-        v += b.amp * std::exp(-(dx * dx + dy * dy) * b.inv2s2);
+        u[g.at(i, j)] += amp * std::exp(-(dx * dx + dy * dy) / (2 * s * s));
       }
-      u[g.at(i, j)] = v;
     }
+  }
+  g.exchange(u);
 }
 
-// The simulation's per-rank checkpointed state: time step, field (with ghost rows), the
-// remembered subdomain the next samples come from, and the run's bookkeeping.
+// The simulation's per-rank checkpointed state: time step, field (with ghost rows), the samples
+// waiting for their targets, and the run's bookkeeping.
 struct SimState {
   std::int64_t step = 0;
-  std::int64_t snap_step = -1;   // step of `snapshot`; -1 when no samples are pending
+  std::int64_t snap_step = -1;   // step the pending samples were taken; -1 when none are
   std::int64_t store_count = 0;  // samples in the rank's store (read before the store itself)
   std::int64_t trained = 0;      // optimizer steps so far
   double initial_total = 0;
   double first_error = -1;
-  std::int64_t height = 0, width = 0;
-  std::vector<double> u, snapshot;
+  std::int64_t height = 0, width = 0, pending_rows = 0, features = 0;
+  std::vector<double> u;
+  std::vector<float> pending_x;      // [pending_rows, features] scaled patches
+  std::vector<double> pending_meta;  // [pending_rows, 3]: centre value, scale, cell index
 
   template <class V>
   void visit_state(V& v) {
@@ -245,8 +251,12 @@ struct SimState {
     v.scalar("first_error", first_error);
     const dtrain::Shape shape{height, width};
     v.tensor("u", dtrain::BufferView(u.data(), u.size(), dtrain::DType::f64), shape);
-    v.tensor("snapshot", dtrain::BufferView(snapshot.data(), snapshot.size(), dtrain::DType::f64),
-             shape);
+    v.tensor("pending_x",
+             dtrain::BufferView(pending_x.data(), pending_x.size(), dtrain::DType::f32),
+             dtrain::Shape{pending_rows, features});
+    v.tensor("pending_meta",
+             dtrain::BufferView(pending_meta.data(), pending_meta.size(), dtrain::DType::f64),
+             dtrain::Shape{pending_rows, 3});
   }
 };
 
@@ -289,10 +299,8 @@ struct Sampler {
         *x++ = static_cast<float>((f[g.at(i + di, g.wrap(j + dj))] - c) / scale);
     return scale;
   }
-  float target(const std::vector<double>& before, const std::vector<double>& after, int i, int j,
-               double scale) const {
-    const std::size_t c = g.at(i, j);
-    return static_cast<float>((after[c] - before[c]) / (r * static_cast<double>(horizon) * scale));
+  float target(double before, double after, double scale) const {
+    return static_cast<float>((after - before) / (r * static_cast<double>(horizon) * scale));
   }
   // Inverse of target(): the field's change predicted from a model output.
   double change(float y, double scale) const {
@@ -412,7 +420,10 @@ int run(const Config& cfg) {
   sim.height = g.rows + 2 * g.halo;
   sim.width = g.nx;
   sim.u.assign(g.cells(), 0.0);
-  sim.snapshot.assign(g.cells(), 0.0);
+  sim.features = static_cast<std::int64_t>(nf);
+  sim.pending_rows = static_cast<std::int64_t>(cfg.samples + cfg.validation);
+  sim.pending_x.assign(cfg.samples * nf + cfg.validation * nf, 0.0f);
+  sim.pending_meta.assign((cfg.samples + cfg.validation) * 3, 0.0);
   initial_field(g, cfg.seed, sim.u);
   sim.initial_total = g.total(sim.u);
 
@@ -481,18 +492,39 @@ int run(const Config& cfg) {
     return acc[1] > 0 ? std::sqrt(acc[0] / acc[1]) : 0.0;
   };
 
-  // `horizon` steps after a snapshot: training samples from random non-held-out points, and
-  // every --eval-every steps the held-out points' samples and the error on them (-1 otherwise).
-  auto harvest = [&]() {
+  // At a sampling step: the patches of random non-held-out points (and, every --eval-every
+  // steps, of the held-out points), kept until their targets exist `horizon` steps later.
+  auto take_samples = [&]() {
     dtrain::RngStream rng(cfg.seed ^ 0x5a3d1e5ull, static_cast<std::uint64_t>(sim.step) * 4096u +
                                                        static_cast<std::uint64_t>(world_rank));
+    auto keep = [&](std::size_t row, int i, int j) {
+      const double scale = make.patch(sim.u, i, j, &sim.pending_x[row * nf]);
+      const std::size_t c = g.at(i, j);
+      sim.pending_meta[row * 3] = sim.u[c];
+      sim.pending_meta[row * 3 + 1] = scale;
+      sim.pending_meta[row * 3 + 2] = static_cast<double>(c);
+    };
     for (std::size_t k = 0; k < cfg.samples;) {
       const int i = static_cast<int>(rng.below(static_cast<std::uint64_t>(g.rows)));
       const int j = static_cast<int>(rng.below(static_cast<std::uint64_t>(g.nx)));
-      if (held_out(g.row0 + i, j)) continue;
-      float* x = &fresh[k * (nf + 1)];
-      x[nf] = make.target(sim.snapshot, sim.u, i, j, make.patch(sim.snapshot, i, j, x));
-      ++k;
+      if (!held_out(g.row0 + i, j)) keep(k++, i, j);
+    }
+    if (sim.step % cfg.eval_every == 0)
+      for (std::size_t k = 0; k < val_points.size(); ++k)
+        keep(cfg.samples + k, val_points[k].first, val_points[k].second);
+    sim.snap_step = sim.step;
+  };
+  auto target_of = [&](std::size_t row) {
+    const double* m = &sim.pending_meta[row * 3];
+    return make.target(m[0], sim.u[static_cast<std::size_t>(m[2])], m[1]);
+  };
+
+  // `horizon` steps later: the training samples go to the store; returns the held-out error when
+  // the held-out points were sampled too, -1 otherwise.
+  auto harvest = [&]() {
+    for (std::size_t k = 0; k < cfg.samples; ++k) {
+      std::copy_n(&sim.pending_x[k * nf], nf, &fresh[k * (nf + 1)]);
+      fresh[k * (nf + 1) + nf] = target_of(k);
     }
     store.append(dtrain::span<const float>(fresh.data(), fresh.size()),
                  dtrain::span<const std::int32_t>(fresh_labels.data(), fresh_labels.size()));
@@ -500,11 +532,8 @@ int run(const Config& cfg) {
     const bool due = sim.snap_step % cfg.eval_every == 0;
     sim.snap_step = -1;
     if (!due) return -1.0;
-    for (std::size_t k = 0; k < val_points.size(); ++k) {
-      const int i = val_points[k].first, j = val_points[k].second;
-      yval[k] =
-          make.target(sim.snapshot, sim.u, i, j, make.patch(sim.snapshot, i, j, &xval[k * nf]));
-    }
+    std::copy_n(&sim.pending_x[cfg.samples * nf], xval.size(), xval.begin());
+    for (std::size_t k = 0; k < yval.size(); ++k) yval[k] = target_of(cfg.samples + k);
     return evaluate();
   };
 
@@ -549,15 +578,11 @@ int run(const Config& cfg) {
   const double base_before = time_solver_alone(g, sim.u, cfg.r, cfg.baseline_steps);
 
   double t_sim = 0, t_train = 0, t_samples = 0, t_ckpt = 0, last_error = -1;
-  std::int64_t overlapped = 0, trained_here = 0;
+  std::int64_t overlapped = 0, trained_here = 0, rounds = 0;
   const std::int64_t first_step = sim.step;
   const dtrain::Timer wall;
   bool pending = false;
-  if (!resumed && cfg.sample_every > 0) {
-    sim.snapshot = sim.u;  // step 0 is a sampling step; its ghost rows are exchanged below
-    g.exchange(sim.snapshot);
-    sim.snap_step = 0;
-  }
+  if (!resumed && cfg.sample_every > 0) take_samples();  // step 0 is a sampling step
   for (;;) {
     // Here the state is consistent (no gradient in flight): checkpoint, stop, or go on.
     {
@@ -587,6 +612,7 @@ int run(const Config& cfg) {
         if (k + 1 < cfg.opt_steps) finish_step();
       }
       pending = true;
+      ++rounds;
       t_train += t.seconds();
     }
 
@@ -608,17 +634,13 @@ int run(const Config& cfg) {
     const dtrain::Timer t;
     bool evaluated = false;
     if (sim.snap_step >= 0 && sim.step == sim.snap_step + cfg.horizon) {
-      g.exchange(sim.u);  // the patches of the rows next to the neighbours need the ghost rows
       const double e = harvest();
       evaluated = e >= 0;
       if (evaluated) last_error = e;
       if (evaluated && sim.first_error < 0) sim.first_error = last_error;
     }
-    if (cfg.sample_every > 0 && sim.step % cfg.sample_every == 0 && sim.snap_step < 0) {
-      sim.snapshot = sim.u;
-      g.exchange(sim.snapshot);
-      sim.snap_step = sim.step;
-    }
+    if (cfg.sample_every > 0 && sim.step % cfg.sample_every == 0 && sim.snap_step < 0)
+      take_samples();
     t_samples += t.seconds();
     if (root && evaluated) {
       const double w = wall.seconds();
@@ -735,8 +757,8 @@ int run(const Config& cfg) {
     }
     std::printf(
         "halo exchanges with a gradient all-reduce in flight: %lld of %lld training "
-        "steps; replicas %s\n",
-        static_cast<long long>(overlapped), static_cast<long long>(trained_here),
+        "rounds; replicas %s\n",
+        static_cast<long long>(overlapped), static_cast<long long>(rounds),
         replicas_same ? "bit-identical" : "DIFFER");
     if (cfg.baseline_steps > 0) {
       const double base = 0.5 * (base_before + base_after);
