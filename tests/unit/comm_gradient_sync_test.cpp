@@ -68,3 +68,51 @@ TEST_CASE("GradientSync equals allreduce(avg) and overlaps with backward") {
     CHECK(overlapped.load() == 3 * p);
   }
 }
+
+TEST_CASE(
+    "GradientSync::wait(opt) updates each bucket once, after its average, then ends the step") {
+  for (int p : {1, 2}) {
+    CAPTURE(p);
+    std::atomic<int> bad{0};
+    run_loopback(p, [&](LoopbackTransport& t) {
+      CommConfig c;
+      c.timeout_s = 30;
+      Communicator comm(t, c);
+      const std::size_t n = 3000;
+      std::vector<float> grads(n);
+      GradientSync sync(comm, BufferView(span<float>(grads)), 4096 /* 1024 floats */,
+                        AllreduceAlgorithm::ring);
+      // Records the ranges it is given and whether each already held the average.
+      struct Recorder {
+        std::vector<float>* grads;
+        float expect;
+        std::vector<std::pair<std::size_t, std::size_t>> ranges;
+        int averaged = 0, steps = 0;
+        void update(std::size_t off, std::size_t cnt) {
+          ranges.emplace_back(off, cnt);
+          bool ok = true;
+          for (std::size_t i = off; i < off + cnt; ++i) ok &= (*grads)[i] == expect;
+          averaged += ok ? 1 : 0;
+        }
+        void complete_step() { ++steps; }
+      } rec{&grads, static_cast<float>(p - 1) / 2, {}, 0, 0};
+      for (auto& g : grads) g = static_cast<float>(t.rank());
+      sync.ready(0, n);
+      sync.wait(rec);
+      if (rec.steps != 1 || rec.averaged != 3 || rec.ranges.size() != 3) ++bad;
+      // Bucket order: the end of the arena first, together covering it once.
+      std::size_t end = n;
+      for (const auto& r : rec.ranges) {
+        if (r.first + r.second != end) ++bad;
+        end = r.first;
+      }
+      if (end != 0) ++bad;
+      // A step with unreported elements throws and does not complete the optimizer's step.
+      sync.ready(n - 10, 10);
+      CHECK_THROWS_AS(sync.wait(rec), InvalidArgument);
+      if (rec.steps != 1) ++bad;
+      sync.sync_all();
+    });
+    CHECK(bad.load() == 0);
+  }
+}
