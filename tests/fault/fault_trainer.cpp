@@ -175,7 +175,7 @@ int train(const Args& a) {
   dtrain::Communicator comm(transport);
   const int rank = comm.rank(), p = comm.size();
   if (rank == a.fault_rank && a.fault != "none") {
-    // The process manager names a dead process by its pid; this line maps it to the rank.
+    // The process manager reports processes by pid; this line maps the pid to the rank.
     std::fprintf(stderr, "fault_trainer: rank %d is pid %ld\n", rank, static_cast<long>(getpid()));
     std::fflush(stderr);
   }

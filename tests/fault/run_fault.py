@@ -36,8 +36,13 @@ CASES = {
     "diskfull": dict(np=2, fault="diskfull", rank=0, step=5, max_s=MARGIN_S,
                      first=r"^dtrain: rank 0: checkpoint (save|write): .*(File too large|"
                            r"No space|errno|write failed|HDF5)"),
+    # A SIGKILLed rank prints nothing. MPICH's hydra ends the job and reports "BAD TERMINATION
+    # ... EXIT CODE: 9", but with the pid of whichever process it lists first (often a survivor it
+    # killed itself), so the pid is not checked; a dtrain line, if a survivor printed one before
+    # being killed, must blame rank 1.
     "kill": dict(np=3, fault="kill", rank=1, step=5, max_s=DEADLINE_S + MARGIN_S,
-                 manager=r"BAD TERMINATION.*\n=\s+PID {pid} RUNNING AT .*\n=\s+EXIT CODE: 9"),
+                 manager=r"BAD TERMINATION.*\n=\s+PID \d+ RUNNING AT .*\n=\s+EXIT CODE: 9",
+                 others_blame=r"rank 1\b"),
     "stop": dict(np=3, fault="stop", rank=1, step=5, max_s=DEADLINE_S + MARGIN_S,
                  first=r"^dtrain: rank [02]: allreduce #\d+ .*: wait for rank 1 timed out"),
     "mismatch": dict(np=2, fault="mismatch", rank=1, step=5, max_s=DEADLINE_S + MARGIN_S,
@@ -92,14 +97,13 @@ def main():
         if not re.search(c["first"], lines[0]):
             fail("the first error line does not match /%s/" % c["first"], out)
     if "manager" in c:
-        pid = re.search(r"fault_trainer: rank %d is pid (\d+)" % c["rank"], out)
-        if not pid:
-            fail("the failing rank did not report its pid", out)
-        want = c["manager"].replace("{pid}", pid.group(1))
+        want = c["manager"]
         if not re.search(want, out):
             fail("the process manager's report does not match /%s/" % want, out)
         if lines:
             print("first dtrain line: " + lines[0])
+            if not re.search(c["others_blame"], lines[0]):
+                fail("the first dtrain line does not name rank %d" % c["rank"], out)
     v = subprocess.run([trainer, "--verify", run_dir], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, env=env)
     vout = v.stdout.decode(errors="replace")
