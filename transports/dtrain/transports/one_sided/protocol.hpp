@@ -215,7 +215,54 @@ class OneSidedTransport {
   /// Non-blocking send of `bytes` bytes to `peer`; the buffer must stay valid and unchanged
   /// until the request completes. An eager send completes once copied into a staging slot.
   void isend(Request& r, int peer, int tag, const void* data, std::size_t bytes) {
-    start(r, peer, tag, false, bytes, "send");
+    DTRAIN_REQUIRE(tag >= 0, op_name("send"), "tag " << tag << " is negative");
+    post_send(r, peer, tag, data, bytes, nullptr);
+  }
+
+  /// Non-blocking receive of exactly `bytes` bytes from `peer` into `data`.
+  void irecv(Request& r, int peer, int tag, void* data, std::size_t bytes) {
+    DTRAIN_REQUIRE(tag >= 0, op_name("receive"), "tag " << tag << " is negative");
+    post_recv(r, peer, tag, data, bytes, nullptr);
+  }
+
+  /// A persistent, plan-scoped message (transport_traits.hpp): its peer, bytes and registration
+  /// are resolved once at bind time, so a start neither looks up nor registers memory. Each start
+  /// still goes through the protocol (eager slot, or clear-to-send + zero-copy write), because
+  /// the receiver's buffer is only known to be free once its channel was started again.
+  struct Channel {
+    int peer = -1;
+    int tag = -1;
+    bool send = false;
+    unsigned char* data = nullptr;
+    std::size_t bytes = 0;
+    Region reg;
+    bool has_reg = false;
+  };
+  /// Local: binds a send of [offset, offset+bytes) of `region` (from register_memory) to `peer`.
+  Channel bind_send(int peer, int channel_id, const MemoryRegion& region, std::size_t offset,
+                    std::size_t bytes) {
+    return bind(peer, channel_id, region, offset, bytes, true);
+  }
+  /// Local: binds a receive of exactly `bytes` bytes from `peer` into `region` at `offset`.
+  Channel bind_recv(int peer, int channel_id, const MemoryRegion& region, std::size_t offset,
+                    std::size_t bytes) {
+    return bind(peer, channel_id, region, offset, bytes, false);
+  }
+  /// Posts the bound message once; complete it with test / wait_until.
+  void start(Request& r, Channel& c) {
+    const Region* pre = c.has_reg ? &c.reg : nullptr;
+    if (c.send)
+      post_send(r, c.peer, c.tag, c.data, c.bytes, pre);
+    else
+      post_recv(r, c.peer, c.tag, c.data, c.bytes, pre);
+  }
+  /// Releases nothing: the registration belongs to the plan's register_memory.
+  void unbind(Channel& c) noexcept { c = Channel{}; }
+
+ private:
+  void post_send(Request& r, int peer, int tag, const void* data, std::size_t bytes,
+                 const Region* pre) {
+    begin_op(r, peer, tag, false, bytes, "send");
     r.src = data;
     Peer& P = peer_of(peer);
     if (bytes <= eager_limit_) {
@@ -223,7 +270,10 @@ class OneSidedTransport {
       enqueue(P, peer, r);
       return;
     }
-    lookup(r, data, bytes, one_sided::Access::local);
+    if (pre)
+      r.reg = *pre;
+    else
+      lookup(r, data, bytes, one_sided::Access::local);
     // A clear-to-send that arrived before this send was posted.
     for (auto it = P.early_cts.begin(); it != P.early_cts.end(); ++it)
       if (it->tag == tag) {
@@ -236,9 +286,8 @@ class OneSidedTransport {
     P.rndv_sends.push(&r);
   }
 
-  /// Non-blocking receive of exactly `bytes` bytes from `peer` into `data`.
-  void irecv(Request& r, int peer, int tag, void* data, std::size_t bytes) {
-    start(r, peer, tag, true, bytes, "receive");
+  void post_recv(Request& r, int peer, int tag, void* data, std::size_t bytes, const Region* pre) {
+    begin_op(r, peer, tag, true, bytes, "receive");
     r.dst = data;
     Peer& P = peer_of(peer);
     if (bytes <= eager_limit_) {
@@ -255,7 +304,10 @@ class OneSidedTransport {
       P.eager_recvs.push(&r);
       return;
     }
-    lookup(r, data, bytes, one_sided::Access::remote_write);
+    if (pre)
+      r.reg = *pre;
+    else
+      lookup(r, data, bytes, one_sided::Access::remote_write);
     if (P.free_tokens.empty()) {
       DTRAIN_REQUIRE(P.tokens.size() < 65536, op_name("receive"),
                      "more than 65536 zero-copy receives from rank " << peer << " outstanding");
@@ -271,6 +323,7 @@ class OneSidedTransport {
     enqueue(P, peer, r);
   }
 
+ public:
   /// True once the request completed (an idle request counts as complete). Drives the
   /// protocol. Throws TransportError after a failure (the first failure's message).
   bool test(Request& r) {
@@ -357,6 +410,43 @@ class OneSidedTransport {
  private:
   enum { kNone = 0, kOutq, kRndvSends, kInflight, kEagerRecvs };
 
+  // Channel tags are negative (-1 - id), so they never meet isend / irecv tags.
+  Channel bind(int peer, int id, const MemoryRegion& region, std::size_t offset, std::size_t bytes,
+               bool send) {
+    DTRAIN_REQUIRE(
+        peer >= 0 && peer < p_ && peer != r_ && id >= 0 && offset + bytes <= region.bytes,
+        op_name(send ? "bind_send" : "bind_recv"),
+        "peer " << peer << ", channel " << id << ", " << bytes << " B at offset " << offset
+                << " of a " << region.bytes << " B region");
+    Channel c;
+    c.peer = peer;
+    c.tag = -1 - id;
+    c.send = send;
+    c.data = static_cast<unsigned char*>(region.data) + offset;
+    c.bytes = bytes;
+    // The plan's own registration (register_memory put its cache entry in `handle`), never
+    // another plan's that happens to cover the same addresses and may be released first.
+    if (bytes > eager_limit_ && region.handle) {
+      CacheEntry& e = *static_cast<CacheEntry*>(region.handle);
+      void* base = region.data;
+      if (send) {
+        if (!e.has_local) {
+          e.local = b_.register_memory(base, region.bytes, one_sided::Access::local);
+          e.has_local = true;
+        }
+        c.reg = e.local;
+      } else {
+        if (!e.has_remote) {
+          e.remote = b_.register_memory(base, region.bytes, one_sided::Access::remote_write);
+          e.has_remote = true;
+        }
+        c.reg = e.remote;
+      }
+      c.has_reg = true;
+    }
+    return c;
+  }
+
   struct ReqList {
     Request* head = nullptr;
     Request* tail = nullptr;
@@ -429,7 +519,7 @@ class OneSidedTransport {
 
   Peer& peer_of(int peer) { return peers_[static_cast<std::size_t>(peer)]; }
 
-  void start(Request& r, int peer, int tag, bool recv, std::size_t bytes, const char* what) {
+  void begin_op(Request& r, int peer, int tag, bool recv, std::size_t bytes, const char* what) {
     if (error_) std::rethrow_exception(error_);
     DTRAIN_REQUIRE(peer >= 0 && peer < p_ && peer != r_, op_name(what),
                    "peer " << peer << " invalid for rank " << r_ << " of " << p_);
