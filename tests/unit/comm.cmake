@@ -16,6 +16,11 @@ dtrain_add_unit_test(NAME unit_comm_transport
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_transport_test.cpp
   LINK dtrain::loopback
   TIMEOUT 120)
+# Strict environment parsing and where it is read.
+dtrain_add_unit_test(NAME unit_comm_env
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_env_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 60)
 dtrain_add_unit_test(NAME unit_comm_noalloc
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_noalloc_test.cpp
   LINK dtrain::loopback

@@ -58,9 +58,12 @@ class Communicator {
   using transport_type = Transport;
   using Plan = CollectivePlan<Transport>;
 
-  /// Local: wraps `transport` (which must outlive the communicator). Configuration defaults come
-  /// from the environment (CommConfig::from_env).
-  explicit Communicator(Transport& transport, CommConfig config = CommConfig::from_env())
+  /// Local: wraps `transport` (which must outlive the communicator) with the configuration of
+  /// the environment: reads the DTRAIN_COMM_* / DTRAIN_ALLREDUCE_ALGO variables once, here
+  /// (CommConfig::from_env; InvalidArgument naming the variable on a malformed value).
+  explicit Communicator(Transport& transport) : Communicator(transport, CommConfig::from_env()) {}
+  /// Local: wraps `transport` with exactly `config` (reads no environment).
+  Communicator(Transport& transport, CommConfig config)
       : state_(std::make_unique<detail::CommState<Transport>>(transport, config)) {
     DTRAIN_REQUIRE(config.timeout_s > 0, "Communicator", "timeout " << config.timeout_s << " s");
     if (config.cost_model.valid()) state_->cost = config.cost_model;

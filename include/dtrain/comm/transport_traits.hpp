@@ -56,14 +56,13 @@
 
 #include <atomic>
 #include <cstddef>
-#include <cstdlib>
-#include <string>
 #include <cstdint>
 #include <new>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include <dtrain/core/env.hpp>
 #include <dtrain/core/space.hpp>
 #include <dtrain/core/timer.hpp>
 
@@ -114,25 +113,23 @@ struct SharedSegments {
       new (&f[i]) std::atomic<std::uint64_t>(0);
   }
 };
-namespace detail {
-/// Shared-segment sizing from the environment: DTRAIN_SHM=0 disables the capability,
-/// DTRAIN_SHM_SLOT_BYTES (default 256 KiB, the pipelining chunk) and DTRAIN_SHM_SLOTS (default 4,
-/// how many chunks may be in flight).
+/// Shared-segment sizing: whether the capability is on (DTRAIN_SHM, boolean), the pipelining
+/// chunk (DTRAIN_SHM_SLOT_BYTES, 256 B .. 1 GiB, rounded down to 64 B; default 256 KiB) and how
+/// many chunks may be in flight (DTRAIN_SHM_SLOTS, 2..64, default 4). Transports take one in
+/// their constructor; their single-argument constructors read it with from_env.
 struct SharedSegmentConfig {
   bool enabled = true;
   std::size_t slot_bytes = 256 * 1024;
   int slots = 4;
+  /// The defaults overridden by the variables above, parsed strictly (<dtrain/core/env.hpp>).
   static SharedSegmentConfig from_env() {
     SharedSegmentConfig c;
-    if (const char* s = std::getenv("DTRAIN_SHM")) c.enabled = std::string(s) != "0";
-    if (const char* s = std::getenv("DTRAIN_SHM_SLOT_BYTES")) {
-      const long long v = std::atoll(s);
-      if (v >= 256) c.slot_bytes = static_cast<std::size_t>(v) / 64 * 64;
-    }
-    if (const char* s = std::getenv("DTRAIN_SHM_SLOTS")) {
-      const int v = std::atoi(s);
-      if (v >= 2 && v <= 64) c.slots = v;
-    }
+    c.enabled = env::get_bool("DTRAIN_SHM", c.enabled);
+    c.slot_bytes =
+        static_cast<std::size_t>(env::get_int(
+            "DTRAIN_SHM_SLOT_BYTES", static_cast<long long>(c.slot_bytes), 256, 1ll << 30)) /
+        64 * 64;
+    c.slots = static_cast<int>(env::get_int("DTRAIN_SHM_SLOTS", c.slots, 2, 64));
     return c;
   }
   /// Bytes of one rank's segment: the slots, then the counters.
@@ -140,7 +137,6 @@ struct SharedSegmentConfig {
     return static_cast<std::size_t>(slots) * slot_bytes + SharedSegments::flag_bytes(slots);
   }
 };
-}  // namespace detail
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "shared-memory counters must be lock-free to work across processes");

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include <dtrain/core/env.hpp>
 #include <dtrain/core/error.hpp>
 
 namespace dtrain {
@@ -25,9 +26,15 @@ inline LogLevel parse_log_level(const char* s, LogLevel fallback) noexcept {
   if (!std::strcmp(s, "debug")) return LogLevel::debug;
   return fallback;
 }
+// DTRAIN_LOG_LEVEL, read once, strictly (<dtrain/core/env.hpp>): a value other than the four
+// levels (or "warning") throws InvalidArgument naming the variable at the first log call.
+inline int log_level_from_env() {
+  const int i =
+      env::get_choice("DTRAIN_LOG_LEVEL", 3, {"error", "warn", "warning", "info", "debug"});
+  return i <= 1 ? i : i - 1;
+}
 inline std::atomic<int>& log_threshold() {
-  static std::atomic<int> level{
-      static_cast<int>(parse_log_level(std::getenv("DTRAIN_LOG_LEVEL"), LogLevel::info))};
+  static std::atomic<int> level{log_level_from_env()};
   return level;
 }
 inline std::mutex& log_mutex() {

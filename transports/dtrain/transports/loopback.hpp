@@ -102,13 +102,17 @@ struct LoopbackMailbox {
 /// rank (each used by its own thread). Thread-safe; must outlive its transports.
 class LoopbackWorld {
  public:
-  explicit LoopbackWorld(int size) : size_(size) {
+  /// `size` ranks; node-shared segments sized from the environment
+  /// (SharedSegmentConfig::from_env: DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, DTRAIN_SHM_SLOTS).
+  explicit LoopbackWorld(int size) : LoopbackWorld(size, SharedSegmentConfig::from_env()) {}
+  /// `size` ranks with the given segment configuration (reads no environment).
+  LoopbackWorld(int size, const SharedSegmentConfig& segments) : size_(size) {
     DTRAIN_REQUIRE(size >= 1, "LoopbackWorld", "size " << size << " must be at least 1");
     boxes_.reserve(static_cast<std::size_t>(size));
     for (int i = 0; i < size; ++i) boxes_.push_back(std::make_unique<detail::LoopbackMailbox>());
     // All ranks share the address space, so node-shared segments are plain heap memory (pages
     // are touched only when the shm algorithm uses them).
-    seg_config_ = detail::SharedSegmentConfig::from_env();
+    seg_config_ = segments;
     if (seg_config_.enabled && size > 1) {
       const std::size_t bytes = seg_config_.segment_bytes();
       for (int i = 0; i < size; ++i) {
@@ -153,7 +157,7 @@ class LoopbackWorld {
   };
   int size_;
   std::vector<std::unique_ptr<detail::LoopbackMailbox>> boxes_;
-  detail::SharedSegmentConfig seg_config_;
+  SharedSegmentConfig seg_config_;
   std::vector<std::unique_ptr<unsigned char, FreeDeleter>> segments_;
   std::atomic<bool> aborted_{false};
   mutable std::mutex abort_mutex_;

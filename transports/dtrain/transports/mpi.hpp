@@ -91,7 +91,12 @@ class MpiTransport {
   static constexpr bool one_sided = false;
   static constexpr bool thread_safe = true;
 
-  explicit MpiTransport(MPI_Comm comm) {
+  /// Collective over `comm`. Node-shared segments are sized from the environment
+  /// (SharedSegmentConfig::from_env: DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, DTRAIN_SHM_SLOTS); every
+  /// rank must see the same values.
+  explicit MpiTransport(MPI_Comm comm) : MpiTransport(comm, SharedSegmentConfig::from_env()) {}
+  /// Collective over `comm`, with the given segment configuration (reads no environment).
+  MpiTransport(MPI_Comm comm, const SharedSegmentConfig& segments) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized)
@@ -112,7 +117,7 @@ class MpiTransport {
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
     thread_multiple_ = level == MPI_THREAD_MULTIPLE;
-    setup_shared_segments();
+    setup_shared_segments(segments);
   }
   ~MpiTransport() {
     int finalized = 0;
@@ -243,8 +248,7 @@ class MpiTransport {
 
   // All ranks on one node: one shared window, a segment per rank (slots, then counters). The
   // counters are C++ atomics in that memory, so synchronisation needs no MPI calls.
-  void setup_shared_segments() {
-    const auto cfg = detail::SharedSegmentConfig::from_env();
+  void setup_shared_segments(const SharedSegmentConfig& cfg) {
     if (!cfg.enabled || size_ < 2) return;
     DTRAIN_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_),
                      "MpiTransport");

@@ -1,0 +1,132 @@
+// Strict environment parsing (<dtrain/core/env.hpp>) and its readers: every malformed value is an
+// InvalidArgument naming the variable and what is accepted; nothing is read where a
+// configuration is passed explicitly.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <string>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/core/env.hpp>
+#include <dtrain/core/log.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+using namespace dtrain;
+
+namespace {
+// Sets a variable for one scope.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  ~ScopedEnv() { ::unsetenv(name_); }
+  const char* name_;
+};
+
+// The message of the InvalidArgument `f` throws ("" when it throws nothing).
+template <class F>
+std::string invalid(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+}  // namespace
+
+TEST_CASE("booleans: exactly 0 1 true false on off yes no") {
+  for (const char* t : {"1", "true", "on", "yes"}) CHECK(env::parse_bool("V", t));
+  for (const char* f : {"0", "false", "off", "no"}) CHECK(!env::parse_bool("V", f));
+  for (const char* bad : {"2", "True", "enable", " 1", "1 ", "y", "-1"}) {
+    CAPTURE(bad);
+    const std::string m = invalid([&] { env::parse_bool("DTRAIN_X", bad); });
+    CHECK(has(m, "DTRAIN_X"));
+    CHECK(has(m, "0 1 true false on off yes no"));
+  }
+}
+
+TEST_CASE("numbers must be whole, plain, finite and in range") {
+  CHECK(env::parse_int("V", "64", 1, 100) == 64);
+  CHECK(env::parse_int("V", "-3", -5, 5) == -3);
+  CHECK(env::parse_double("V", "2.5e-3", 0, 1) == 2.5e-3);
+  for (const char* bad : {"64abc", "1e3", " 64", "0x40", "", "+", "101", "99999999999999999999"})
+    CHECK(has(invalid([&] { env::parse_int("DTRAIN_N", bad, 1, 100); }), "DTRAIN_N"));
+  for (const char* bad : {"abc", "1.5x", "inf", "nan", "0x1p3", "2", "-0.5"})
+    CHECK(has(invalid([&] { env::parse_double("DTRAIN_D", bad, 0, 1); }), "[0, 1]"));
+  CHECK(env::parse_choice("V", "b", {"a", "b"}) == 1);
+  CHECK(has(invalid([&] { env::parse_choice("DTRAIN_C", "B", {"a", "b"}); }), "one of: a b"));
+}
+
+TEST_CASE("unset or empty keeps the default") {
+  ::unsetenv("DTRAIN_TEST_UNSET");
+  CHECK(env::get_bool("DTRAIN_TEST_UNSET", true));
+  CHECK(env::get_int("DTRAIN_TEST_UNSET", 7, 0, 10) == 7);
+  ScopedEnv e("DTRAIN_TEST_EMPTY", "");
+  CHECK(!env::get_bool("DTRAIN_TEST_EMPTY", false));
+  CHECK(env::get_double("DTRAIN_TEST_EMPTY", 0.5, 0, 1) == 0.5);
+}
+
+TEST_CASE("CommConfig::from_env is strict and names the variable") {
+  {
+    ScopedEnv e("DTRAIN_COMM_CHECK", "off");
+    CHECK(!CommConfig::from_env().check_fingerprints);
+  }
+  {
+    ScopedEnv e("DTRAIN_COMM_PERSISTENT", "no");
+    CHECK(!CommConfig::from_env().persistent_channels);
+  }
+  {
+    ScopedEnv e("DTRAIN_COMM_TIMEOUT_S", "12.5");
+    CHECK(CommConfig::from_env().timeout_s == 12.5);
+  }
+  const struct {
+    const char* name;
+    const char* value;
+  } bad[] = {{"DTRAIN_COMM_CHECK", "maybe"},         {"DTRAIN_COMM_PERSISTENT", "2"},
+             {"DTRAIN_COMM_TIMEOUT_S", "abc"},       {"DTRAIN_COMM_TIMEOUT_S", "0"},
+             {"DTRAIN_COMM_SEGMENT_BYTES", "64abc"}, {"DTRAIN_COMM_PROGRESS", "threads"},
+             {"DTRAIN_ALLREDUCE_ALGO", "Ring"},      {"DTRAIN_COMM_ALPHA", "-1"}};
+  for (const auto& b : bad) {
+    CAPTURE(b.name);
+    CAPTURE(b.value);
+    ScopedEnv e(b.name, b.value);
+    CHECK(has(invalid([] { CommConfig::from_env(); }), b.name));
+  }
+}
+
+TEST_CASE("shared-segment sizing and the log level are strict too") {
+  {
+    ScopedEnv e("DTRAIN_SHM", "off");
+    CHECK(!SharedSegmentConfig::from_env().enabled);
+  }
+  {
+    ScopedEnv e("DTRAIN_SHM_SLOT_BYTES", "1000");
+    CHECK(SharedSegmentConfig::from_env().slot_bytes == 960);  // rounded down to 64 B
+  }
+  for (auto [name, value] : {std::pair<const char*, const char*>{"DTRAIN_SHM", "2"},
+                             {"DTRAIN_SHM_SLOTS", "100"},
+                             {"DTRAIN_SHM_SLOT_BYTES", "16"}}) {
+    ScopedEnv e(name, value);
+    CHECK(has(invalid([] { SharedSegmentConfig::from_env(); }), name));
+    CHECK(has(invalid([] { LoopbackWorld w(2); }), name));
+  }
+  {
+    ScopedEnv e("DTRAIN_LOG_LEVEL", "loud");
+    CHECK(has(invalid([] { detail::log_level_from_env(); }), "DTRAIN_LOG_LEVEL"));
+  }
+  ScopedEnv e("DTRAIN_LOG_LEVEL", "warning");
+  CHECK(detail::log_level_from_env() == static_cast<int>(LogLevel::warn));
+}
+
+TEST_CASE("an explicit configuration reads no environment; the one-argument forms read it once") {
+  ScopedEnv e("DTRAIN_COMM_CHECK", "bogus");
+  ScopedEnv s("DTRAIN_SHM", "bogus");
+  SharedSegmentConfig seg;
+  seg.enabled = false;
+  LoopbackWorld world(1, seg);  // no DTRAIN_SHM read
+  LoopbackTransport t(world, 0);
+  CommConfig c;
+  Communicator<LoopbackTransport> explicit_config(t, c);
+  CHECK(explicit_config.config().check_fingerprints);
+  CHECK(has(invalid([&] { Communicator<LoopbackTransport> from_env(t); }), "DTRAIN_COMM_CHECK"));
+}
