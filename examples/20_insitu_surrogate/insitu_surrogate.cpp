@@ -555,9 +555,8 @@ int run(const Config& cfg) {
     model.zero_grad();
     dtrain::PassOptions pass;
     pass.step = sim.trained;
-    last_loss = model.forward_backward(
-        xb.data(), yb.data(), static_cast<std::int64_t>(cfg.batch), dtrain::Loss::mse,
-        [&](std::size_t offset, std::size_t count) { sync.ready(offset, count); }, pass);
+    last_loss = model.forward_backward(xb.data(), yb.data(), static_cast<std::int64_t>(cfg.batch),
+                                       dtrain::Loss::mse, sync, pass);
   };
   auto finish_step = [&]() {
     sync.wait();
