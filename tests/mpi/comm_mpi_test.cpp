@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
@@ -286,4 +288,37 @@ TEST_CASE("MPI: mismatched calls raise RemoteError on every rank; a missing rank
     }
     MPI_Barrier(MPI_COMM_WORLD);
   }
+}
+
+TEST_CASE("MPI: a late rank that wakes after the others timed out and freed their buffers") {
+  int r = 0, p = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  if (p < 2) return;
+  MPI_Comm comm_late;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm_late);
+  {
+    MpiTransport t(comm_late);
+    CommConfig c = cfg(0.3, 1 << 20);
+    c.check_fingerprints = false;  // so that the early ranks' data transfers are in flight
+    Communicator comm(t, c);
+    const bool late = r == p - 1;
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    bool timed_out = false;
+    {
+      // 16 MiB, so that the messages go by rendezvous and the buffer's pages are returned to the
+      // system when it is freed: a transfer still in flight would read freed memory.
+      std::vector<float> x(4 << 20, 1.0f);
+      try {
+        comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+      } catch (const Error&) {
+        timed_out = true;
+      }
+    }
+    CHECK(timed_out);  // every rank fails: the early ones wait for the late one, then it waits
+    // Let the late rank run into whatever the others left behind before anyone tears down.
+    std::this_thread::sleep_for(std::chrono::milliseconds(late ? 200 : 2000));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Comm_free(&comm_late);
 }

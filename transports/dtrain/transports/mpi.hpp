@@ -206,27 +206,26 @@ class MpiTransport {
   bool wait_until(Request& r, const Deadline& deadline) {
     return detail::poll_until([&] { return test(r); }, deadline);
   }
-  /// Abandons an active request: a receive is cancelled, a send is released to complete on its
-  /// own. Never throws.
+  /// Abandons an active request (error paths): MPI_Cancel, then up to kCancelSeconds for the
+  /// operation to complete (cancelled or finished) so that its buffer may be freed; only an
+  /// operation still active after that is released to complete on its own. Never throws.
   void cancel(Request& r) noexcept {
-    if (r.bound) {
-      // A started channel: cancel a receive; the persistent request itself is freed by unbind.
-      if (r.is_recv && *r.bound != MPI_REQUEST_NULL) {
-        MPI_Cancel(r.bound);
-        int flag = 0;
-        MPI_Test(r.bound, &flag, MPI_STATUS_IGNORE);
-      }
-      r.bound = nullptr;
-      return;
-    }
-    if (r.req == MPI_REQUEST_NULL) return;
-    if (r.is_recv) {
-      MPI_Cancel(&r.req);
-      MPI_Request_free(&r.req);
-    } else {
-      MPI_Request_free(&r.req);
-    }
-    r.req = MPI_REQUEST_NULL;
+    const bool persistent = r.bound != nullptr;
+    MPI_Request* q = persistent ? r.bound : &r.req;
+    r.bound = nullptr;
+    if (*q == MPI_REQUEST_NULL) return;
+    MPI_Cancel(q);
+    // Give the cancelled (or meanwhile finished) operation a bounded time to complete, so that
+    // in the usual case its buffer is out of MPI's hands before the caller frees it; an operation
+    // MPI cannot cancel in that time (a send already matched by a stalled peer) is left to finish
+    // on its own.
+    const Deadline limit(kCancelSeconds);
+    detail::Backoff backoff;
+    int flag = 0;
+    while (MPI_Test(q, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && !limit.expired())
+      backoff.pause();
+    if (!persistent && !flag) MPI_Request_free(q);  // the persistent one is freed by unbind
+    if (!persistent) *q = MPI_REQUEST_NULL;
   }
   /// MPI needs no registration: returns the range unchanged.
   MemoryRegion register_memory(void* data, std::size_t bytes, Space space) {
@@ -238,6 +237,8 @@ class MpiTransport {
   bool allows_progress_thread() const noexcept { return thread_multiple_; }
 
  private:
+  static constexpr double kCancelSeconds = 0.2;  // per abandoned operation, error paths only
+
   int tag_of(int channel_id) const noexcept {
     return channel_id < tag_ub_ ? channel_id : channel_tag(channel_id);
   }
