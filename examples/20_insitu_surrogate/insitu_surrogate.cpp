@@ -83,10 +83,11 @@ struct Config {
   double lr = 3e-3;
   std::size_t validation = 256;
   std::int64_t eval_every = 100;
-  int rollout = 10;
+  int rollout = 5;
   double target_error = 0.25;
   double rollout_target = 0.25;
-  std::int64_t baseline_steps = 200;
+  std::int64_t baseline_steps = 50;
+  std::int64_t baseline_every = 500;
 };
 
 constexpr int kTagUp = 1, kTagDown = 2;
@@ -574,7 +575,18 @@ int run(const Config& cfg) {
         model.parameter_count(), cfg.samples, static_cast<long long>(cfg.sample_every),
         cfg.opt_steps, cfg.batch, static_cast<long long>(cfg.train_every));
 
-  const double base_before = time_solver_alone(g, sim.u, cfg.r, cfg.baseline_steps);
+  // The simulation alone, timed on a copy of the field before, during (every --baseline-every
+  // steps) and after the run, so that a change of the machine's load affects both sides alike.
+  double base_sum = 0, t_base = 0;
+  std::int64_t base_n = 0;
+  auto time_baseline = [&]() {
+    if (cfg.baseline_steps <= 0) return;
+    const dtrain::Timer t;
+    base_sum += time_solver_alone(g, sim.u, cfg.r, cfg.baseline_steps);
+    ++base_n;
+    t_base += t.seconds();
+  };
+  time_baseline();
 
   double t_sim = 0, t_train = 0, t_samples = 0, t_ckpt = 0, last_error = -1;
   std::int64_t overlapped = 0, trained_here = 0, rounds = 0;
@@ -591,6 +603,8 @@ int run(const Config& cfg) {
         save(sim.step);
       t_ckpt += t.seconds();
     }
+    if (sim.step > first_step && sim.step % cfg.baseline_every == 0 && sim.step < cfg.steps)
+      time_baseline();
     if (sim.step == cfg.stop_after && sim.step < cfg.steps) {
       if (root)
         std::printf(
@@ -651,7 +665,7 @@ int run(const Config& cfg) {
           << sps << ',' << last_loss << ',' << last_error << '\n';
       {
         std::printf(
-            "step %6lld/%lld  held-out error %.4f  loss %.3e  %6.0f samples/s  training "
+            "step %6lld/%lld  held-out error %.4f  loss %.3e  %6.0f samples/s  training+sampling "
             "%4.1f%% of wall\n",
             static_cast<long long>(sim.step), static_cast<long long>(cfg.steps), last_error,
             last_loss, sps, w > 0 ? 100 * (t_train + t_samples) / w : 0.0);
@@ -726,12 +740,12 @@ int run(const Config& cfg) {
 
   // The cost of training: the simulation alone (before and after, on a copy of the field)
   // against the in-situ loop's wall time per step without checkpoint writes.
-  const double base_after = time_solver_alone(g, sim.u, cfg.r, cfg.baseline_steps);
+  time_baseline();
   const std::int64_t ran = sim.step - first_step;
-  double per_step[4] = {ran > 0 ? (loop_wall - t_ckpt) / static_cast<double>(ran) : 0,
+  double per_step[4] = {ran > 0 ? (loop_wall - t_ckpt - t_base) / static_cast<double>(ran) : 0,
                         ran > 0 ? t_sim / static_cast<double>(ran) : 0,
-                        loop_wall > 0 ? t_train / loop_wall : 0,
-                        loop_wall > 0 ? t_samples / loop_wall : 0};
+                        loop_wall > t_base ? t_train / (loop_wall - t_base) : 0,
+                        loop_wall > t_base ? t_samples / (loop_wall - t_base) : 0};
   double slowest[4] = {0, 0, 0, 0};
   CHECK_MPI(MPI_Allreduce(per_step, slowest, 4, MPI_DOUBLE, MPI_MAX, g.comm));
 
@@ -759,19 +773,18 @@ int run(const Config& cfg) {
         "rounds; replicas %s\n",
         static_cast<long long>(overlapped), static_cast<long long>(rounds),
         replicas_same ? "bit-identical" : "DIFFER");
-    if (cfg.baseline_steps > 0) {
-      const double base = 0.5 * (base_before + base_after);
+    if (base_n > 0) {
+      const double base = base_sum / static_cast<double>(base_n);
       std::printf(
-          "time per step: simulation alone %.1f us (%.1f before the run, %.1f after), "
-          "in-situ run %.1f us (solver part %.1f us): ratio %.3f\n",
-          base * 1e6, base_before * 1e6, base_after * 1e6, slowest[0] * 1e6, slowest[1] * 1e6,
-          base > 0 ? slowest[0] / base : 0.0);
+          "time per step: simulation alone %.1f us (mean of %lld timings of %lld steps), in-situ "
+          "run %.1f us (solver part %.1f us): ratio %.3f\n",
+          base * 1e6, static_cast<long long>(base_n), static_cast<long long>(cfg.baseline_steps),
+          slowest[0] * 1e6, slowest[1] * 1e6, base > 0 ? slowest[0] / base : 0.0);
     }
     std::printf(
         "share of the loop's wall time (slowest rank): training %.1f%%, sampling and "
         "evaluation %.1f%%\n",
         100 * slowest[2], 100 * slowest[3]);
-    {}
     std::uint64_t all = 1469598103934665603ull;
     for (auto h : all_fh) all = fnv1a(&h, sizeof h, all);
     std::printf("final state: step %lld field %016llx parameters %016llx\n",
@@ -867,8 +880,13 @@ int main(int argc, char** argv) {
   app.add_option("--rollout-target", c.rollout_target, "rollout error bound")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--baseline-every", c.baseline_every,
+                 "also time the simulation alone every N steps of the run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   app.add_option("--baseline-steps", c.baseline_steps,
-                 "steps of the simulation alone timed before and after the run (0: skip)")
+                 "steps of the simulation alone (on a copy of the field) per timing: before, "
+                 "during and after the run (0: skip)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   int code = 0;
