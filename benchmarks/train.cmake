@@ -9,4 +9,7 @@ if(DTRAIN_HAVE_MPI AND DTRAIN_HAVE_CLI11)
   dtrain_add_benchmark(NAME train_bench SOURCES ${CMAKE_CURRENT_LIST_DIR}/train_bench.cpp
     LINK ${_train_bench_link})
   dtrain_use_cli11(train_bench)
+  if(DTRAIN_HAVE_BLAS)
+    target_compile_definitions(train_bench PRIVATE DTRAIN_HAVE_CBLAS=1)
+  endif()
 endif()

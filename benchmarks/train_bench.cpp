@@ -42,6 +42,9 @@
 #include <dtrain/optim/optim.hpp>
 #include <dtrain/train/json_summary.hpp>
 #include <dtrain/transports/mpi.hpp>
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+#include <dtrain/kernels/host/blas_exec.hpp>
+#endif
 
 #include "common/cli_mpi.hpp"
 
@@ -76,6 +79,13 @@ struct Result {
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
 
+// The layers' GEMM is the policy's: CBLAS when this build links it.
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+using Exec = dtrain::HostBlasExec;
+#else
+using Exec = dtrain::HostExec;
+#endif
+
 // Training loop on `comm`; every rank of it calls this. Returns samples/s of the whole group
 // (slowest rank's elapsed time) and rank 0's phase split per step.
 template <class Comm>
@@ -86,19 +96,21 @@ Result measure(Comm& comm, dtrain::InMemoryDataset& data, const Args& a, Mode mo
   lopt.prefetch_depth = 2;
   const std::size_t b = static_cast<std::size_t>(a.batch);
   dtrain::Loader loader(data, sampler, b, lopt);
-  dtrain::Sequential model{dtrain::Linear(kIn, a.hidden), dtrain::Relu(),
-                           dtrain::Linear(a.hidden, a.hidden), dtrain::Relu(),
-                           dtrain::Linear(a.hidden, kClasses)};
+  Exec exec;
+  dtrain::BasicSequential<float, Exec> model(
+      {dtrain::Linear(kIn, a.hidden), dtrain::Relu(), dtrain::Linear(a.hidden, a.hidden),
+       dtrain::Relu(), dtrain::Linear(a.hidden, kClasses)},
+      exec);
   model.init(a.seed);
   dtrain::GradientSync sync(comm, model.gradients(), static_cast<std::size_t>(a.bucket_kib) * 1024);
   // Only the chosen optimizer exists, so its state alone counts in the peak memory.
   const bool use_sgd = a.optimizer == "sgd";
   dtrain::SgdOptions so;
   so.momentum = 0.9;
-  std::unique_ptr<dtrain::AdamW> adamw_p =
-      use_sgd ? nullptr : std::make_unique<dtrain::AdamW>(model, a.lr);
-  std::unique_ptr<dtrain::Sgd> sgd_p =
-      use_sgd ? std::make_unique<dtrain::Sgd>(model, a.lr, so) : nullptr;
+  std::unique_ptr<dtrain::BasicAdamW<Exec>> adamw_p =
+      use_sgd ? nullptr : std::make_unique<dtrain::BasicAdamW<Exec>>(model, a.lr);
+  std::unique_ptr<dtrain::BasicSgd<Exec>> sgd_p =
+      use_sgd ? std::make_unique<dtrain::BasicSgd<Exec>>(model, a.lr, so) : nullptr;
 
   dtrain::Batch batch;
   std::int64_t epoch = 0;
