@@ -55,6 +55,9 @@
 #include <dtrain/train/run_lock.hpp>
 #include <dtrain/train/straggler_monitor.hpp>
 #include <dtrain/transports/mpi.hpp>
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+#include <dtrain/kernels/host/blas_exec.hpp>
+#endif
 #include <dtrain/transports/mpi_abort.hpp>
 
 #include "common/cli_mpi.hpp"
@@ -62,6 +65,13 @@
 namespace {
 
 constexpr std::int64_t kClasses = 10;
+
+// The layers' GEMM is the execution policy's: CBLAS when this build links it.
+#if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
+using Exec = dtrain::HostBlasExec;
+#else
+using Exec = dtrain::HostExec;
+#endif
 
 struct Config {
   std::string data = "fashion_mnist.h5";
@@ -445,9 +455,11 @@ int run(const Config& cfg) {
   const std::int64_t in = static_cast<std::int64_t>(dtrain::element_count(train.sample_shape()));
 
   // 2. Model: identical initialisation on every rank from the seed, no communication.
-  dtrain::Sequential model{dtrain::Linear(in, cfg.hidden), dtrain::Relu(),
-                           dtrain::Linear(cfg.hidden, cfg.hidden), dtrain::Relu(),
-                           dtrain::Linear(cfg.hidden, kClasses)};
+  Exec exec;
+  dtrain::BasicSequential<float, Exec> model(
+      {dtrain::Linear(in, cfg.hidden), dtrain::Relu(), dtrain::Linear(cfg.hidden, cfg.hidden),
+       dtrain::Relu(), dtrain::Linear(cfg.hidden, kClasses)},
+      exec);
   model.init(cfg.seed);
   const std::int64_t steps_per_epoch = static_cast<std::int64_t>(sampler.num_batches(batch_size));
   auto cap = [&](std::int64_t n) { return cfg.max_steps >= 0 ? std::min(n, cfg.max_steps) : n; };
@@ -492,7 +504,7 @@ int run(const Config& cfg) {
       }
     }
   }
-  dtrain::AdamW opt(model, record.make_schedule());
+  dtrain::BasicAdamW<Exec> opt(model, record.make_schedule());
   // 3. Reconcile: gradient buckets all-reduce while backward is still running.
   dtrain::GradientSync sync(comm, model.gradients(),
                             static_cast<std::size_t>(cfg.bucket_kib) * 1024);
