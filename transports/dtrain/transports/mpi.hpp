@@ -12,6 +12,7 @@
 #include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/failure.hpp>
 #include <dtrain/core/timer.hpp>
 
 namespace dtrain {
@@ -123,6 +124,9 @@ class MpiTransport {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    // MPI_Win_free and MPI_Comm_free are collective: while an exception unwinds this rank or
+    // the job is failing, the peers may never arrive, so the handles are leaked instead.
+    if (unwind_.failing()) return;
     if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
     if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
     if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
@@ -291,6 +295,7 @@ class MpiTransport {
     MPI_Barrier(node_);  // every rank's counters exist before anyone reads them
   }
 
+  UnwindGuard unwind_;  // counts the exceptions in flight at construction
   MPI_Comm comm_ = MPI_COMM_NULL;
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;

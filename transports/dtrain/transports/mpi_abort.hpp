@@ -5,6 +5,8 @@
 #include <mpi.h>
 
 #include <cstdlib>
+#include <chrono>
+#include <thread>
 
 #include <dtrain/core/failure.hpp>
 
@@ -20,6 +22,9 @@ inline void mpi_abort_hook(int code) noexcept {
   int up = 0, down = 0;
   MPI_Initialized(&up);
   if (up) MPI_Finalized(&down);
+  // The error line was written to stderr just before; the process manager forwards it through
+  // a pipe that MPI_Abort's tear-down may close undrained, so give it a moment to arrive first.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   // MPI_Abort asks the process manager (mpiexec's hydra, srun) to kill every process of the
   // communicator's job; it does not wait for any peer.
   if (up && !down) MPI_Abort(mpi_abort_comm(), code);
