@@ -247,8 +247,10 @@ int main(int argc, char** argv) {
                                                     : dtrain::FailurePolicy::propagate);
   const int code = dtrain::run_main([&] { return train(a); });
   // Under propagate the error came back here after unwinding (without collectives). An
-  // application that cannot recover ends the job; MPI_Finalize would wait for the peers.
-  if (code != 0) MPI_Abort(MPI_COMM_WORLD, code);
+  // application that cannot recover ends the job; MPI_Finalize would wait for the peers. The
+  // error line is already printed; abort_job ends the job through the installed MPI hook, which
+  // lets that line reach mpiexec before MPI_Abort.
+  if (code != 0) dtrain::abort_job("fault_trainer: ending the job after a propagated error", code);
   MPI_Finalize();
   return code;
 }
