@@ -120,6 +120,10 @@ TEST_CASE("idx: bad input is an IoError naming the file and what was expected") 
     z.resize(z.size() / 2);
     write_file(dir.file("cut.gz"), z);
     expect_io_error([&] { IdxDataset(dir.file("cut.gz"), good.labels); }, {dir.file("cut.gz")});
+    // A small gzip file whose header claims 2^40 bytes: truncated, without allocating them.
+    write_file(dir.file("huge.gz"), idx_bytes(0x08, {1u << 20, 1u << 10, 1u << 10}, img), true);
+    expect_io_error([&] { IdxDataset(dir.file("huge.gz"), good.labels); },
+                    {dir.file("huge.gz"), "truncated", "1099511627776 data bytes", "holds 160"});
     write_file(dir.file("header"), {0, 0, 8, 3, 0, 0});
     expect_io_error([&] { IdxDataset(dir.file("header"), good.labels); },
                     {dir.file("header"), "truncated inside its header"});

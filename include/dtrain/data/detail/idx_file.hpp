@@ -183,8 +183,17 @@ inline IdxFile open_idx(const std::string& path, const char* op) {
     return std::string(" (zlib: ") + msg + ")";
   };
   parse_idx_header(f, op, gz_read);
-  auto buf = std::make_shared<std::vector<unsigned char>>(f.data_bytes);
-  const std::size_t got = gz_read(buf->data(), f.data_bytes);
+  // The buffer grows with the data actually decompressed, not with what the header claims: a
+  // small damaged or hostile file declaring terabytes fails as truncated without allocating them.
+  auto buf = std::make_shared<std::vector<unsigned char>>();
+  std::size_t got = 0;
+  while (got < f.data_bytes) {
+    const std::size_t cap = std::min(f.data_bytes, std::max<std::size_t>(2 * got, 1u << 20));
+    buf->resize(cap);
+    const std::size_t r = gz_read(buf->data() + got, cap - got);
+    got += r;
+    if (got < cap) break;
+  }
   if (got < f.data_bytes)
     raise<IoError>(op, "'" + path + "' is truncated: the header declares " + describe_idx(f) +
                            ", the compressed stream holds " + std::to_string(got) + gz_problem());
