@@ -259,7 +259,7 @@ double measure_bc(Comm& comm) {
 
 template <class Transport>
 std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options& o, bool print,
-                           MPI_Comm mpi) {
+                           MPI_Comm mpi, dtrain::CostModel* calibrated = nullptr) {
   using dtrain::AllreduceAlgorithm;
   const int p = comm.size(), r = comm.rank();
   const std::size_t es = dtrain::size_of(o.dtype);
@@ -283,6 +283,8 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   } else if (comm.config().default_algorithm == AllreduceAlgorithm::automatic) {
     comm.cost_model();
   }
+  if (calibrated && comm.config().default_algorithm == AllreduceAlgorithm::automatic)
+    *calibrated = comm.cost_model();
   // Every (size, algorithm) pair is checked once, then timed in rounds that interleave the
   // algorithms size by size, so that load from other processes on a shared machine hits them
   // alike; each cell reports its best round (the slowest rank's time within a round).
@@ -460,11 +462,19 @@ void rma_ceiling(const Options& o, bool print) {
   MPI_Comm_free(&node);
 }
 
-void write_json(const std::string& path, const std::vector<Row>& rows, const Options& o, int p) {
+// `cm`: the cost model the last suite calibrated (written when valid; allreduce_model reads it).
+void write_json(const std::string& path, const std::vector<Row>& rows, const Options& o, int p,
+                const dtrain::CostModel& cm) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw dtrain::IoError("cannot write " + path);
-  std::fprintf(f, "{\"p\": %d, \"dtype\": \"%s\", \"op\": \"%s\", \"rows\": [\n", p,
-               dtrain::name_of(o.dtype), dtrain::name_of(o.op));
+  std::fprintf(f, "{\"p\": %d, \"dtype\": \"%s\", \"op\": \"%s\",", p, dtrain::name_of(o.dtype),
+               dtrain::name_of(o.op));
+  if (cm.valid())
+    std::fprintf(f,
+                 " \"cost_model\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, "
+                 "\"shm_alpha\": %.6e, \"shm_beta\": %.6e, \"shm_chunk\": %.0f},",
+                 cm.alpha, cm.beta, cm.gamma, cm.shm_alpha, cm.shm_beta, cm.shm_chunk);
+  std::fprintf(f, " \"rows\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     std::fprintf(f,
@@ -494,6 +504,7 @@ int main(int argc, char** argv) {
     }
     std::vector<Row> rows;
     int p = 0;
+    dtrain::CostModel model;
     if (o.rma_ceiling) rma_ceiling(o, world_rank == 0);
     for (const std::string& tr : o.transports) {
       o.transport = tr;
@@ -502,12 +513,12 @@ int main(int argc, char** argv) {
         dtrain::MpiTransport t(MPI_COMM_WORLD);
         dtrain::Communicator comm(t);
         p = comm.size();
-        got = run_suite(comm, o, world_rank == 0, t.mpi_comm());
+        got = run_suite(comm, o, world_rank == 0, t.mpi_comm(), &model);
       } else if (tr == "mpi-rma") {
         dtrain::MpiRmaTransport t(MPI_COMM_WORLD);
         dtrain::Communicator comm(t);
         p = comm.size();
-        got = run_suite(comm, o, world_rank == 0, t.backend().mpi_comm());
+        got = run_suite(comm, o, world_rank == 0, t.backend().mpi_comm(), &model);
       } else if (tr == "ibverbs") {
 #ifdef DTRAIN_HAVE_IBVERBS
         dtrain::IbverbsTransport t(MPI_COMM_WORLD);
@@ -515,7 +526,7 @@ int main(int argc, char** argv) {
         p = comm.size();
         if (world_rank == 0)
           std::printf("# ibverbs device: %s\n", t.backend().device_description().c_str());
-        got = run_suite(comm, o, world_rank == 0, MPI_COMM_WORLD);
+        got = run_suite(comm, o, world_rank == 0, MPI_COMM_WORLD, &model);
 #else
         throw dtrain::InvalidArgument("--transport ibverbs: built without libibverbs");
 #endif
@@ -525,10 +536,12 @@ int main(int argc, char** argv) {
         std::mutex m;
         dtrain::run_loopback(o.loopback_ranks, [&](dtrain::LoopbackTransport& t) {
           dtrain::Communicator comm(t);
-          auto mine = run_suite(comm, o, world_rank == 0 && t.rank() == 0, MPI_COMM_NULL);
+          dtrain::CostModel cm;
+          auto mine = run_suite(comm, o, world_rank == 0 && t.rank() == 0, MPI_COMM_NULL, &cm);
           if (t.rank() == 0) {
             std::lock_guard<std::mutex> lock(m);
             got = std::move(mine);
+            model = cm;
           }
         });
       }
@@ -538,7 +551,7 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) wrong += r.wrong;
     if (world_rank == 0) {
       std::printf("\n# total wrong: %lld\n", wrong);
-      if (!o.json.empty()) write_json(o.json, rows, o, p);
+      if (!o.json.empty()) write_json(o.json, rows, o, p, model);
     }
     code = wrong ? 1 : 0;
   } catch (const std::exception& e) {
