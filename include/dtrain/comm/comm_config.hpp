@@ -32,6 +32,11 @@ struct CommConfig {
   AllreduceAlgorithm default_algorithm = AllreduceAlgorithm::automatic;
   /// A given cost model (DTRAIN_COMM_ALPHA, _BETA, _GAMMA in seconds); invalid = measure once.
   CostModel cost_model{};
+  /// Bitwise reproducible all-reduce and reduce-scatter (DTRAIN_COMM_REPRODUCIBLE, boolean):
+  /// every request runs as an ordered algorithm (see AllreduceAlgorithm), so each element is the
+  /// rank-order reduction ((x0 + x1) + x2) + ... whatever algorithm, bucket size, transport or
+  /// timing. Costs about what ring costs in bandwidth; see benchmarks/RESULTS.md.
+  bool reproducible = false;
 
   /// Defaults overridden by the environment variables named above, parsed strictly
   /// (<dtrain/core/env.hpp>): an unset or empty variable keeps the default, a malformed value
@@ -47,13 +52,15 @@ struct CommConfig {
     c.progress_thread = env::get_choice("DTRAIN_COMM_PROGRESS", c.progress_thread ? 0 : 1,
                                         {"thread", "caller"}) == 0;
     if (const auto v = env::get("DTRAIN_ALLREDUCE_ALGO")) {
-      env::parse_choice("DTRAIN_ALLREDUCE_ALGO", *v,
-                        {"auto", "automatic", "ring", "tree", "rhd", "rd", "shm"});
+      env::parse_choice(
+          "DTRAIN_ALLREDUCE_ALGO", *v,
+          {"auto", "automatic", "ring", "tree", "rhd", "rd", "shm", "ordered", "ordered_shm"});
       c.default_algorithm = allreduce_algorithm_from_name(*v);
     }
     c.cost_model.alpha = env::get_double("DTRAIN_COMM_ALPHA", c.cost_model.alpha, 0, 1e3);
     c.cost_model.beta = env::get_double("DTRAIN_COMM_BETA", c.cost_model.beta, 0, 1e3);
     c.cost_model.gamma = env::get_double("DTRAIN_COMM_GAMMA", c.cost_model.gamma, 0, 1e3);
+    c.reproducible = env::get_bool("DTRAIN_COMM_REPRODUCIBLE", c.reproducible);
     return c;
   }
 };

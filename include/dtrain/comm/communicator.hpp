@@ -158,10 +158,13 @@ class Communicator {
 
   // ---- algorithm choice ----------------------------------------------------------------------
 
-  /// The algorithm `automatic` resolves to for `count` elements of `dtype`: the
-  /// DTRAIN_ALLREDUCE_ALGO / CommConfig choice if set, else the cheapest under the cost model.
+  /// The algorithm `automatic` resolves to for `count` elements of `dtype`: in reproducible mode
+  /// the ordered counterpart of the DTRAIN_ALLREDUCE_ALGO / CommConfig choice (never measures);
+  /// else that choice if set, else the cheapest under the cost model.
   /// Collective the first time the cost model has to be measured.
   AllreduceAlgorithm select_allreduce(std::size_t count, DType dtype) {
+    if (state_->config.reproducible)
+      return reproducible_counterpart(state_->config.default_algorithm, has_shared_segments());
     if (state_->config.default_algorithm != AllreduceAlgorithm::automatic)
       return state_->config.default_algorithm;
     if (size() == 1) return AllreduceAlgorithm::ring;
@@ -246,6 +249,8 @@ class Communicator {
     s.in = in.data;
     s.out = out.data;
     s.algo = algo == AllreduceAlgorithm::automatic ? select_allreduce(in.count, in.dtype) : algo;
+    if (state_->config.reproducible)
+      s.algo = reproducible_counterpart(s.algo, has_shared_segments());
     return s;
   }
 
@@ -259,6 +264,7 @@ class Communicator {
                                      << name_of(out.dtype));
     DTRAIN_REQUIRE(!overlap(in, out), "reduce_scatter", "input and output overlap");
     Spec s = make_spec(detail::CollectiveKind::reduce_scatter);
+    if (state_->config.reproducible) s.algo = AllreduceAlgorithm::ordered;  // rank order too
     s.op = op;
     s.dtype = in.dtype;
     s.count = in.count;
@@ -285,6 +291,10 @@ class Communicator {
     s.in = in.data;
     s.out = out.data;
     return s;
+  }
+
+  bool has_shared_segments() const noexcept {
+    return shared_segments_of(*state_->transport) != nullptr;
   }
 
   std::shared_ptr<Impl> make_plan(const Spec& s) { return std::make_shared<Impl>(*state_, s); }

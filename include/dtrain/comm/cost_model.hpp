@@ -59,6 +59,9 @@ struct CostModel {
         const double chunks = std::ceil(n / shm_chunk);
         return 3 * std::max(chunks, 1.0) * shm_alpha + n * shm_beta;
       }
+      case AllreduceAlgorithm::ordered:  // the ring's bytes and reductions, p-1 messages a step
+        return predict(AllreduceAlgorithm::ring, bytes, p);
+      case AllreduceAlgorithm::ordered_shm: return predict(AllreduceAlgorithm::shm, bytes, p);
       case AllreduceAlgorithm::automatic: break;
     }
     raise<InvalidArgument>("CostModel::predict", "automatic is not an algorithm to predict");

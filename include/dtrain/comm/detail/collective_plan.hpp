@@ -2,7 +2,8 @@
 // and channels at construction, so execution allocates nothing.
 //
 // The plan holds exactly one algorithm (one header each under algo/: ring.hpp with the
-// reduce_scatter and allgather halves, tree.hpp, rhd.hpp, rd.hpp, shm.hpp, broadcast.hpp); a
+// reduce_scatter and allgather halves, tree.hpp, rhd.hpp, rd.hpp, shm.hpp, broadcast.hpp,
+// ordered.hpp for the reproducible all-reduce and reduce_scatter); a
 // barrier is the fingerprint exchange alone. Every execution first exchanges call fingerprints
 // (dissemination, ceil(log2 p) rounds) so that mismatched calls fail on every rank with both
 // calls named. avg is a sum divided by p exactly once, by the rank that finishes each element, so
@@ -19,6 +20,7 @@
 #include <dtrain/comm/allreduce_algorithm.hpp>
 #include <dtrain/comm/detail/algo/broadcast.hpp>
 #include <dtrain/comm/detail/algo/context.hpp>
+#include <dtrain/comm/detail/algo/ordered.hpp>
 #include <dtrain/comm/detail/algo/rd.hpp>
 #include <dtrain/comm/detail/algo/rhd.hpp>
 #include <dtrain/comm/detail/algo/ring.hpp>
@@ -42,6 +44,8 @@ std::unique_ptr<Algorithm> make_algorithm(PlanContext<Transport>& ctx, const voi
     case CollectiveKind::calibrate: return nullptr;
     case CollectiveKind::broadcast: return std::make_unique<BroadcastAlgorithm<T>>(ctx, out);
     case CollectiveKind::reduce_scatter:
+      if (s.algo == AllreduceAlgorithm::ordered)
+        return std::make_unique<OrderedAlgorithm<T>>(ctx, in, out, false);
       return std::make_unique<RingReduceScatter<T>>(ctx, in, out);
     case CollectiveKind::allgather: return std::make_unique<RingAllgather<T>>(ctx, in, out);
     case CollectiveKind::allreduce:
@@ -52,6 +56,10 @@ std::unique_ptr<Algorithm> make_algorithm(PlanContext<Transport>& ctx, const voi
         case AllreduceAlgorithm::rhd: return std::make_unique<RhdAlgorithm<T>>(ctx, in, out);
         case AllreduceAlgorithm::rd: return std::make_unique<RdAlgorithm<T>>(ctx, in, out);
         case AllreduceAlgorithm::shm: return std::make_unique<ShmAlgorithm<T>>(ctx, in, out);
+        case AllreduceAlgorithm::ordered:
+          return std::make_unique<OrderedAlgorithm<T>>(ctx, in, out, true);
+        case AllreduceAlgorithm::ordered_shm:
+          return std::make_unique<OrderedShmAlgorithm<T>>(ctx, in, out);
         case AllreduceAlgorithm::automatic: break;
       }
       raise<InvalidArgument>("allreduce plan", "algorithm must be resolved before planning");
