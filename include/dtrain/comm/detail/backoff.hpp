@@ -6,6 +6,14 @@
 // (more ranks than free cores) needs it and a yield with nothing else runnable returns at once;
 // and after 2 ms sleeps between polls, the sleep doubling up to 1 ms, so that a stalled wait (a
 // late or stopped rank) costs about a thousandth of a core instead of a whole one for minutes.
+//
+// The spin phase can be lengthened by a wait that knows its partner is running on another core
+// and answers within a known time (the shm algorithm: one chunk copy). On a machine where other
+// processes are runnable, a yield is not free: the scheduler hands the core to one of them for
+// the rest of a time slice (milliseconds), so a wait that yields every few microseconds while
+// its partner copies a 256 KiB chunk loses a time slice per chunk (measured: about two
+// involuntary context switches per chunk and 4x lower bandwidth for shm at 16 MiB on a loaded
+// 2-core machine, benchmarks/RESULTS.md).
 #pragma once
 
 #include <chrono>
@@ -19,6 +27,9 @@ namespace dtrain::detail {
 class Backoff {
  public:
   static constexpr double kSpinSeconds = 5e-6;
+  /// Spins for `spin_seconds` (at least kSpinSeconds) before yielding.
+  explicit Backoff(double spin_seconds = kSpinSeconds) noexcept
+      : spin_(spin_seconds > kSpinSeconds ? spin_seconds : kSpinSeconds) {}
   static constexpr double kYieldSeconds = 2e-3;
   static constexpr double kMaxSleepSeconds = 1e-3;
 
@@ -28,8 +39,8 @@ class Backoff {
     const double t = now_seconds();
     if (start_ < 0) start_ = t;
     const double waited = t - start_;
-    if (waited < kSpinSeconds) return;
-    if (waited < kYieldSeconds) {
+    if (waited < spin_) return;
+    if (waited < spin_ + kYieldSeconds) {
       std::this_thread::yield();
       return;
     }
@@ -39,19 +50,22 @@ class Backoff {
   /// True once the wait has passed the spin and yield phases (a caller that can block on a
   /// condition variable instead should do so from here on).
   bool past_yield() const noexcept {
-    return start_ >= 0 && now_seconds() - start_ >= kYieldSeconds;
+    return start_ >= 0 && now_seconds() - start_ >= spin_ + kYieldSeconds;
   }
 
  private:
+  double spin_;
   unsigned polls_ = 0;
   double start_ = -1;
   double sleep_ = 0;
 };
 
-/// Polls `done()` with a Backoff until it returns true (true) or `deadline` passes (false).
+/// Polls `done()` with a Backoff (spinning `spin_seconds` before yielding) until it returns true
+/// (true) or `deadline` passes (false).
 template <class Done>
-bool poll_until(Done&& done, const Deadline& deadline) {
-  Backoff b;
+bool poll_until(Done&& done, const Deadline& deadline,
+                double spin_seconds = Backoff::kSpinSeconds) {
+  Backoff b(spin_seconds);
   for (;;) {
     if (done()) return true;
     if (deadline.expired()) return done();

@@ -1,10 +1,26 @@
-// dtrain: measuring the alpha-beta-gamma cost model (Communicator::cost_model). Collective.
+// dtrain: measuring the alpha-beta-gamma cost model and the decision table that `automatic`
+// all-reduce follows (Communicator::cost_model). Collective.
 //
-// Ranks pair up (r, r^1) for a ping-pong (alpha) and a 4 MiB exchange (beta), time a local 4 MiB
-// reduction (gamma), time a one-chunk and a 4 MiB shm all-reduce when the transport has
-// node-shared segments, and agree on the maximum of each so that every rank selects alike. The
-// buffers of the point-to-point measurements are registered with the transport first, as a plan
-// registers its own, so that a transport which requires registration is measured as it is used.
+// Robust against a noisy machine in three ways:
+// 1. Interleaved rounds, robust statistic. The quantities (a ping-pong with partner r^1 for
+//    alpha, a 4 MiB exchange for beta, a local 4 MiB reduction for gamma, a one-chunk and a 4 MiB
+//    shm all-reduce when the transport has node-shared segments) are measured once per round,
+//    one after the other, for kRounds rounds; each quantity takes the median over the rounds
+//    (a latency sample is the minimum of a short burst), so a burst of load from another process
+//    spoils at most a round or two of each quantity, not the result.
+// 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
+//    the same model, bit for bit, and hence the same decision table.
+// 3. Validation. The model's table is checked at a few probe sizes: the model's pick and its
+//    runner-up (the next cheapest prediction) run alternately, kProbeReps times each; the
+//    medians of the slowest rank are agreed like the model. Where the runner-up measured more
+//    than kSwitchFactor (10%) faster than the pick, the prediction is taken as wrong there and
+//    the measured winner replaces the pick in the probe's band (from the geometric middle
+//    between its neighbouring probes to the next one) wherever the model had picked it.
+// About 50 ms at 2 ranks on an idle 2-core machine, a few hundred ms when it is loaded.
+//
+// The buffers of the point-to-point measurements are registered with the transport first, as a
+// plan registers its own, so that a transport which requires registration is measured as it is
+// used.
 #pragma once
 
 #include <algorithm>
@@ -12,10 +28,12 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include <dtrain/comm/allreduce_decision.hpp>
 #include <dtrain/comm/collective_plan.hpp>
 #include <dtrain/comm/cost_model.hpp>
 #include <dtrain/comm/detail/collective_plan.hpp>
@@ -41,151 +59,393 @@ class ScopedRegistration {
   MemoryRegion region_;
 };
 
-/// Measures the model over `st`'s transport (collective: every rank calls it at the same point of
-/// its collective sequence; queued collectives are drained first).
+/// What one raw calibration timing measured.
+enum class CalibrationQuantity {
+  alpha,      // half a ping-pong (minimum of a burst)
+  beta,       // one 4 MiB exchange
+  gamma,      // one local 4 MiB reduction
+  shm_alpha,  // one one-chunk shm all-reduce (minimum of a burst)
+  shm_beta,   // one 4 MiB shm all-reduce
+  probe       // one validation run of `algo` at `bytes`
+};
+
+/// One raw timing, as the test hook sees it.
+struct CalibrationSample {
+  int rank = 0;
+  CalibrationQuantity quantity = CalibrationQuantity::alpha;
+  int round = 0;  // round (model quantities) or repetition (probes)
+  AllreduceAlgorithm algo = AllreduceAlgorithm::ring;
+  std::size_t bytes = 0;
+  double seconds = 0;
+};
+
+/// Test hook: when set, every raw timing of every calibration in the process passes through it
+/// and the value it returns is used instead (tests inject slow samples, or replace all of them
+/// by synthetic ones so that decisions are exactly predictable). Set it before any rank
+/// calibrates and clear it after; called concurrently from every rank's thread.
+inline std::function<double(const CalibrationSample&)>& calibration_hook() {
+  static std::function<double(const CalibrationSample&)> hook;
+  return hook;
+}
+
+/// One validation probe: the model's pick at `bytes` and its runner-up, predicted and measured
+/// (median of the slowest rank, seconds), and whether the measured winner replaced the pick.
+struct CalibrationProbe {
+  std::size_t bytes = 0;
+  AllreduceAlgorithm pick = AllreduceAlgorithm::ring, runner_up = AllreduceAlgorithm::ring;
+  double predicted[2] = {0, 0};
+  double measured[2] = {0, 0};
+  bool replaced = false;
+};
+
+/// The outcome of a calibration: the agreed model, the validated decision table, the probes.
+struct Calibration {
+  CostModel model;
+  AllreduceDecisions decisions;
+  std::vector<CalibrationProbe> probes;
+  double seconds = 0;  // wall time the calibration took on this rank
+};
+
+inline constexpr int kRounds = 5;
+inline constexpr int kProbeReps = 5;
+inline constexpr double kSwitchFactor = 1.1;
+/// Probe sizes (bytes of f32 per rank): latency-bound, middle, bandwidth-bound.
+inline constexpr std::size_t kProbeBytes[] = {4096, 65536, 1u << 20, 8u << 20};
+
+/// How a communicator applies a cost model: the algorithms `automatic` may choose, in the order
+/// that breaks ties, and the predicted seconds of one at a size (bytes per rank). Local value.
+struct ModelView {
+  int p = 1;
+  std::vector<AllreduceAlgorithm> candidates;
+  std::function<double(const CostModel&, AllreduceAlgorithm, std::size_t)> predict;
+
+  /// The cheapest candidate at `bytes` other than `skip` (`skip` itself when there is none;
+  /// predictions of 1e299 or more mean unavailable).
+  AllreduceAlgorithm best(const CostModel& cm, std::size_t bytes,
+                          AllreduceAlgorithm skip = AllreduceAlgorithm::automatic) const {
+    AllreduceAlgorithm pick = skip == AllreduceAlgorithm::automatic ? candidates.front() : skip;
+    double t = 1e299;
+    for (AllreduceAlgorithm a : candidates) {
+      if (a == skip) continue;
+      const double ta = predict(cm, a, bytes);
+      if (ta < t) {
+        t = ta;
+        pick = a;
+      }
+    }
+    return pick;
+  }
+};
+
+/// The view of p ranks without node structure: ring, rhd, rd, tree and shm (where measured),
+/// predicted by CostModel::predict; best() then agrees with CostModel::best.
+inline ModelView flat_model_view(int p) {
+  ModelView v;
+  v.p = p;
+  v.candidates = {AllreduceAlgorithm::ring, AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd,
+                  AllreduceAlgorithm::tree, AllreduceAlgorithm::shm};
+  v.predict = [p](const CostModel& cm, AllreduceAlgorithm a, std::size_t bytes) {
+    return cm.predict(a, bytes, p);
+  };
+  return v;
+}
+
+/// The table the model alone gives under `view`. Pure.
+inline AllreduceDecisions model_decisions(const CostModel& cm, const ModelView& view) {
+  if (view.p <= 1) return {AllreduceDecision{0, AllreduceAlgorithm::ring}};
+  return decisions_from([&](std::size_t b) { return view.best(cm, b); });
+}
+
+/// Median of `v` (the mean of the two middle values for an even count; 0 when empty).
+inline double median_of(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+/// The validated table: `model`'s table with each replaced probe's pick swapped for its runner-up
+/// within the probe's band. Pure; every rank computes the same from the same agreed inputs.
+inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& view,
+                                       const std::vector<CalibrationProbe>& probes) {
+  auto pick = [&](std::size_t b) {
+    AllreduceAlgorithm a = view.best(cm, b);
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      const CalibrationProbe& q = probes[k];
+      if (!q.replaced || a != q.pick) continue;
+      // Band of probe k: from the geometric middle with the previous probe to that with the next.
+      const double lo = k == 0 ? 0.0 : std::sqrt(double(probes[k - 1].bytes) * double(q.bytes));
+      const double hi =
+          k + 1 == probes.size() ? 1e300 : std::sqrt(double(q.bytes) * double(probes[k + 1].bytes));
+      if (double(b) >= lo && double(b) < hi) return q.runner_up;
+    }
+    return a;
+  };
+  if (view.p <= 1) return model_decisions(cm, view);
+  return decisions_from(pick);
+}
+
 template <class Transport>
-CostModel measure_cost_model(CommState<Transport>& st) {
+class Calibrator {
   using Plan = PlanImpl<Transport>;
-  auto make_spec = [](CollectiveKind k) {
+
+ public:
+  Calibrator(CommState<Transport>& st, ModelView view)
+      : st_(st), view_(std::move(view)), t_(*st.transport), r_(t_.rank()), p_(t_.size()) {}
+
+  /// Measures, agrees, fits and validates (collective).
+  Calibration run() {
+    const double t0 = now_seconds();
+    st_.engine.drain();
+    {  // The calibration is a collective of its own, so its fingerprint keeps ranks in step.
+      Plan cal(st_, spec(CollectiveKind::calibrate));
+      execute_in_order(st_, cal);
+    }
+    Calibration c;
+    c.model = measure_model();
+    c.decisions = model_decisions(c.model, view_);
+    if (p_ > 1) validate(c);
+    c.seconds = now_seconds() - t0;
+    return c;
+  }
+
+ private:
+  static PlanSpec spec(CollectiveKind k) {
     PlanSpec s;
     s.kind = k;
     return s;
-  };
-  st.engine.drain();
-  // The calibration is a collective of its own, so its fingerprint keeps ranks in step.
-  {
-    Plan cal(st, make_spec(CollectiveKind::calibrate));
-    execute_in_order(st, cal);
   }
-  Transport& t = *st.transport;
-  const int r = t.rank(), p = t.size(), partner = r ^ 1;
-  constexpr int kTag = 32767;  // above every plan channel's tag (detail::channel_tag)
-  double m[3] = {0, 0, 0};
-  if (partner < p) {
-    const Deadline deadline(st.config.timeout_s);
+  double sample(CalibrationQuantity q, int round, double seconds,
+                AllreduceAlgorithm algo = AllreduceAlgorithm::ring, std::size_t bytes = 0) const {
+    const auto& hook = calibration_hook();
+    if (!hook) return seconds;
+    CalibrationSample s;
+    s.rank = r_;
+    s.quantity = q;
+    s.round = round;
+    s.algo = algo;
+    s.bytes = bytes;
+    s.seconds = seconds;
+    return hook(s);
+  }
+  // In-place all-reduce (max) of `n` doubles by recursive doubling: the agreement step.
+  void agree_max(double* v, std::size_t n) {
+    PlanSpec s = spec(CollectiveKind::allreduce);
+    s.op = ReduceOp::max;
+    s.dtype = DType::f64;
+    s.count = n;
+    s.in = v;
+    s.out = v;
+    s.algo = AllreduceAlgorithm::rd;
+    Plan agree(st_, s);
+    execute_in_order(st_, agree);
+  }
+  void wait(typename Transport::Request& q, const Deadline& deadline, int partner) {
+    if (!t_.wait_until(q, deadline))
+      raise<TimeoutError>(
+          "cost-model calibration",
+          concat("wait for rank ", partner, " timed out after ", deadline.budget(), " s"));
+  }
+
+  CostModel measure_model() {
+    constexpr int kTag = 32767;           // above every plan channel's tag (detail::channel_tag)
+    constexpr std::size_t big = 4 << 20;  // beyond the caches: the bandwidth-bound regime
+    const int partner = r_ ^ 1;
+    const bool paired = partner < p_;
+    const Deadline deadline(st_.config.timeout_s);
     typename Transport::Request a, b;
-    auto wait = [&](typename Transport::Request& q) {
-      if (!t.wait_until(q, deadline))
-        raise<TimeoutError>(
-            "cost-model calibration",
-            concat("wait for rank ", partner, " timed out after ", deadline.budget(), " s"));
-    };
     std::uint64_t words[2] = {0, 0};
-    ScopedRegistration<Transport> word_reg(t, words, sizeof(words));
+    ScopedRegistration<Transport> word_reg(t_, words, sizeof(words));
     auto* word = static_cast<std::uint64_t*>(word_reg.region().data);
-    double best = 1e30;
-    // The minimum over bursts spread in time: on a shared machine a partner descheduled for a
-    // whole burst would otherwise pass for latency.
-    for (int i = 0; i < 68; ++i) {
-      if (i % 16 == 15) std::this_thread::sleep_for(std::chrono::microseconds(200));
-      const double t0 = now_seconds();
-      if (r < partner) {
-        t.isend(a, partner, kTag, word, 8);
-        wait(a);
-        t.irecv(b, partner, kTag, word + 1, 8);
-        wait(b);
-      } else {
-        t.irecv(b, partner, kTag, word + 1, 8);
-        wait(b);
-        t.isend(a, partner, kTag, word, 8);
-        wait(a);
-      }
-      if (i >= 3) best = std::min(best, now_seconds() - t0);
-    }
-    m[0] = best / 2;
-    // Beyond the caches, so that beta describes the bandwidth-bound regime it is used for.
-    constexpr std::size_t big = 4 << 20;
     std::vector<unsigned char> sbuf(big, 1), rbuf(big);
-    ScopedRegistration<Transport> sreg(t, sbuf.data(), big), rreg(t, rbuf.data(), big);
-    best = 1e30;
-    for (int i = 0; i < 6; ++i) {
-      const double t0 = now_seconds();
-      t.irecv(b, partner, kTag, rreg.region().data, big);
-      t.isend(a, partner, kTag, sreg.region().data, big);
-      wait(b);
-      wait(a);
-      if (i >= 1) best = std::min(best, now_seconds() - t0);
+    ScopedRegistration<Transport> sreg(t_, sbuf.data(), big), rreg(t_, rbuf.data(), big);
+    std::vector<float> x(big / sizeof(float), 1.0f), y(big / sizeof(float), 2.0f);
+
+    auto ping_pong = [&] {
+      if (r_ < partner) {
+        t_.isend(a, partner, kTag, word, 8);
+        wait(a, deadline, partner);
+        t_.irecv(b, partner, kTag, word + 1, 8);
+        wait(b, deadline, partner);
+      } else {
+        t_.irecv(b, partner, kTag, word + 1, 8);
+        wait(b, deadline, partner);
+        t_.isend(a, partner, kTag, word, 8);
+        wait(a, deadline, partner);
+      }
+    };
+    auto exchange = [&] {
+      t_.irecv(b, partner, kTag, rreg.region().data, big);
+      t_.isend(a, partner, kTag, sreg.region().data, big);
+      wait(b, deadline, partner);
+      wait(a, deadline, partner);
+    };
+
+    SharedSegments* seg = shared_segments_of(t_);
+    std::vector<float> v(seg ? big / sizeof(float) : 0, 1.0f);
+    float tiny[8] = {};
+    std::unique_ptr<Plan> big_plan, tiny_plan;
+    if (seg) {
+      PlanSpec s = spec(CollectiveKind::allreduce);
+      s.dtype = DType::f32;
+      s.algo = AllreduceAlgorithm::shm;
+      s.count = v.size();
+      s.in = v.data();
+      s.out = v.data();
+      big_plan = std::make_unique<Plan>(st_, s);
+      s.count = 8;
+      s.in = tiny;
+      s.out = tiny;
+      tiny_plan = std::make_unique<Plan>(st_, s);
     }
-    m[1] = std::max((best - m[0]) / static_cast<double>(big), 1e-13);
-  }
-  double shm[2] = {0, 0};  // counter hand-off seconds, shm seconds per byte
-  {
-    std::vector<float> x(1 << 20, 1.0f), y(1 << 20, 2.0f);  // 4 MiB each, as for beta
-    double best = 1e30;
-    for (int i = 0; i < 4; ++i) {
-      const double t0 = now_seconds();
-      host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
-      best = std::min(best, now_seconds() - t0);
+    // Warm-up, unmeasured: connections, first touch of every buffer and segment.
+    if (paired) {
+      ping_pong();
+      exchange();
     }
-    m[2] = best / static_cast<double>(x.size() * sizeof(float));
-  }
-  const bool has_shm = shared_segments_of(t) != nullptr;
-  if (has_shm) {
-    // The fingerprint exchange every collective pays (ceil(log2 p) message rounds) is left out
-    // of every algorithm's model alike, so it is taken out of these timings.
-    int rounds = 0;
-    for (int d = 1; d < p; d <<= 1) ++rounds;
-    const double check = st.config.check_fingerprints ? rounds * m[0] : 0.0;
-    PlanSpec s = make_spec(CollectiveKind::allreduce);
-    s.dtype = DType::f32;
-    s.algo = AllreduceAlgorithm::shm;
-    // A bandwidth-bound shm all-reduce (4 MiB, as for beta), first: it also warms the segments
-    // up for the latency measurement below.
-    constexpr std::size_t big_count = 1 << 20;
-    std::vector<float> v(big_count, 1.0f);
-    s.count = big_count;
-    s.in = v.data();
-    s.out = v.data();
-    double big_best = 1e30;
-    {
-      Plan big_plan(st, s);
-      for (int i = 0; i < 5; ++i) {
+    host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
+    if (seg) {
+      execute_in_order(st_, *big_plan);
+      execute_in_order(st_, *tiny_plan);
+    }
+
+    std::vector<double> s_alpha, s_beta, s_gamma, s_shm_alpha, s_shm_beta;
+    for (int round = 0; round < kRounds; ++round) {
+      if (paired) {
+        double best = 1e30;
+        for (int i = 0; i < 12; ++i) {
+          const double t0 = now_seconds();
+          ping_pong();
+          best = std::min(best, now_seconds() - t0);
+        }
+        s_alpha.push_back(sample(CalibrationQuantity::alpha, round, best / 2));
+        const double t0 = now_seconds();
+        exchange();
+        s_beta.push_back(sample(CalibrationQuantity::beta, round, now_seconds() - t0));
+      }
+      {
+        const double t0 = now_seconds();
+        host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
+        s_gamma.push_back(sample(CalibrationQuantity::gamma, round, now_seconds() - t0));
+      }
+      if (seg) {
+        double best = 1e30;
+        for (int i = 0; i < 12; ++i) {
+          const double t0 = now_seconds();
+          execute_in_order(st_, *tiny_plan);
+          best = std::min(best, now_seconds() - t0);
+        }
+        s_shm_alpha.push_back(sample(CalibrationQuantity::shm_alpha, round, best,
+                                     AllreduceAlgorithm::shm, sizeof(tiny)));
         std::fill(v.begin(), v.end(), 1.0f);
         const double t0 = now_seconds();
-        execute_in_order(st, big_plan);
-        if (i >= 1) big_best = std::min(big_best, now_seconds() - t0);
+        execute_in_order(st_, *big_plan);
+        s_shm_beta.push_back(sample(CalibrationQuantity::shm_beta, round, now_seconds() - t0,
+                                    AllreduceAlgorithm::shm, big));
       }
+      // A pause between rounds spreads them in time, so one burst of load hits few of them.
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    // A one-chunk shm all-reduce costs three counter hand-offs.
-    float tiny[8] = {};
-    s.count = 8;
-    s.in = tiny;
-    s.out = tiny;
-    double best = 1e30;
-    {
-      Plan plan(st, s);
-      for (int i = 0; i < 132; ++i) {
-        if (i % 16 == 15) std::this_thread::sleep_for(std::chrono::microseconds(200));
-        const double t0 = now_seconds();
-        execute_in_order(st, plan);
-        if (i >= 3) best = std::min(best, now_seconds() - t0);
+    const double alpha = median_of(s_alpha);
+    double m[5] = {alpha, paired ? (median_of(s_beta) - alpha) / double(big) : 0.0,
+                   median_of(s_gamma) / double(big), 0, 0};
+    if (seg) {
+      // The fingerprint exchange every collective pays (ceil(log2 p) message rounds) is left out
+      // of every algorithm's model alike, so it is taken out of these timings.
+      int rounds = 0;
+      for (int d = 1; d < p_; d <<= 1) ++rounds;
+      const double check = st_.config.check_fingerprints ? rounds * alpha : 0.0;
+      const double tiny_t = median_of(s_shm_alpha), big_t = median_of(s_shm_beta);
+      // A one-chunk shm all-reduce costs three counter hand-offs.
+      m[3] = std::max(tiny_t - check, 0.25 * tiny_t) / 3;
+      // Per byte: the big run without its chunks' counter hand-offs.
+      const double chunks = std::ceil(double(big) / double(seg->slot_bytes));
+      m[4] = std::max(big_t - check - 3 * chunks * m[3], 0.5 * big_t) / double(big);
+    }
+    agree_max(m, 5);
+    CostModel cm;
+    cm.alpha = std::max(m[0], 1e-9);
+    cm.beta = std::max(m[1], 1e-13);
+    cm.gamma = std::max(m[2], 0.0);
+    if (seg) {
+      cm.shm_alpha = std::max(m[3], 1e-9);
+      cm.shm_beta = std::max(m[4], 1e-13);
+      cm.shm_chunk = static_cast<double>(seg->slot_bytes);
+    }
+    return cm;
+  }
+
+  void validate(Calibration& c) {
+    const std::size_t max_bytes = kProbeBytes[std::size(kProbeBytes) - 1];
+    std::vector<float> in(max_bytes / sizeof(float), 1.0f), out(in.size(), 0.0f);
+    std::vector<double> med;  // [probe][pick, runner-up]
+    for (std::size_t bytes : kProbeBytes) {
+      CalibrationProbe q;
+      q.bytes = bytes;
+      q.pick = lookup_decision(c.decisions, bytes);
+      q.runner_up = view_.best(c.model, bytes, q.pick);
+      q.predicted[0] = view_.predict(c.model, q.pick, bytes);
+      q.predicted[1] = view_.predict(c.model, q.runner_up, bytes);
+      double mine[2] = {0, 0};
+      if (q.runner_up != q.pick) {
+        std::unique_ptr<Plan> plans[2];
+        for (int k = 0; k < 2; ++k) {
+          PlanSpec s = spec(CollectiveKind::allreduce);
+          s.dtype = DType::f32;
+          s.count = bytes / sizeof(float);
+          s.in = in.data();
+          s.out = out.data();
+          s.algo = k ? q.runner_up : q.pick;
+          plans[k] = std::make_unique<Plan>(st_, s);
+          execute_in_order(st_, *plans[k]);  // warm-up
+        }
+        std::vector<double> times[2];
+        for (int rep = 0; rep < kProbeReps; ++rep)
+          for (int j = 0; j < 2; ++j) {
+            const int k = (rep + j) % 2;  // alternate which goes first
+            const double t0 = now_seconds();
+            execute_in_order(st_, *plans[k]);
+            times[k].push_back(sample(CalibrationQuantity::probe, rep, now_seconds() - t0,
+                                      k ? q.runner_up : q.pick, bytes));
+          }
+        mine[0] = median_of(times[0]);
+        mine[1] = median_of(times[1]);
       }
+      med.push_back(mine[0]);
+      med.push_back(mine[1]);
+      c.probes.push_back(q);
     }
-    shm[0] = std::max(best - check, 0.25 * best) / 3;
-    // Per byte: the big run without its chunks' counter hand-offs.
-    const double bytes = static_cast<double>(big_count * sizeof(float));
-    const double chunks = std::ceil(bytes / static_cast<double>(shared_segments_of(t)->slot_bytes));
-    shm[1] = std::max(big_best - check - 3 * chunks * shm[0], 0.5 * big_best) / bytes;
+    agree_max(med.data(), med.size());
+    bool any = false;
+    for (std::size_t k = 0; k < c.probes.size(); ++k) {
+      CalibrationProbe& q = c.probes[k];
+      q.measured[0] = med[2 * k];
+      q.measured[1] = med[2 * k + 1];
+      q.replaced = q.runner_up != q.pick && q.measured[0] > kSwitchFactor * q.measured[1];
+      any = any || q.replaced;
+    }
+    if (any) c.decisions = apply_probes(c.model, view_, c.probes);
   }
-  double agreed[5] = {m[0], m[1], m[2], shm[0], shm[1]};
-  PlanSpec s = make_spec(CollectiveKind::allreduce);
-  s.op = ReduceOp::max;
-  s.dtype = DType::f64;
-  s.count = 5;
-  s.in = agreed;
-  s.out = agreed;
-  s.algo = AllreduceAlgorithm::rd;
-  {
-    Plan agree(st, s);
-    execute_in_order(st, agree);
-  }
-  CostModel cm{std::max(agreed[0], 1e-9), std::max(agreed[1], 1e-13), agreed[2]};
-  if (has_shm) {
-    cm.shm_alpha = std::max(agreed[3], 1e-9);
-    cm.shm_beta = std::max(agreed[4], 1e-13);
-    cm.shm_chunk = static_cast<double>(shared_segments_of(t)->slot_bytes);
-  }
-  return cm;
+
+  CommState<Transport>& st_;
+  ModelView view_;
+  Transport& t_;
+  int r_, p_;
+};
+
+/// Measures the model and its validated decision table over `st`'s transport (collective: every
+/// rank calls it at the same point of its collective sequence; queued collectives are drained
+/// first). Every rank returns the same model and table.
+/// `view` says how the model is applied (flat_model_view(p) for p ranks without node structure).
+template <class Transport>
+Calibration calibrate(CommState<Transport>& st, ModelView view) {
+  return Calibrator<Transport>(st, std::move(view)).run();
+}
+
+/// The model alone (the collective calibration, decision table discarded).
+template <class Transport>
+CostModel measure_cost_model(CommState<Transport>& st) {
+  return calibrate(st, flat_model_view(st.transport->size())).model;
 }
 
 }  // namespace dtrain::detail

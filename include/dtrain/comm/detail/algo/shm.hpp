@@ -8,12 +8,19 @@
 // in, and each byte is read from private memory once and written there once. A slot is
 // refilled only after every rank raised counter 2 for its previous chunk, so up to `slots`
 // chunks are in flight and the copies of one chunk overlap the reduction of another.
+//
+// Waits for a partner's counter spin for about the time the partner needs for one chunk before
+// they yield (detail/backoff.hpp), as long as the ranks do not outnumber the cores: every rank
+// then has a core, the partner answers within that time, and a yield would hand the core to
+// another process for a time slice once per chunk (the cause of shm's bandwidth collapsing on a
+// loaded machine, benchmarks/RESULTS.md).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <thread>
 
 #include <dtrain/comm/detail/algo/context.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
@@ -33,6 +40,9 @@ class ShmAlgorithm : public Algorithm {
     DTRAIN_REQUIRE(seg_ != nullptr, "allreduce",
                    "algorithm shm needs a transport with node-shared segments (all ranks on one "
                    "node, DTRAIN_SHM not 0)");
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (cores == 0 || static_cast<unsigned>(ctx.size()) <= cores)
+      spin_ = std::min(std::max(static_cast<double>(seg_->slot_bytes) * kSpinPerByte, 20e-6), 1e-3);
   }
 
   void run() override {
@@ -80,14 +90,19 @@ class ShmAlgorithm : public Algorithm {
  private:
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
     const auto& f = w.flag(q, kind, s);
-    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline()))
+    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline(),
+                    spin_))
       ctx_.timeout(q);
   }
+
+  // Spin budget per byte of a slot: a partner copying a chunk at 1 GB/s or better answers in time.
+  static constexpr double kSpinPerByte = 1e-9;
 
   PlanContext<Transport>& ctx_;
   const uchar* in_;
   uchar* out_;
   SharedSegments* seg_;
+  double spin_ = Backoff::kSpinSeconds;
 };
 
 }  // namespace dtrain::detail
