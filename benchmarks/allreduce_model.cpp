@@ -551,7 +551,7 @@ void report_validation(const Options& o, const std::vector<Check>& checks) {
   }
 }
 
-int run(int argc, char** argv, int world_rank) {
+int run(int argc, char** argv, bool use_mpi, int world_rank) {
   Options o;
   CLI::App app{"allreduce_model: dtrain's all-reduce cost model projected from 2 to 100,000 ranks"};
   dtrain_cli::add_real(app, "--alpha", o.alpha, "seconds per message", 1e-12, 1.0);
@@ -596,7 +596,8 @@ int run(int argc, char** argv, int world_rank) {
       ->type_name("FILE");
   app.add_option("--validation-csv", o.validation_csv, "write the comparison to FILE")
       ->type_name("FILE");
-  const int code = dtrain_cli::run_parser_mpi(app, argc, argv);
+  const int code = use_mpi ? dtrain_cli::run_parser_mpi(app, argc, argv)
+                           : dtrain_cli::run_parser(app, argc, argv);
   if (code >= 0) return code;
 
   // Exactly one source of parameters, or none with --measured (each file brings its own).
@@ -661,20 +662,35 @@ int run(int argc, char** argv, int world_rank) {
   return 0;
 }
 
+// MPI is started only to calibrate over it: a projection from given parameters is a plain
+// program (quick to start, no launcher needed).
+bool wants_mpi(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--calibrate=mpi" ||
+        (a == "--calibrate" && i + 1 < argc && std::string(argv[i + 1]) == "mpi"))
+      return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  const bool use_mpi = wants_mpi(argc, argv);
   int world_rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  if (use_mpi) {
+    int provided = 0;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  }
   int code = 0;
   try {
-    code = run(argc, argv, world_rank);
+    code = run(argc, argv, use_mpi, world_rank);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "allreduce_model: %s\n", e.what());
     code = 2;
   }
-  MPI_Finalize();
+  if (use_mpi) MPI_Finalize();
   return code;
 }
