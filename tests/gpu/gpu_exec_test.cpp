@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <dtrain/core/rng.hpp>
+#include <dtrain/exec/exec_copier.hpp>
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/gpu_exec.cuh>
 #include <dtrain/model/model.hpp>
@@ -34,6 +35,7 @@ template class dtrain::BasicSequential<float, dtrain::GpuExec>;
 template class dtrain::BasicSequential<double, dtrain::GpuExec>;
 template class dtrain::BasicAdamW<dtrain::GpuExec>;
 template class dtrain::BasicSgd<dtrain::GpuExec>;
+template class dtrain::GradNormClipper<dtrain::GpuExec>;
 
 namespace {
 std::vector<float> params_on_host(const dtrain::BufferView& v, gpu::GpuExec* exec) {
@@ -93,6 +95,43 @@ TEST_CASE("a short training run on the device follows the host run of the same s
         std::max(worst, std::abs(double(pd[i]) - ph[i]) / std::max(1.0, std::abs(double(ph[i]))));
   MESSAGE("max relative parameter difference after 30 steps: " << worst);
   CHECK(worst < 1e-4);
+}
+
+TEST_CASE("gradient clipping on the device equals the host clip to rounding") {
+  const std::size_t n = 300000;  // several blocks of the partial sums
+  dtrain::RngStream rng(3, 1);
+  std::vector<float> g(n);
+  for (auto& v : g) v = static_cast<float>(2.0 * rng.uniform_double() - 1.0);
+  gpu::GpuExec exec;
+  gpu::DeviceBuffer<float> d(n);
+  d.upload(g.data());
+  dtrain::GradNormClipper<gpu::GpuExec> clip(exec);
+  const double dn = clip(dtrain::BufferView(d.data(), n, dtrain::DType::f32, gpu::space), 1.0);
+  std::vector<float> h = g;
+  const double hn =
+      dtrain::clip_grad_norm(dtrain::BufferView(h.data(), n, dtrain::DType::f32), 1.0);
+  CHECK(hn > 1.0);
+  CHECK(dn == doctest::Approx(hn).epsilon(1e-12));  // double sums in another order
+  std::vector<float> back(n);
+  dtrain::exec_synchronize(exec, exec.compute_stream(), 60, "test");
+  d.download(back.data());
+  double worst = 0;
+  for (std::size_t i = 0; i < n; ++i) worst = std::max(worst, std::abs(double(back[i]) - h[i]));
+  CHECK(worst <= 1e-7);
+}
+
+TEST_CASE("checkpoint copies of device tensors go through the policy's copies") {
+  gpu::GpuExec exec;
+  const std::size_t n = 4097;
+  std::vector<float> src(n), dst(n, 0.f);
+  for (std::size_t i = 0; i < n; ++i) src[i] = static_cast<float>(i) * 0.5f;
+  gpu::DeviceBuffer<float> d(n);
+  const dtrain::ExecCopier c = dtrain::ExecCopier::of(exec);
+  CHECK(c.space == gpu::space);
+  c.upload(c.exec, d.data(), src.data(), n * sizeof(float));
+  c.download(c.exec, dst.data(), d.data(), n * sizeof(float));
+  c.wait(c.exec, "test");
+  CHECK(dst == src);
 }
 
 TEST_CASE("policy events order streams and report completion") {

@@ -38,6 +38,7 @@
 #include <thread>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
@@ -213,6 +214,8 @@ class EmulatedDevice {
   DTRAIN_EMULATED_KERNEL(mse)
   DTRAIN_EMULATED_KERNEL(sgd_update)
   DTRAIN_EMULATED_KERNEL(adamw_update)
+  DTRAIN_EMULATED_KERNEL(sum_squares)
+  DTRAIN_EMULATED_KERNEL(scale)
   DTRAIN_EMULATED_KERNEL(reduce_into)
   DTRAIN_EMULATED_KERNEL(scale_avg)
 #undef DTRAIN_EMULATED_KERNEL
@@ -429,5 +432,20 @@ class EmulatedDevice {
 
 static_assert(dtrain::detail::check_exec_policy<EmulatedDevice>(),
               "the emulated device is an execution policy");
+
+/// Host copy of the bytes of `v`, exec memory of `dev`, through the device's copies (waits for
+/// the compute stream first, so it sees every queued kernel).
+inline std::vector<unsigned char> bytes_of(EmulatedDevice& dev, BufferView v) {
+  std::vector<unsigned char> out(v.bytes());
+  dev.copy_d2h(dev.compute_stream(), out.data(), v.data, v.bytes());
+  exec_synchronize(dev, dev.compute_stream(), 30, "test download");
+  return out;
+}
+/// The bytes of a host view (InvalidArgument for device memory).
+inline std::vector<unsigned char> bytes_of(BufferView v) {
+  DTRAIN_REQUIRE(v.space == Space::host, "test bytes_of", "a host view is needed");
+  const auto* p = static_cast<const unsigned char*>(v.data);
+  return std::vector<unsigned char>(p, p + v.bytes());
+}
 
 }  // namespace dtrain::test

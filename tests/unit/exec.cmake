@@ -15,3 +15,10 @@ foreach(_suite model optim sync negative)
   set_tests_properties(unit_exec_emulated_${_suite} PROPERTIES TIMEOUT 120 LABELS "unit"
     SKIP_RETURN_CODE 77 ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115")
 endforeach()
+# Checkpoints of device tensors through the emulated device (HDF5 Checkpointer, loopback ranks).
+if(DTRAIN_HAVE_HDF5)
+  dtrain_add_unit_test(NAME unit_exec_emulated_ckpt
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_emulated_ckpt_test.cpp
+    LINK dtrain::hdf5 dtrain::loopback ${_dtrain_exec_blas}
+    TIMEOUT 120)
+endif()

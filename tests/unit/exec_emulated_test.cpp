@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include <dtrain/transports/loopback.hpp>
 
 using namespace dtrain;
+using test::bytes_of;
 using test::EmulatedDevice;
 
 namespace {
@@ -38,19 +40,6 @@ std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = 
   std::vector<float> v(n);
   for (auto& x : v) x = static_cast<float>(lo + (hi - lo) * rng.uniform_double());
   return v;
-}
-
-// Host copy of an exec-memory view, through the policy's copies (a host view is read directly).
-std::vector<unsigned char> bytes_of(EmulatedDevice& dev, BufferView v) {
-  std::vector<unsigned char> out(v.bytes());
-  dev.copy_d2h(dev.compute_stream(), out.data(), v.data, v.bytes());
-  exec_synchronize(dev, dev.compute_stream(), 30, "test download");
-  return out;
-}
-std::vector<unsigned char> bytes_of(BufferView v) {
-  REQUIRE(v.space == Space::host);
-  const auto* p = static_cast<const unsigned char*>(v.data);
-  return std::vector<unsigned char>(p, p + v.bytes());
 }
 
 std::vector<LayerSpec> mixed_layers() {
@@ -240,6 +229,47 @@ TEST_SUITE("emulated_model") {
 }
 
 TEST_SUITE("emulated_optim") {
+  TEST_CASE("gradient clipping of device gradients equals the host clip") {
+    EmulatedDevice dev;
+    Sequential host(mixed_layers());
+    DevModel model(mixed_layers(), dev);
+    host.init(4);
+    model.init(4);
+    const Data d = make_data(8, 12, 5, 3);
+    host.zero_grad();
+    host.forward_backward(d.x.data(), d.y.data(), 8);
+    model.zero_grad();
+    model.forward_backward(d.x.data(), d.y.data(), 8);
+    GradNormClipper<EmulatedDevice> clip(dev);
+    // The clipper's sum of squares is queued behind the backward pass: no host wait before it.
+    const double dn = clip(model.gradients(), 0.05);
+    const double hn = clip_grad_norm(host.gradients(), 0.05);
+    CHECK(hn > 0.05);  // the bound is active
+    CHECK(dn == hn);
+    const auto clipped = bytes_of(dev, model.gradients());
+    CHECK(clipped == bytes_of(host.gradients()));
+    // Independent reference: the norm of the clipped gradients is the bound.
+    const auto g = host.gradients().as<float>("test");
+    double sq = 0;
+    for (float v : g) sq += static_cast<double>(v) * v;
+    CHECK(std::sqrt(sq) == doctest::Approx(0.05).epsilon(1e-5));
+    // A bound above the norm changes nothing; the HostExec clipper equals the free function.
+    CHECK(clip(model.gradients(), 10.0) == doctest::Approx(0.05).epsilon(1e-5));
+    CHECK(bytes_of(dev, model.gradients()) == clipped);
+    HostExec hexec;
+    CHECK(clip_grad_norm(hexec, host.gradients(), 0.01) > 0.04);
+    Sequential again(mixed_layers());
+    again.init(4);
+    again.zero_grad();
+    again.forward_backward(d.x.data(), d.y.data(), 8);
+    clip_grad_norm(again.gradients(), 0.05);
+    clip_grad_norm(again.gradients(), 0.01);
+    CHECK(bytes_of(again.gradients()) == bytes_of(host.gradients()));
+    // Device gradients are refused by the host form, naming the remedy.
+    CHECK_THROWS_WITH_AS(clip_grad_norm(model.gradients(), 1.0),
+                         doctest::Contains("GradNormClipper"), InvalidArgument);
+  }
+
   TEST_CASE_TEMPLATE("optimizers on the emulated device equal HostExec; range updates equal step",
                      Opt, BasicSgd<EmulatedDevice>, BasicAdamW<EmulatedDevice>) {
     constexpr bool is_sgd = std::is_same_v<Opt, BasicSgd<EmulatedDevice>>;

@@ -53,8 +53,13 @@ struct Hdf5Format;  // <dtrain/ckpt/hdf5.hpp>
 /// the same order with the same objects (by name, kind and shape). Blocking, except that with
 /// `async` the file is written by a background thread on rank 0 (the next collective call waits
 /// for it and reports its errors on every rank). Not thread-safe: one thread per rank drives it.
-/// Objects are passed as dtrain::named(...) / dtrain::per_rank(...) references; only host memory
-/// is read or written, and the caller keeps the objects alive during the call.
+/// Objects are passed as dtrain::named(...) / dtrain::per_rank(...) references, and the caller
+/// keeps them alive during the call. Tensors in host memory are read and written in place;
+/// tensors in an execution policy's device memory (visited with an ExecCopier, as
+/// BasicSequential and the optimizers do through StateMirror) are downloaded through the
+/// policy's copies into a host staging buffer kept between saves, and restored by upload, so
+/// the file is the same whichever policy wrote it and restores into any policy. The host never
+/// dereferences device memory.
 ///
 /// Comm needs: int rank() const; int size() const; void barrier(); void broadcast(BufferView,
 /// int root); void allreduce(BufferView, ReduceOp). With comm.transport().mpi_comm() available,
@@ -136,6 +141,9 @@ class Checkpointer {
     try {
       DTRAIN_REQUIRE(step >= 0, op, "negative step " << step);
       detail::collect_objects(comm_.rank(), job.repl, job.mine, objects...);
+      // Exec-memory (device) tensors are downloaded into host memory before anything reads
+      // them: checksums, the gather and the writers then see host bytes only.
+      stage_.take({&job.repl, &job.mine}, detail::SnapshotOf::device);
     } catch (...) {
       err = std::current_exception();
     }
@@ -332,6 +340,7 @@ class Checkpointer {
   std::optional<std::int64_t> last_saved_step_;
   double last_save_time_ = now_seconds();
   std::future<void> pending_;
+  detail::SnapshotArena stage_;  // host side of device tensors during a save, reused
   detail::SnapshotArena arena_;  // async snapshot, reused; rank 0 only
   bool has_pending_ = false;
   std::int64_t pending_step_ = -1;

@@ -5,17 +5,34 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_copier.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 
 namespace dtrain {
 
+namespace detail {
+// Whether a state visitor moves exec-memory tensors itself: it has
+// tensor(name, BufferView, Shape, const ExecCopier&) (the checkpointer's visitors do).
+template <class V, class = void>
+struct visitor_takes_exec_tensors : std::false_type {};
+template <class V>
+struct visitor_takes_exec_tensors<
+    V, std::void_t<decltype(std::declval<V&>().tensor(
+           std::declval<const std::string&>(), std::declval<BufferView>(), std::declval<Shape>(),
+           std::declval<const ExecCopier&>()))>> : std::true_type {};
+}  // namespace detail
+
 /// The host side of an exec-memory arena in the state protocol (<dtrain/core/state.hpp>). With a
-/// policy whose memory is host memory, visit() hands the arena's own view over. Otherwise the
-/// tensor goes through a host mirror of the arena (from exec.host_allocator(), allocated on first
+/// policy whose memory is host memory, visit() hands the arena's own view over. A visitor that
+/// moves exec memory itself (it has `tensor(name, view, shape, const ExecCopier&)`, as the
+/// checkpointer's do: they stage through their own snapshot buffer) gets the exec-memory view
+/// and the policy's copier, and no mirror is allocated. Otherwise the tensor goes through a host
+/// mirror of the arena (from exec.host_allocator(), allocated on first
 /// use): downloaded and waited for before a saving visitor reads it, uploaded and waited for
 /// after a loading visitor wrote it. So a checkpoint holds the same bytes whichever policy wrote
 /// it and restores into any policy. The views handed over stay valid until the owner's next
@@ -33,6 +50,8 @@ class StateMirror {
     const BufferView view = arena.view().slice(offset, count);
     if constexpr (Exec::space == Space::host) {
       v.tensor(name, view, std::move(shape));
+    } else if constexpr (detail::visitor_takes_exec_tensors<V>::value) {
+      v.tensor(name, view, std::move(shape), ExecCopier::of(exec));
     } else {
       if (host_.size() != arena.size() || host_.dtype() != arena.dtype())
         host_ =

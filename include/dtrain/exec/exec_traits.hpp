@@ -68,6 +68,10 @@
 //     sgd_update(s, T* p, const T* g, T* buf /*null without momentum*/, std::size_t n,
 //                const host::SgdParams&)
 //     adamw_update(s, T* p, const T* g, T* m, T* v, std::size_t n, const host::AdamWParams&)
+//     sum_squares(s, const T* x, std::size_t n, double* out /*1 element*/)  sum of x[i]^2 in
+//                                                  double (gradient norms; the device's order
+//                                                  may differ from the host's by rounding)
+//     scale(s, T* x, std::size_t n, T factor)                               x[i] *= factor
 //     reduce_into(s, ReduceOp, BufferView acc, BufferView in)               acc (op)= in
 //     scale_avg(s, BufferView acc, int ranks)                               finishes an avg
 //   Labels are validated on the host before they are uploaded; device kernels never throw.
@@ -174,6 +178,13 @@ DTRAIN_EXEC_PROBE(exec_has_optimizers,
                   e<E>().adamw_update(std::declval<S<E>>(), p<float>(), p<const float>(),
                                       p<float>(), p<float>(), std::size_t{},
                                       std::declval<const host::AdamWParams&>()))
+DTRAIN_EXEC_PROBE(exec_has_norms,
+                  e<E>().sum_squares(std::declval<S<E>>(), p<const float>(), std::size_t{},
+                                     p<double>()),
+                  e<E>().sum_squares(std::declval<S<E>>(), p<const double>(), std::size_t{},
+                                     p<double>()),
+                  e<E>().scale(std::declval<S<E>>(), p<float>(), std::size_t{}, 1.0f),
+                  e<E>().scale(std::declval<S<E>>(), p<double>(), std::size_t{}, 1.0))
 DTRAIN_EXEC_PROBE(exec_has_reduce,
                   e<E>().reduce_into(std::declval<S<E>>(), ReduceOp::sum, BufferView{},
                                      BufferView{}),
@@ -193,7 +204,8 @@ inline constexpr bool is_exec_policy_v = detail::exec_probe::exec_has_types<E>::
             detail::exec_probe::exec_has_dropout<E>::value&& detail::exec_probe::exec_has_layernorm<
                 E>::value&& detail::exec_probe::exec_has_losses<E>::value&&
                 detail::exec_probe::exec_has_optimizers<E>::value&&
-                    detail::exec_probe::exec_has_reduce<E>::value;
+                    detail::exec_probe::exec_has_norms<E>::value&&
+                        detail::exec_probe::exec_has_reduce<E>::value;
 
 namespace detail {
 /// Fires one static_assert per missing group of members so the compiler names what is wrong.
@@ -234,6 +246,9 @@ constexpr bool check_exec_policy() {
   static_assert(exec_has_optimizers<E>::value,
                 "dtrain execution policy: missing `sgd_update(stream, p, g, buf, n, "
                 "host::SgdParams)` or `adamw_update(stream, p, g, m, v, n, host::AdamWParams)`");
+  static_assert(exec_has_norms<E>::value,
+                "dtrain execution policy: missing `sum_squares(stream, const T*, std::size_t, "
+                "double*)` or `scale(stream, T*, std::size_t, T)` for float and double");
   static_assert(exec_has_reduce<E>::value,
                 "dtrain execution policy: missing `reduce_into(stream, ReduceOp, BufferView, "
                 "BufferView)` or `scale_avg(stream, BufferView, int)`");

@@ -18,6 +18,7 @@
 #include <dtrain/kernels/host/gemm.hpp>
 #include <dtrain/kernels/host/layernorm.hpp>
 #include <dtrain/kernels/host/loss.hpp>
+#include <dtrain/kernels/host/memory.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/kernels/host/reduce.hpp>
 
@@ -149,6 +150,14 @@ class HostExec {
   void adamw_update(stream_type, T* p, const T* g, T* m, T* v, std::size_t n,
                     const host::AdamWParams& h) const {
     host::adamw_update(p, g, m, v, n, h);
+  }
+  template <class T>
+  void sum_squares(stream_type, const T* x, std::size_t n, double* out) const {
+    *out = host::sum_squares(x, n);
+  }
+  template <class T>
+  void scale(stream_type, T* x, std::size_t n, T factor) const {
+    host::scale(x, n, factor);
   }
   void reduce_into(stream_type, ReduceOp op, BufferView acc, BufferView in) const {
     host::reduce_into(op, acc, in);

@@ -202,6 +202,16 @@ class BasicGpuExec {
                     const host::AdamWParams& h) {
     gpu::adamw_update(p, g, m, v, n, h, s);
   }
+  /// `out` is one double of device memory; the partial sums use the loss kernels' scratch (so:
+  /// the compute stream, like them).
+  template <class T>
+  void sum_squares(stream_type s, const T* x, std::size_t n, double* out) {
+    gpu::sum_squares(x, n, out, scratch<double>(sum_squares_blocks(n)), s);
+  }
+  template <class T>
+  void scale(stream_type s, T* x, std::size_t n, T factor) {
+    gpu::scale(x, n, factor, s);
+  }
   /// acc (op)= in on device memory of this dialect (called from a progress thread too).
   void reduce_into(stream_type s, ReduceOp op, BufferView acc, BufferView in) {
     set_device(device_);

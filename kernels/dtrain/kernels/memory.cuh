@@ -29,6 +29,24 @@ __global__ void sum_to(const T* __restrict__ x, std::size_t n, double scale, dou
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) *out = s * scale;
 }
+// Per-block partial sums of x[i]^2 in double over a grid-stride loop (fixed grid, fixed tree:
+// the result does not depend on timing).
+template <class T>
+__global__ void sum_squares_partial(const T* __restrict__ x, std::size_t n,
+                                    double* __restrict__ partial) {
+  __shared__ double scratch[max_warps_per_block];
+  double s = 0;
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) {
+    const double v = static_cast<double>(x[i]);
+    s += v * v;
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+template <class T>
+__global__ void scale(T* x, std::size_t n, T factor) {
+  for (std::size_t i = global_thread(); i < n; i += grid_threads()) x[i] *= factor;
+}
 }  // namespace kernels
 
 /// x[i] = value for i < n (any bit pattern, unlike memset). Local, asynchronous on `stream`.
@@ -60,6 +78,32 @@ template <class T>
 void sum_to(const T* x, std::size_t n, double scale, double* out, stream_t stream = nullptr) {
   kernels::sum_to<T><<<1, 256, 0, stream>>>(x, n, scale, out);
   check_launch("gpu::sum_to");
+}
+
+/// Blocks sum_squares uses, and so the doubles of `partial` it needs.
+inline unsigned sum_squares_blocks(std::size_t n) {
+  const unsigned b = blocks_for(n, 256);
+  return b < 1024u ? (b > 0 ? b : 1u) : 1024u;
+}
+
+/// *out = sum(x[i]^2) in double (out: one device double), through `partial` (device scratch of
+/// sum_squares_blocks(n) doubles). Deterministic; the order differs from the host's
+/// left-to-right one, so results agree to rounding. Local, asynchronous on `stream`.
+template <class T>
+void sum_squares(const T* x, std::size_t n, double* out, double* partial,
+                 stream_t stream = nullptr) {
+  const unsigned blocks = sum_squares_blocks(n);
+  kernels::sum_squares_partial<T><<<blocks, 256, 0, stream>>>(x, n, partial);
+  check_launch("gpu::sum_squares");
+  sum_to(partial, blocks, 1.0, out, stream);
+}
+
+/// x[i] *= factor for i < n. Local, asynchronous on `stream`.
+template <class T>
+void scale(T* x, std::size_t n, T factor, stream_t stream = nullptr) {
+  if (n == 0) return;
+  kernels::scale<T><<<blocks_for(n, 256), 256, 0, stream>>>(x, n, factor);
+  check_launch("gpu::scale");
 }
 
 DTRAIN_GPU_ABI_END

@@ -21,6 +21,7 @@
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_copier.hpp>
 
 namespace dtrain::detail {
 
@@ -44,6 +45,8 @@ struct CkptEntry {
   int owner = -1;                      // -1: replicated; r >= 0: per-rank state of rank r
   const void* data = nullptr;          // tensor bytes, valid on ranks that hold them
   std::vector<unsigned char> storage;  // owned bytes (snapshot, gathered or loaded)
+  ExecCopier device;    // set while `data` is exec (device) memory: read it only through this
+  bool staged = false;  // `data` points into a checkpointer-owned host snapshot
 
   std::size_t bytes() const { return element_count(shape) * size_of(dtype); }
   /// Points `data` at an owned copy of the current bytes.
@@ -140,25 +143,12 @@ class SaveCollector {
       : out_(out), prefix_(std::move(prefix)), owner_(owner) {}
 
   void tensor(const std::string& name, BufferView view, Shape shape) {
-    check_state_name(name, "checkpoint save");
-    const std::string path = prefix_ + "/" + name;
-    const std::size_t n = element_count(shape, "checkpoint save");
-    DTRAIN_REQUIRE(view.count == n, "checkpoint save",
-                   "tensor " << path << ": view holds " << view.count << " elements but shape "
-                             << to_string(shape) << " needs " << n);
-    DTRAIN_REQUIRE(view.space == Space::host, "checkpoint save",
-                   "tensor " << path << " lives in " << name_of(view.space)
-                             << " memory; checkpoints read host memory (stage it on the host)");
-    DTRAIN_REQUIRE(n == 0 || view.data != nullptr, "checkpoint save",
-                   "tensor " << path << " has a null data pointer");
-    CkptEntry e;
-    e.path = path;
-    e.kind = EntryKind::tensor;
-    e.dtype = view.dtype;
-    e.shape = std::move(shape);
-    e.owner = owner_;
-    e.data = view.data;
-    out_.push_back(std::move(e));
+    add_tensor(name, view, std::move(shape), ExecCopier{});
+  }
+  /// An exec-memory tensor: recorded with its policy's copier; the checkpointer stages it into
+  /// host memory before anything reads it.
+  void tensor(const std::string& name, BufferView view, Shape shape, const ExecCopier& copier) {
+    add_tensor(name, view, std::move(shape), copier);
   }
 
   template <class S>
@@ -194,6 +184,36 @@ class SaveCollector {
   bool loading() const { return false; }
 
  private:
+  void add_tensor(const std::string& name, BufferView view, Shape shape, const ExecCopier& copier) {
+    check_state_name(name, "checkpoint save");
+    const std::string path = prefix_ + "/" + name;
+    const std::size_t n = element_count(shape, "checkpoint save");
+    DTRAIN_REQUIRE(view.count == n, "checkpoint save",
+                   "tensor " << path << ": view holds " << view.count << " elements but shape "
+                             << to_string(shape) << " needs " << n);
+    if (copier)
+      DTRAIN_REQUIRE(view.space == copier.space, "checkpoint save",
+                     "tensor " << path << " lives in " << name_of(view.space)
+                               << " memory but comes with a copier for " << name_of(copier.space)
+                               << " memory");
+    else
+      DTRAIN_REQUIRE(view.space == Space::host, "checkpoint save",
+                     "tensor " << path << " lives in " << name_of(view.space)
+                               << " memory without a copier; checkpoints read host memory "
+                                  "(visit it through StateMirror or stage it on the host)");
+    DTRAIN_REQUIRE(n == 0 || view.data != nullptr, "checkpoint save",
+                   "tensor " << path << " has a null data pointer");
+    CkptEntry e;
+    e.path = path;
+    e.kind = EntryKind::tensor;
+    e.dtype = view.dtype;
+    e.shape = std::move(shape);
+    e.owner = owner_;
+    e.data = view.data;
+    if (copier && view.space != Space::host) e.device = copier;
+    out_.push_back(std::move(e));
+  }
+
   std::vector<CkptEntry>& out_;
   std::string prefix_;
   int owner_;
@@ -221,29 +241,12 @@ class LoadVisitor {
   const std::set<std::string>& visited() const { return visited_; }
 
   void tensor(const std::string& name, BufferView view, Shape shape) {
-    check_state_name(name, "checkpoint restore");
-    const std::string path = prefix_ + "/" + name;
-    visited_.insert(path);
-    trace_ += path + to_string(shape) + name_of(view.dtype) + ";";
-    const CkptEntry* e = find(path, EntryKind::tensor);
-    if (!e) return;
-    const std::size_t n = element_count(shape, "checkpoint restore");
-    if (mode_ == Mode::check) {
-      if (e->dtype != view.dtype)
-        note(path, std::string("dtype differs: checkpoint ") + name_of(e->dtype) + ", object " +
-                       name_of(view.dtype));
-      else if (e->shape != shape)
-        note(path,
-             "shape differs: checkpoint " + to_string(e->shape) + ", object " + to_string(shape));
-      else if (view.count != n)
-        note(path, "view holds " + std::to_string(view.count) + " elements but shape " +
-                       to_string(shape) + " needs " + std::to_string(n));
-      else if (view.space != Space::host)
-        note(path, std::string("tensor lives in ") + name_of(view.space) +
-                       " memory; checkpoints restore into host memory");
-      return;
-    }
-    fetch_(ctx_, *e, view);
+    load_tensor(name, view, std::move(shape), ExecCopier{});
+  }
+  /// An exec-memory tensor: the bytes are fetched into host memory and uploaded through the
+  /// policy's copier (blocking).
+  void tensor(const std::string& name, BufferView view, Shape shape, const ExecCopier& copier) {
+    load_tensor(name, view, std::move(shape), copier);
   }
 
   template <class S>
@@ -287,6 +290,42 @@ class LoadVisitor {
   bool loading() const { return mode_ == Mode::apply; }
 
  private:
+  void load_tensor(const std::string& name, BufferView view, Shape shape,
+                   const ExecCopier& copier) {
+    check_state_name(name, "checkpoint restore");
+    const std::string path = prefix_ + "/" + name;
+    visited_.insert(path);
+    trace_ += path + to_string(shape) + name_of(view.dtype) + ";";
+    const CkptEntry* e = find(path, EntryKind::tensor);
+    if (!e) return;
+    const std::size_t n = element_count(shape, "checkpoint restore");
+    if (mode_ == Mode::check) {
+      if (e->dtype != view.dtype)
+        note(path, std::string("dtype differs: checkpoint ") + name_of(e->dtype) + ", object " +
+                       name_of(view.dtype));
+      else if (e->shape != shape)
+        note(path,
+             "shape differs: checkpoint " + to_string(e->shape) + ", object " + to_string(shape));
+      else if (view.count != n)
+        note(path, "view holds " + std::to_string(view.count) + " elements but shape " +
+                       to_string(shape) + " needs " + std::to_string(n));
+      else if (view.space != (copier ? copier.space : Space::host))
+        note(path, std::string("tensor lives in ") + name_of(view.space) +
+                       " memory; checkpoints restore into host memory or, through a copier, "
+                       "into the copier's memory");
+      return;
+    }
+    if (view.space == Space::host) {
+      fetch_(ctx_, *e, view);
+      return;
+    }
+    // Staged: the file's bytes (or the broadcast) land in host memory, then one upload.
+    staging_.resize(view.bytes());
+    fetch_(ctx_, *e, BufferView(staging_.data(), view.count, view.dtype));
+    copier.upload(copier.exec, view.data, staging_.data(), view.bytes());
+    copier.wait(copier.exec, "checkpoint restore: upload of a device tensor");
+  }
+
   const CkptEntry* find(const std::string& path, EntryKind kind) {
     auto it = index_.find(path);
     if (it == index_.end()) {
@@ -312,6 +351,7 @@ class LoadVisitor {
   std::string mismatch_;
   std::string trace_;
   std::set<std::string> visited_;
+  std::vector<unsigned char> staging_;  // host side of exec-memory tensors being restored
 };
 
 // ---------------------------------------------------------------------------------------------

@@ -84,7 +84,7 @@ std::future<void> save_rank0_async(Comm& comm, CkptSaveJob& job, SnapshotArena& 
   CkptManifest m = std::move(job.m);
   m.entries = std::move(job.repl);
   for (auto& e : gathered) m.entries.push_back(std::move(e));
-  arena.take(m.entries);
+  arena.take({&m.entries}, SnapshotOf::caller_memory);
   return std::async(std::launch::async, [m = std::move(m), target = job.target, rank]() mutable {
     RankScope scope(rank);
     for (auto& e : m.entries)

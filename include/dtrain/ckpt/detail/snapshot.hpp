@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <vector>
 
@@ -17,39 +18,65 @@
 namespace dtrain::detail {
 
 /// Copies a tensor entry's `bytes` bytes from its source memory (entry.data) into host memory.
-/// This is the one place where the checkpoint code reads tensor memory for a snapshot, so that
-/// tensors living in device memory only need a copy function of their space (an execution
-/// policy's copy_d2h followed by a synchronize); the collector accepts host tensors today, for
-/// which it is a memcpy.
+/// This is the one place where the checkpoint code reads tensor memory for a snapshot: host
+/// tensors are memcpy'd; exec-memory tensors (entry.device set) are queued on their policy's
+/// copy, and the caller must call the copier's wait() before reading `host_dst`.
 using CkptCopyToHost = void (*)(void* host_dst, const CkptEntry& src, std::size_t bytes);
 
-inline void ckpt_copy_host(void* host_dst, const CkptEntry& src, std::size_t bytes) {
-  if (bytes) std::memcpy(host_dst, src.data, bytes);
+inline void ckpt_copy_to_host(void* host_dst, const CkptEntry& src, std::size_t bytes) {
+  if (src.device)
+    src.device.download(src.device.exec, host_dst, src.data, bytes);
+  else if (bytes)
+    std::memcpy(host_dst, src.data, bytes);
 }
 
-/// The snapshot buffer of asynchronous saves: one arena kept between saves, so that a later
-/// snapshot costs a copy, not fresh page faults. Local; owned by one Checkpointer (rank 0).
+/// Which entries SnapshotArena::take copies.
+enum class SnapshotOf : unsigned char {
+  device,        ///< exec-memory tensors only (staged before anything reads the entries)
+  caller_memory  ///< every tensor still in caller memory (asynchronous saves)
+};
+
+/// A host snapshot buffer: one arena kept between saves, so that a later snapshot costs a copy,
+/// not fresh page faults. Local; owned by one Checkpointer. The entries pointed into it stay
+/// valid until the next take().
 class SnapshotArena {
  public:
-  /// Copies every tensor entry that still points at caller memory into the arena (with `copy`)
-  /// and points the entry there. The arena must outlive the entries' use.
-  void take(std::vector<CkptEntry>& entries, CkptCopyToHost copy = &ckpt_copy_host) {
+  /// Copies the selected tensor entries of `lists` into the arena (through `copy`; device
+  /// copies are all queued first, then waited for once per policy) and points each entry there
+  /// (marked `staged`, no longer device memory). Blocking; TimeoutError from a device wait.
+  void take(std::initializer_list<std::vector<CkptEntry>*> lists, SnapshotOf which,
+            CkptCopyToHost copy = &ckpt_copy_to_host) {
     auto aligned = [](std::size_t n) { return (n + 63) / 64 * 64; };
+    auto selected = [which](const CkptEntry& e) {
+      if (e.kind != EntryKind::tensor || !e.storage.empty() || e.staged) return false;
+      return which == SnapshotOf::caller_memory || static_cast<bool>(e.device);
+    };
     std::size_t total = 0;
-    for (const auto& e : entries)
-      if (e.kind == EntryKind::tensor && e.storage.empty()) total += aligned(e.bytes());
+    for (const auto* list : lists)
+      for (const auto& e : *list)
+        if (selected(e)) total += aligned(e.bytes());
     if (total > bytes_) {
       arena_.reset(new unsigned char[total]);
       bytes_ = total;
     }
     std::size_t off = 0;
-    for (auto& e : entries) {
-      if (e.kind != EntryKind::tensor || !e.storage.empty()) continue;
-      const std::size_t n = e.bytes();
-      copy(arena_.get() + off, e, n);
-      e.data = arena_.get() + off;
-      off += aligned(n);
-    }
+    std::vector<ExecCopier> to_wait;
+    for (auto* list : lists)
+      for (auto& e : *list) {
+        if (!selected(e)) continue;
+        const std::size_t n = e.bytes();
+        copy(arena_.get() + off, e, n);
+        if (e.device) {
+          bool known = false;
+          for (const auto& c : to_wait) known = known || c.exec == e.device.exec;
+          if (!known) to_wait.push_back(e.device);
+        }
+        e.data = arena_.get() + off;
+        e.device = ExecCopier{};
+        e.staged = true;
+        off += aligned(n);
+      }
+    for (const auto& c : to_wait) c.wait(c.exec, "checkpoint save: download of device tensors");
   }
 
  private:

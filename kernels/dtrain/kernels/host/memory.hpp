@@ -28,6 +28,20 @@ void axpy(T alpha, const T* x, T* y, std::size_t n) noexcept {
   for (std::size_t i = 0; i < n; ++i) y[i] = alpha * x[i] + y[i];
 }
 
+/// sum(x[i]^2) accumulated in double, left to right (the global gradient norm's square). Local.
+template <class T>
+double sum_squares(const T* x, std::size_t n) noexcept {
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
+/// x[i] *= factor for i < n (gradient clipping). Local, blocking.
+template <class T>
+void scale(T* x, std::size_t n, T factor) noexcept {
+  for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
 /// scale * sum(x[0..n)) accumulated in double, left to right. Local.
 template <class T>
 double sum_to(const T* x, std::size_t n, double scale) noexcept {
