@@ -520,26 +520,74 @@ std::vector<Check> validate(const Options& o, const Machine* given) {
   return out;
 }
 
+// Markdown tables: the error per (measurement, algorithm) and size, then per size which
+// algorithm the model picks against the measured fastest, and what the pick costs.
 void report_validation(const Options& o, const std::vector<Check>& checks) {
-  std::printf("\n# predicted against measured (error = predicted / measured - 1)\n");
-  std::printf("| %-9s | %-5s | %5s | %10s | %14s | %13s | %8s |\n", "transport", "algo", "ranks",
-              "bytes", "predicted(us)", "measured(us)", "error");
-  std::printf(
-      "|-----------|-------|-------|------------|----------------|---------------|----------|\n");
-  std::map<std::string, std::vector<double>> by_algo;
+  std::vector<std::size_t> sizes;
+  std::vector<std::pair<std::string, int>> files;  // in order of appearance
   for (const Check& c : checks) {
-    const double err = c.predicted_us / c.measured_us - 1;
-    by_algo[c.algo].push_back(std::fabs(err));
-    std::printf("| %-9s | %-5s | %5d | %10s | %14.2f | %13.2f | %+7.0f%% |\n", c.transport.c_str(),
-                c.algo.c_str(), c.p, show_size(c.bytes).c_str(), c.predicted_us, c.measured_us,
-                err * 100);
+    if (std::find(sizes.begin(), sizes.end(), c.bytes) == sizes.end()) sizes.push_back(c.bytes);
+    if (std::find(files.begin(), files.end(), std::make_pair(c.file, c.p)) == files.end())
+      files.emplace_back(c.file, c.p);
   }
+  std::sort(sizes.begin(), sizes.end());
+  auto header = [&](const char* first, const char* second) {
+    std::printf("| %s | %s |", first, second);
+    for (std::size_t s : sizes) std::printf(" %s |", show_size(s).c_str());
+    std::printf("\n|---|---|");
+    for (std::size_t i = 0; i < sizes.size(); ++i) std::printf("---:|");
+    std::printf("\n");
+  };
+  std::printf("\n# model error, predicted / measured - 1, per size\n");
+  header("measurement", "algo");
+  std::map<std::string, std::vector<double>> by_algo;
+  for (const auto& f : files)
+    for (AllreduceAlgorithm a : model_algorithms()) {
+      bool any = false;
+      for (const Check& c : checks)
+        any = any || (c.file == f.first && c.algo == dtrain::name_of(a));
+      if (!any) continue;
+      std::printf("| %s (p=%d) | %s |", f.first.c_str(), f.second, dtrain::name_of(a));
+      for (std::size_t s : sizes) {
+        const auto it = std::find_if(checks.begin(), checks.end(), [&](const Check& c) {
+          return c.file == f.first && c.algo == dtrain::name_of(a) && c.bytes == s;
+        });
+        if (it == checks.end()) {
+          std::printf(" |");
+          continue;
+        }
+        const double err = it->predicted_us / it->measured_us - 1;
+        by_algo[it->algo].push_back(std::fabs(err));
+        std::printf(" %+.0f%% |", err * 100);
+      }
+      std::printf("\n");
+    }
   std::printf("\n# median |error| per algorithm:");
   for (auto& kv : by_algo) {
     std::sort(kv.second.begin(), kv.second.end());
     std::printf(" %s %.0f%%", kv.first.c_str(), kv.second[kv.second.size() / 2] * 100);
   }
-  std::printf("\n");
+  std::printf(
+      "\n\n# the model's pick / the measured fastest (measured time of the pick / fastest)\n");
+  header("measurement", "");
+  for (const auto& f : files) {
+    std::printf("| %s (p=%d) | |", f.first.c_str(), f.second);
+    for (std::size_t s : sizes) {
+      const Check *pick = nullptr, *fastest = nullptr;
+      for (const Check& c : checks) {
+        if (c.file != f.first || c.bytes != s) continue;
+        if (!pick || c.predicted_us < pick->predicted_us) pick = &c;
+        if (!fastest || c.measured_us < fastest->measured_us) fastest = &c;
+      }
+      if (!pick) {
+        std::printf(" |");
+        continue;
+      }
+      std::printf(" %s/%s (%.2f) |", pick->algo.c_str(), fastest->algo.c_str(),
+                  pick->measured_us / fastest->measured_us);
+    }
+    std::printf("\n");
+  }
   if (!o.validation_csv.empty()) {
     FILE* f = open_out(o.validation_csv);
     std::fprintf(f, "file,transport,algo,ranks,bytes,predicted_us,measured_us,error\n");
