@@ -20,6 +20,11 @@ namespace dtrain {
 ///              reduce_scatter too in reproducible mode
 ///   ordered_shm  the same bits through node-shared segments (the owner of each part reads the
 ///              p slots in rank order); needs shared segments like shm
+///   hier       two levels over the transport's nodes (<dtrain/comm/topology.hpp>): intra-node
+///              reduce-scatter (node-shared segments, else messages), inter-node ring all-reduce
+///              of each part among the ranks that own it, intra-node all-gather
+///   hier_leader  intra-node reduce to one leader per node, recursive doubling among the
+///              leaders, intra-node broadcast: for small messages across nodes
 /// With CommConfig::reproducible (DTRAIN_COMM_REPRODUCIBLE) every request is mapped to an ordered
 /// algorithm: shm to ordered_shm; ring, tree, rhd, rd to ordered; automatic (and any other
 /// algorithm) to ordered_shm where the transport has shared segments, else ordered. All of them
@@ -32,7 +37,9 @@ enum class AllreduceAlgorithm : unsigned char {
   rd,
   shm,
   ordered,
-  ordered_shm
+  ordered_shm,
+  hier,
+  hier_leader
 };
 
 constexpr const char* name_of(AllreduceAlgorithm a) noexcept {
@@ -45,6 +52,8 @@ constexpr const char* name_of(AllreduceAlgorithm a) noexcept {
     case AllreduceAlgorithm::shm: return "shm";
     case AllreduceAlgorithm::ordered: return "ordered";
     case AllreduceAlgorithm::ordered_shm: return "ordered_shm";
+    case AllreduceAlgorithm::hier: return "hier";
+    case AllreduceAlgorithm::hier_leader: return "hier_leader";
   }
   return "?";
 }
@@ -66,18 +75,18 @@ constexpr AllreduceAlgorithm reproducible_counterpart(AllreduceAlgorithm a,
   return shared_segments ? AllreduceAlgorithm::ordered_shm : AllreduceAlgorithm::ordered;
 }
 
-/// Parses "auto" (or "automatic"), "ring", "tree", "rhd", "rd", "shm", "ordered", "ordered_shm";
-/// throws InvalidArgument otherwise.
+/// Parses "auto" (or "automatic"), "ring", "tree", "rhd", "rd", "shm", "ordered", "ordered_shm",
+/// "hier", "hier_leader"; throws InvalidArgument otherwise.
 inline AllreduceAlgorithm allreduce_algorithm_from_name(const std::string& s) {
   if (s == "auto" || s == "automatic") return AllreduceAlgorithm::automatic;
   for (AllreduceAlgorithm a :
        {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::rhd,
         AllreduceAlgorithm::rd, AllreduceAlgorithm::shm, AllreduceAlgorithm::ordered,
-        AllreduceAlgorithm::ordered_shm})
+        AllreduceAlgorithm::ordered_shm, AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader})
     if (s == name_of(a)) return a;
-  raise<InvalidArgument>(
-      "allreduce_algorithm_from_name",
-      "unknown all-reduce algorithm '" + s + "' (auto ring tree rhd rd shm ordered ordered_shm)");
+  raise<InvalidArgument>("allreduce_algorithm_from_name",
+                         "unknown all-reduce algorithm '" + s +
+                             "' (auto ring tree rhd rd shm ordered ordered_shm hier hier_leader)");
 }
 
 }  // namespace dtrain

@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
@@ -34,6 +35,8 @@ class AnyTransport {
     virtual MemoryRegion register_memory(void* p, std::size_t bytes, Space s) = 0;
     virtual void deregister_memory(MemoryRegion& m) noexcept = 0;
     virtual SharedSegments* shared_segments() noexcept = 0;
+    virtual SharedSegments* node_segments() noexcept = 0;
+    virtual const NodeMap& node_map() const = 0;
     virtual bool allows_progress_thread() const = 0;
     virtual TransportCapabilities capabilities() const = 0;
     virtual bool supports_channels() const = 0;
@@ -46,7 +49,7 @@ class AnyTransport {
   template <class T>
   struct Impl final : Iface {
     using Req = typename T::Request;
-    explicit Impl(T& t) : t_(&t) {}
+    explicit Impl(T& t) : t_(&t), nodes_(node_map_of(t)) {}
     static Req& req(void* r) noexcept { return *static_cast<Req*>(r); }
     int rank() const override { return t_->rank(); }
     int size() const override { return t_->size(); }
@@ -66,6 +69,8 @@ class AnyTransport {
     }
     void deregister_memory(MemoryRegion& m) noexcept override { t_->deregister_memory(m); }
     SharedSegments* shared_segments() noexcept override { return shared_segments_of(*t_); }
+    SharedSegments* node_segments() noexcept override { return node_segments_of(*t_); }
+    const NodeMap& node_map() const override { return nodes_; }
     bool allows_progress_thread() const override {
       return detail::transport_allows_progress_thread(*t_);
     }
@@ -93,6 +98,7 @@ class AnyTransport {
       }
     }
     T* t_;
+    NodeMap nodes_;  // taken once (node_map_of may build it)
   };
 
  public:
@@ -166,6 +172,9 @@ class AnyTransport {
   }
   void deregister_memory(MemoryRegion& m) noexcept { impl_->deregister_memory(m); }
   SharedSegments* shared_segments() noexcept { return impl_->shared_segments(); }
+  /// The wrapped transport's node-local segments and node grouping (<dtrain/comm/topology.hpp>).
+  SharedSegments* node_segments() noexcept { return impl_->node_segments(); }
+  const NodeMap& node_map() const { return impl_->node_map(); }
   bool allows_progress_thread() const { return impl_->allows_progress_thread(); }
   /// The wrapped transport's capabilities.
   TransportCapabilities capabilities() const { return impl_->capabilities(); }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/core/error.hpp>
 
 namespace dtrain {
@@ -25,6 +26,10 @@ struct CostModel {
   double shm_alpha = 0;
   double shm_beta = 0;
   double shm_chunk = 256 * 1024;
+  /// Messages between nodes (0 = the same as alpha / beta): seconds per message and per byte.
+  /// alpha and beta then describe messages inside a node. Used by the four-argument predict and
+  /// best when the topology has several nodes.
+  double inter_alpha = 0, inter_beta = 0;
 
   bool valid() const noexcept { return alpha > 0 && beta > 0 && gamma >= 0; }
 
@@ -62,9 +67,77 @@ struct CostModel {
       case AllreduceAlgorithm::ordered:  // the ring's bytes and reductions, p-1 messages a step
         return predict(AllreduceAlgorithm::ring, bytes, p);
       case AllreduceAlgorithm::ordered_shm: return predict(AllreduceAlgorithm::shm, bytes, p);
+      case AllreduceAlgorithm::hier:
+      case AllreduceAlgorithm::hier_leader: return predict(algo, bytes, p, Topology::flat(p));
       case AllreduceAlgorithm::automatic: break;
     }
     raise<InvalidArgument>("CostModel::predict", "automatic is not an algorithm to predict");
+  }
+
+  /// Predicted seconds over `p` ranks grouped in nodes as `topo` (pure). With several nodes the
+  /// flat algorithms pay inter_alpha / inter_beta on every message (their rings and butterflies
+  /// cross nodes) and shm is unavailable. hier: intra-node reduce-scatter and all-gather (the shm
+  /// model over the largest node where shm was measured, else one message round each way at
+  /// alpha / beta), plus a ring over the nodes for each of the ceil(Lmax / Lmin) parts of
+  /// bytes / Lmax that a rank of the smallest node owns, at inter_alpha / inter_beta.
+  /// hier_leader: the leader receives and reduces L - 1 vectors and sends L - 1 back (or the shm
+  /// model), plus recursive doubling over the nodes at inter_alpha / inter_beta.
+  double predict(AllreduceAlgorithm algo, std::size_t bytes, int p, const Topology& topo) const {
+    if (p <= 1) return 0;
+    const bool multi = topo.nodes > 1;
+    CostModel inter = *this;
+    if (multi && inter_alpha > 0) inter.alpha = inter_alpha;
+    if (multi && inter_beta > 0) inter.beta = inter_beta;
+    const double n = static_cast<double>(bytes);
+    const int N = std::max(topo.nodes, 1), L = std::max(topo.max_ranks_per_node, 1);
+    const int Lmin = std::max(std::min(topo.min_ranks_per_node, L), 1);
+    const double fL = L;
+    switch (algo) {
+      case AllreduceAlgorithm::hier: {
+        double intra = 0;
+        if (L > 1)
+          intra = shm_alpha > 0
+                      ? predict(AllreduceAlgorithm::shm, bytes, L)
+                      : 2 * alpha + 2 * (fL - 1) / fL * n * beta + (fL - 1) / fL * n * gamma;
+        const double parts = std::ceil(fL / Lmin);
+        const auto part_bytes = static_cast<std::size_t>(std::ceil(n / fL));
+        return intra + parts * inter.predict(AllreduceAlgorithm::ring, part_bytes, N);
+      }
+      case AllreduceAlgorithm::hier_leader: {
+        double intra = 0;
+        if (L > 1)
+          intra = shm_alpha > 0 ? predict(AllreduceAlgorithm::shm, bytes, L)
+                                : 2 * alpha + (fL - 1) * n * (2 * beta + gamma);
+        return intra + inter.predict(AllreduceAlgorithm::rd, bytes, N);
+      }
+      case AllreduceAlgorithm::shm:
+      case AllreduceAlgorithm::ordered_shm:
+        if (multi) return 1e300;  // needs every rank on one node
+        break;
+      default: break;
+    }
+    return inter.predict(algo, bytes, p);
+  }
+
+  /// The algorithm with the smallest predicted time over `p` ranks grouped as `topo`: the
+  /// choice of best(bytes, p) among the flat algorithms (shm only on one node), and hier /
+  /// hier_leader as well when topo.hierarchical().
+  AllreduceAlgorithm best(std::size_t bytes, int p, const Topology& topo) const {
+    AllreduceAlgorithm pick = AllreduceAlgorithm::ring;
+    double t = predict(pick, bytes, p, topo);
+    for (AllreduceAlgorithm a :
+         {AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd, AllreduceAlgorithm::tree,
+          AllreduceAlgorithm::shm, AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}) {
+      if ((a == AllreduceAlgorithm::hier || a == AllreduceAlgorithm::hier_leader) &&
+          !topo.hierarchical())
+        continue;
+      const double ta = predict(a, bytes, p, topo);
+      if (ta < t) {
+        t = ta;
+        pick = a;
+      }
+    }
+    return pick;
   }
 
   /// The algorithm with the smallest predicted time (ties go to ring, then rhd, rd, tree, shm).

@@ -121,10 +121,16 @@ struct SharedSegmentConfig {
   bool enabled = true;
   std::size_t slot_bytes = 256 * 1024;
   int slots = 4;
+  /// Ranks per node for the hierarchical algorithms (DTRAIN_RANKS_PER_NODE, 1..65536; 0 = as the
+  /// system groups them): every node is cut into consecutive blocks of this many ranks, so one
+  /// machine can stand in for several nodes (<dtrain/comm/topology.hpp>).
+  int ranks_per_node = 0;
   /// The defaults overridden by the variables above, parsed strictly (<dtrain/core/env.hpp>).
   static SharedSegmentConfig from_env() {
     SharedSegmentConfig c;
     c.enabled = env::get_bool("DTRAIN_SHM", c.enabled);
+    c.ranks_per_node =
+        static_cast<int>(env::get_int("DTRAIN_RANKS_PER_NODE", c.ranks_per_node, 1, 65536));
     c.slot_bytes =
         static_cast<std::size_t>(env::get_int(
             "DTRAIN_SHM_SLOT_BYTES", static_cast<long long>(c.slot_bytes), 256, 1ll << 30)) /

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
@@ -102,20 +103,37 @@ struct LoopbackMailbox {
 /// rank (each used by its own thread). Thread-safe; must outlive its transports.
 class LoopbackWorld {
  public:
-  /// `size` ranks; node-shared segments sized from the environment
-  /// (SharedSegmentConfig::from_env: DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, DTRAIN_SHM_SLOTS).
+  /// `size` ranks on one node; node-shared segments and node grouping from the environment
+  /// (SharedSegmentConfig::from_env: DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, DTRAIN_SHM_SLOTS,
+  /// DTRAIN_RANKS_PER_NODE).
   explicit LoopbackWorld(int size) : LoopbackWorld(size, SharedSegmentConfig::from_env()) {}
-  /// `size` ranks with the given segment configuration (reads no environment).
-  LoopbackWorld(int size, const SharedSegmentConfig& segments) : size_(size) {
+  /// `size` ranks on one node with the given segment configuration (reads no environment).
+  LoopbackWorld(int size, const SharedSegmentConfig& segments)
+      : LoopbackWorld(std::vector<int>(size < 1 ? 1 : static_cast<std::size_t>(size), 0), segments,
+                      size) {}
+  /// One rank per entry of `node_of` (rank -> node label; equal labels share a node, so
+  /// {0, 0, 0, 1} is a node of three ranks and one of one), with the given segment
+  /// configuration (reads no environment; its ranks_per_node, when set, subdivides the nodes).
+  LoopbackWorld(const std::vector<int>& node_of, const SharedSegmentConfig& segments)
+      : LoopbackWorld(node_of, segments, static_cast<int>(node_of.size())) {}
+
+ private:
+  LoopbackWorld(const std::vector<int>& node_of, const SharedSegmentConfig& segments, int size)
+      : size_(size) {
     DTRAIN_REQUIRE(size >= 1, "LoopbackWorld", "size " << size << " must be at least 1");
+    node_map_ = NodeMap::subdivided(node_of, segments.ranks_per_node);
     boxes_.reserve(static_cast<std::size_t>(size));
     for (int i = 0; i < size; ++i) boxes_.push_back(std::make_unique<detail::LoopbackMailbox>());
     // All ranks share the address space, so node-shared segments are plain heap memory (pages
-    // are touched only when the shm algorithm uses them).
+    // are touched only when the shm algorithm uses them); ranks alone on their node get none.
     seg_config_ = segments;
     if (seg_config_.enabled && size > 1) {
       const std::size_t bytes = seg_config_.segment_bytes();
       for (int i = 0; i < size; ++i) {
+        if (node_map_.node_size(node_map_.node_of(i)) < 2) {
+          segments_.emplace_back(nullptr);
+          continue;
+        }
         segments_.emplace_back(static_cast<unsigned char*>(std::aligned_alloc(64, bytes)));
         if (!segments_.back()) raise<Error>("LoopbackWorld", "out of memory for shared segments");
         SharedSegments::init_flags(
@@ -123,10 +141,14 @@ class LoopbackWorld {
       }
     }
   }
+
+ public:
   LoopbackWorld(const LoopbackWorld&) = delete;
   LoopbackWorld& operator=(const LoopbackWorld&) = delete;
 
   int size() const noexcept { return size_; }
+  /// The node of every rank (one node unless the world was given a map or ranks_per_node).
+  const NodeMap& node_map() const noexcept { return node_map_; }
 
   /// Marks the world failed (a rank's thread threw): every wait in every rank then throws
   /// RemoteError instead of running into its deadline. Thread-safe.
@@ -156,6 +178,7 @@ class LoopbackWorld {
     void operator()(unsigned char* p) const noexcept { std::free(p); }
   };
   int size_;
+  NodeMap node_map_;
   std::vector<std::unique_ptr<detail::LoopbackMailbox>> boxes_;
   SharedSegmentConfig seg_config_;
   std::vector<std::unique_ptr<unsigned char, FreeDeleter>> segments_;
@@ -195,25 +218,33 @@ class LoopbackTransport {
   LoopbackTransport(LoopbackWorld& world, int rank) : world_(&world), rank_(rank) {
     DTRAIN_REQUIRE(rank >= 0 && rank < world.size(), "LoopbackTransport",
                    "rank " << rank << " outside world of " << world.size());
-    if (!world.segments_.empty()) {
+    const NodeMap& nodes = world.node_map();
+    const std::vector<int>& mine = nodes.members(nodes.node_of(rank));
+    if (!world.segments_.empty() && world.segments_[static_cast<std::size_t>(rank)]) {
       const auto& c = world.seg_config_;
-      segments_.rank = rank;
-      segments_.size = world.size();
+      segments_.rank = nodes.local_rank(rank);
+      segments_.size = static_cast<int>(mine.size());
       segments_.slots = c.slots;
       segments_.slot_bytes = c.slot_bytes;
-      for (auto& seg : world.segments_) {
-        segments_.data.push_back(seg.get());
+      for (int q : mine) {
+        unsigned char* seg = world.segments_[static_cast<std::size_t>(q)].get();
+        segments_.data.push_back(seg);
         segments_.flags.push_back(
-            reinterpret_cast<std::atomic<std::uint64_t>*>(seg.get() + c.slots * c.slot_bytes));
+            reinterpret_cast<std::atomic<std::uint64_t>*>(seg + c.slots * c.slot_bytes));
       }
     }
   }
 
-  /// The world's shared segments (every thread maps them), or null for a world of one rank or
-  /// with DTRAIN_SHM=0. Used by the shm all-reduce.
+  /// The world's shared segments (every thread maps them) when the world is one node, or null
+  /// (a world of one rank, several nodes, or DTRAIN_SHM=0). Used by the shm all-reduce.
   SharedSegments* shared_segments() noexcept {
-    return segments_.data.empty() ? nullptr : &segments_;
+    return segments_.data.empty() || world_->node_map().nodes() > 1 ? nullptr : &segments_;
   }
+  /// Segments shared by the ranks of this rank's node, indexed by rank within the node (null
+  /// for a rank alone on its node or with DTRAIN_SHM=0). Used by the hierarchical all-reduce.
+  SharedSegments* node_segments() noexcept { return segments_.data.empty() ? nullptr : &segments_; }
+  /// The world's node grouping.
+  const NodeMap& node_map() const noexcept { return world_->node_map(); }
 
   int rank() const noexcept { return rank_; }
   int size() const noexcept { return world_->size(); }
@@ -427,12 +458,13 @@ class LoopbackTransport {
 
 static_assert(detail::check_transport<LoopbackTransport>(), "");
 
-/// Runs `body` on `n` threads, one per rank of a fresh LoopbackWorld. Each thread gets its own
-/// LoopbackTransport and has its rank set for error messages. When a rank throws, the world is
+/// Runs `body` on one thread per rank of `world` (a fresh world, used once). Each thread gets its
+/// own LoopbackTransport and has its rank set for error messages. When a rank throws, the world is
 /// aborted (the other ranks' waits throw RemoteError instead of hanging); after all threads are
 /// joined the first exception thrown is rethrown. Blocking; call from any thread.
-inline void run_loopback(int n, const std::function<void(LoopbackTransport&)>& body) {
-  LoopbackWorld world(n);
+inline void run_loopback(LoopbackWorld& world,
+                         const std::function<void(LoopbackTransport&)>& body) {
+  const int n = world.size();
   std::mutex m;
   std::exception_ptr first;
   std::vector<std::thread> threads;
@@ -460,6 +492,12 @@ inline void run_loopback(int n, const std::function<void(LoopbackTransport&)>& b
   }
   for (auto& t : threads) t.join();
   if (first) std::rethrow_exception(first);
+}
+
+/// run_loopback on a fresh LoopbackWorld of `n` ranks (configured from the environment).
+inline void run_loopback(int n, const std::function<void(LoopbackTransport&)>& body) {
+  LoopbackWorld world(n);
+  run_loopback(world, body);
 }
 
 }  // namespace dtrain

@@ -8,8 +8,10 @@
 #include <climits>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/failure.hpp>
@@ -92,9 +94,9 @@ class MpiTransport {
   static constexpr bool one_sided = false;
   static constexpr bool thread_safe = true;
 
-  /// Collective over `comm`. Node-shared segments are sized from the environment
-  /// (SharedSegmentConfig::from_env: DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, DTRAIN_SHM_SLOTS); every
-  /// rank must see the same values.
+  /// Collective over `comm`. Node-shared segments and the node grouping come from the
+  /// environment (SharedSegmentConfig::from_env: DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES,
+  /// DTRAIN_SHM_SLOTS, DTRAIN_RANKS_PER_NODE); every rank must see the same values.
   explicit MpiTransport(MPI_Comm comm) : MpiTransport(comm, SharedSegmentConfig::from_env()) {}
   /// Collective over `comm`, with the given segment configuration (reads no environment).
   MpiTransport(MPI_Comm comm, const SharedSegmentConfig& segments) {
@@ -133,9 +135,18 @@ class MpiTransport {
   }
 
   /// Node-shared segments (an MPI-3 shared-memory window over the ranks of this communicator)
-  /// when every rank runs on this node; null otherwise or with DTRAIN_SHM=0. Created by the
+  /// when every rank runs on one node; null otherwise or with DTRAIN_SHM=0. Created by the
   /// constructor (collective); the shm all-reduce loads and stores through it.
-  SharedSegments* shared_segments() noexcept { return win_ == MPI_WIN_NULL ? nullptr : &segments_; }
+  SharedSegments* shared_segments() noexcept {
+    return win_ != MPI_WIN_NULL && node_map_.nodes() == 1 ? &segments_ : nullptr;
+  }
+  /// Segments shared by the ranks of this rank's node (a shared-memory window per node, indexed
+  /// by rank within the node); null when the node has one rank, with DTRAIN_SHM=0 or when MPI
+  /// could not allocate the window. Local accessor; the hierarchical all-reduce uses it.
+  SharedSegments* node_segments() noexcept { return win_ == MPI_WIN_NULL ? nullptr : &segments_; }
+  /// The node of every rank: MPI_COMM_TYPE_SHARED groups, cut into blocks of
+  /// DTRAIN_RANKS_PER_NODE ranks when set. Local accessor (computed by the constructor).
+  const NodeMap& node_map() const noexcept { return node_map_; }
   MpiTransport(const MpiTransport&) = delete;
   MpiTransport& operator=(const MpiTransport&) = delete;
 
@@ -251,15 +262,28 @@ class MpiTransport {
                    "message of " << bytes << " B exceeds the MPI int count limit");
   }
 
-  // All ranks on one node: one shared window, a segment per rank (slots, then counters). The
-  // counters are C++ atomics in that memory, so synchronisation needs no MPI calls.
+  // The node grouping (MPI_COMM_TYPE_SHARED, labelled by each node's lowest rank, cut into
+  // blocks of cfg.ranks_per_node), then one shared window per node with a segment per rank
+  // (slots, then counters). The counters are C++ atomics in that memory, so synchronisation
+  // needs no MPI calls.
   void setup_shared_segments(const SharedSegmentConfig& cfg) {
-    if (!cfg.enabled || size_ < 2) return;
-    DTRAIN_CHECK_MPI(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node_),
+    MPI_Comm system_node = MPI_COMM_NULL;
+    DTRAIN_CHECK_MPI(
+        MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &system_node),
+        "MpiTransport");
+    int lowest = rank_;
+    const int rc_min = MPI_Allreduce(&rank_, &lowest, 1, MPI_INT, MPI_MIN, system_node);
+    MPI_Comm_free(&system_node);
+    DTRAIN_CHECK_MPI(rc_min, "MpiTransport");
+    std::vector<int> labels(static_cast<std::size_t>(size_));
+    DTRAIN_CHECK_MPI(MPI_Allgather(&lowest, 1, MPI_INT, labels.data(), 1, MPI_INT, comm_),
                      "MpiTransport");
-    int node_size = 0;
-    MPI_Comm_size(node_, &node_size);
-    if (node_size != size_) {  // the same answer on every rank
+    node_map_ = NodeMap::subdivided(labels, cfg.ranks_per_node);
+    const int node = node_map_.node_of(rank_);
+    if (!cfg.enabled || node_map_.nodes() == size_) return;  // no node with two ranks
+    DTRAIN_CHECK_MPI(MPI_Comm_split(comm_, node, rank_, &node_), "MpiTransport");
+    const int node_size = node_map_.node_size(node);
+    if (node_size < 2) {
       MPI_Comm_free(&node_);
       return;
     }
@@ -278,11 +302,11 @@ class MpiTransport {
     }
     SharedSegments::init_flags(static_cast<unsigned char*>(base) + cfg.slots * cfg.slot_bytes,
                                cfg.slots);
-    segments_.rank = rank_;
-    segments_.size = size_;
+    segments_.rank = node_map_.local_rank(rank_);
+    segments_.size = node_size;
     segments_.slots = cfg.slots;
     segments_.slot_bytes = cfg.slot_bytes;
-    for (int q = 0; q < size_; ++q) {
+    for (int q = 0; q < node_size; ++q) {
       MPI_Aint qbytes = 0;
       int disp = 0;
       void* qbase = nullptr;
@@ -300,6 +324,7 @@ class MpiTransport {
   MPI_Comm node_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
   SharedSegments segments_;
+  NodeMap node_map_;
   int rank_ = 0;
   int size_ = 1;
   int tag_ub_ = 32767;

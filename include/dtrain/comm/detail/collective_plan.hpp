@@ -20,6 +20,7 @@
 #include <dtrain/comm/allreduce_algorithm.hpp>
 #include <dtrain/comm/detail/algo/broadcast.hpp>
 #include <dtrain/comm/detail/algo/context.hpp>
+#include <dtrain/comm/detail/algo/hier.hpp>
 #include <dtrain/comm/detail/algo/ordered.hpp>
 #include <dtrain/comm/detail/algo/rd.hpp>
 #include <dtrain/comm/detail/algo/rhd.hpp>
@@ -56,6 +57,9 @@ std::unique_ptr<Algorithm> make_algorithm(PlanContext<Transport>& ctx, const voi
         case AllreduceAlgorithm::rhd: return std::make_unique<RhdAlgorithm<T>>(ctx, in, out);
         case AllreduceAlgorithm::rd: return std::make_unique<RdAlgorithm<T>>(ctx, in, out);
         case AllreduceAlgorithm::shm: return std::make_unique<ShmAlgorithm<T>>(ctx, in, out);
+        case AllreduceAlgorithm::hier: return std::make_unique<HierAlgorithm<T>>(ctx, in, out);
+        case AllreduceAlgorithm::hier_leader:
+          return std::make_unique<HierLeaderAlgorithm<T>>(ctx, in, out);
         case AllreduceAlgorithm::ordered:
           return std::make_unique<OrderedAlgorithm<T>>(ctx, in, out, true);
         case AllreduceAlgorithm::ordered_shm:

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
@@ -79,7 +80,39 @@ class PlanContext {
     const std::size_t seg_bytes = comm.config.segment_bytes < 64 ? 64 : comm.config.segment_bytes;
     seg_elems_ = seg_bytes / es_ ? seg_bytes / es_ : 1;
   }
+  /// A group view of `parent` for an algorithm run on a subset of the ranks (the hierarchical
+  /// all-reduce runs the flat algorithms this way): `members` maps group rank -> transport rank
+  /// and holds this rank; the view's vector has `count` elements of the parent's widened type,
+  /// reduced with `op`; the algorithm's channel id kFirstAlgorithmChannel + k becomes
+  /// `id_offset` + k, and k must stay below `id_span` (ranges given to views sharing a pair of
+  /// ranks are disjoint).
+  /// Channels, scratch and registrations go to the plan's own context; the view lives inside
+  /// the plan's algorithm.
+  PlanContext(PlanContext& parent, std::vector<int> members, std::size_t count, ReduceOp op,
+              int id_offset, int id_span)
+      : comm_(parent.comm_),
+        spec_(parent.spec_),
+        p_(static_cast<int>(members.size())),
+        r_(-1),
+        caps_(parent.caps_),
+        use_channels_(parent.use_channels_),
+        root_(parent.root_ ? parent.root_ : &parent),
+        group_(std::move(members)),
+        id_offset_(id_offset),
+        id_span_(id_span) {
+    for (int g = 0; g < p_; ++g)
+      if (group_[static_cast<std::size_t>(g)] == parent.transport().rank()) r_ = g;
+    DTRAIN_ASSERT(r_ >= 0);
+    spec_.count = count;
+    spec_.op = op;
+    spec_.dtype = parent.wdtype_;
+    spec_.in = spec_.out = nullptr;
+    wdtype_ = parent.wdtype_;
+    es_ = parent.es_;
+    seg_elems_ = parent.seg_elems_;
+  }
   ~PlanContext() {
+    if (root_) return;  // a view owns nothing
     cancel_all();
     if constexpr (has_channels<Transport>::value)
       for (std::size_t i = 0; i < bound_.size(); ++i)
@@ -110,6 +143,7 @@ class PlanContext {
   // ---- scratch memory ------------------------------------------------------------------------
   /// A zeroed host buffer of `bytes` owned by the plan (registered like the caller's buffers).
   uchar* scratch(std::size_t bytes) {
+    if (root_) return root_->scratch(bytes);
     buffers_.emplace_back(bytes);
     uchar* p = buffers_.back().data();
     register_range(p, bytes, Space::host);
@@ -120,6 +154,7 @@ class PlanContext {
   /// plan saves registering in the hot loop) gets it registered now, and every message in it
   /// then uses the region register_memory returned.
   void register_range(const void* p, std::size_t bytes, Space space) {
+    if (root_) return root_->register_range(p, bytes, space);
     if (!p || !bytes) return;
     Range r;
     r.base = static_cast<const uchar*>(p);
@@ -148,6 +183,7 @@ class PlanContext {
   /// Ends the schedule (once, by the plan): locates every message in its region, allocates each
   /// channel's request and, with persistent channels, binds them all with the transport.
   void bind_channels() {
+    DTRAIN_ASSERT(!root_);
     requests_.reset(new Request[channels_.size()]);
     for (Channel& c : channels_) {
       if (!c.bytes) continue;
@@ -169,6 +205,7 @@ class PlanContext {
   }
   /// Posts channel `i` (an empty message is no message: start and wait do nothing).
   void start(std::size_t i) {
+    if (root_) return root_->start(i);
     const Channel& c = channels_[i];
     if (!c.bytes) return;
     Transport& t = *comm_->transport;
@@ -185,16 +222,20 @@ class PlanContext {
   }
   /// Blocks until channel `i` completed; TimeoutError naming the peer at the deadline.
   void wait(std::size_t i) {
+    if (root_) return root_->wait(i);
     const Channel& c = channels_[i];
     if (!c.bytes) return;
     if (!comm_->transport->wait_until(requests_[i], deadline_)) timeout(c.peer);
   }
   /// Abandons every channel (error paths). Never throws.
   void cancel_all() noexcept {
+    if (root_) return root_->cancel_all();
     if (!requests_) return;
     for (std::size_t i = 0; i < channels_.size(); ++i) comm_->transport->cancel(requests_[i]);
   }
-  std::size_t channel_count() const noexcept { return channels_.size(); }
+  std::size_t channel_count() const noexcept {
+    return root_ ? root_->channel_count() : channels_.size();
+  }
 
   // ---- one execution -------------------------------------------------------------------------
   void begin(std::uint64_t seq) {
@@ -202,11 +243,17 @@ class PlanContext {
                            spec_.root);
     deadline_ = Deadline(comm_->config.timeout_s);
   }
-  const Fingerprint& fingerprint() const noexcept { return fp_; }
-  const Deadline& deadline() const noexcept { return deadline_; }
+  const Fingerprint& fingerprint() const noexcept { return root_ ? root_->fp_ : fp_; }
+  const Deadline& deadline() const noexcept { return root_ ? root_->deadline_ : deadline_; }
+  /// TimeoutError for a wait on transport rank `peer`.
   [[noreturn]] void timeout(int peer) const {
+    if (root_) root_->timeout(peer);
     raise<TimeoutError>(operation_label(fp_), concat("wait for rank ", peer, " timed out after ",
                                                      deadline_.budget(), " s"));
+  }
+  /// The transport rank of this context's rank `g` (the identity outside a group view).
+  int transport_rank(int g) const noexcept {
+    return root_ && g >= 0 ? group_[static_cast<std::size_t>(g)] : g;
   }
 
   // ---- reduction: the one contract of <dtrain/kernels/host/reduce.hpp> -----------------------
@@ -238,6 +285,11 @@ class PlanContext {
   };
 
   std::size_t add(int peer, int id, bool send, void* data, std::size_t bytes) {
+    if (root_) {
+      const int k = id - kFirstAlgorithmChannel;
+      DTRAIN_ASSERT(k >= 0 && k < id_span_);
+      return root_->add(transport_rank(peer), id_offset_ + k, send, data, bytes);
+    }
     DTRAIN_ASSERT(!requests_);
     Channel c;
     c.peer = peer;
@@ -279,6 +331,9 @@ class PlanContext {
   std::vector<Range> regions_;
   Fingerprint fp_{};
   Deadline deadline_{-1};
+  PlanContext* root_ = nullptr;  // the plan's own context, for a group view
+  std::vector<int> group_;       // group rank -> transport rank, for a group view
+  int id_offset_ = 0, id_span_ = 0;
 };
 
 /// One collective algorithm bound to a plan: the schedule is built by the constructor, run()

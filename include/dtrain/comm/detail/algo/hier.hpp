@@ -1,0 +1,448 @@
+// dtrain: the two-level all-reduces over the transport's node grouping (<dtrain/comm/
+// topology.hpp>).
+//
+// hier: the vector is cut into Lmax parts (Lmax = ranks on the largest node); on a node of L
+// ranks, rank l owns the consecutive parts block(Lmax, L, l), so every node covers every part
+// and uneven nodes still line up. (1) intra-node reduce-scatter: each rank reduces its parts
+// over its node, through the node's shared segments (chunked like shm.hpp, same counters) or,
+// without segments, by direct messages; (2) inter-node all-reduce of each part among its owners
+// (one per node, group rank = node number) with the ring algorithm run on a group view of the
+// plan (PlanContext's group constructor), so it works over any transport; (3) intra-node
+// all-gather. A rank of a small node owns several parts and runs their groups in ascending part
+// order, as every rank does, so the groups cannot wait on each other in a cycle.
+//
+// hier_leader (small messages): intra-node reduce to the node's lowest rank, recursive doubling
+// among those leaders, intra-node broadcast.
+//
+// Channel ids: the intra-node messages use the first two algorithm ids (they connect ranks of one
+// node, the groups connect ranks of different nodes); group j gets its own id range, sized by a
+// bound on what its algorithm uses, so a pair of ranks meeting in several groups never shares an
+// id. avg is a sum until the owner of an element divides it by the number of ranks, once.
+#pragma once
+
+#include <algorithm>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <dtrain/comm/detail/algo/context.hpp>
+#include <dtrain/comm/detail/algo/rd.hpp>
+#include <dtrain/comm/detail/algo/ring.hpp>
+#include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/topology.hpp>
+
+namespace dtrain::detail {
+
+/// What both two-level algorithms share: the node grouping, the node's shared segments and the
+/// counter protocol on them, and the construction of inter-node group views.
+template <class Transport>
+class HierBase : public Algorithm {
+ protected:
+  using uchar = unsigned char;
+
+  HierBase(PlanContext<Transport>& ctx, const void* in, void* out, const char* name)
+      : ctx_(ctx),
+        in_(static_cast<const uchar*>(in)),
+        out_(static_cast<uchar*>(out)),
+        nodes_(node_map_of(ctx.transport())),
+        n_(ctx.spec().count),
+        es_(ctx.elem_bytes()) {
+    DTRAIN_REQUIRE(
+        nodes_.size() == ctx.size(), "allreduce",
+        name << ": the transport's node map has " << nodes_.size() << " ranks, not " << ctx.size());
+    const int me = ctx.rank();
+    node_ = nodes_.node_of(me);
+    L_ = nodes_.node_size(node_);
+    l_ = nodes_.local_rank(me);
+    if (L_ > 1) seg_ = node_segments_of(ctx.transport());
+    if (seg_)
+      DTRAIN_REQUIRE(seg_->size == L_ && seg_->rank == l_, "allreduce",
+                     name << ": node segments of " << seg_->size << " ranks (this is rank "
+                          << seg_->rank << ") but the node map has " << L_ << " (rank " << l_
+                          << ")");
+    // The views reduce with sum where the plan averages: the owner divides once at the end.
+    group_op_ = ctx.spec().op == ReduceOp::avg ? ReduceOp::sum : ctx.spec().op;
+  }
+
+  /// Transport rank of local rank `q` of this node.
+  int member(int q) const { return nodes_.members(node_)[static_cast<std::size_t>(q)]; }
+
+  /// An upper bound on the channel ids (beyond kFirstAlgorithmChannel) any flat algorithm uses
+  /// for `count` elements over `p` ranks: ring 2(p-1)·segments, rhd / rd 2 + 2·lg p·(segments+1),
+  /// tree 4·segments.
+  long long id_span(int p, std::size_t count) const {
+    const long long segs = static_cast<long long>(ceil_div(count, ctx_.segment_elems())) + 2;
+    return 4 + 2 * static_cast<long long>(p) * segs;
+  }
+  /// Reserves `span` ids (same order on every rank): their first; InvalidArgument when the ids
+  /// run out.
+  int take_ids(long long span) {
+    const long long first = kFirstAlgorithmChannel + next_id_;
+    DTRAIN_REQUIRE(first + span < INT_MAX, "allreduce",
+                   "too many channel ids for the hierarchical schedule of "
+                       << n_ << " elements; raise DTRAIN_COMM_SEGMENT_BYTES");
+    next_id_ += span;
+    return static_cast<int>(first);
+  }
+
+  // ---- the counter protocol of the node's segments (see shm.hpp) ------------------------------
+  // Chunk g of this plan lives in slot g % slots; every rank raises its three counters of that
+  // slot to g + 1 in order (0: its data is in its slot, 1: unused here beyond keeping the
+  // counters in step for shm, 2: it has read what it needs of the other slots), so the counters
+  // only grow and stay consistent with the shm algorithm's use of the same segments.
+  void wait_counter(int q, int kind, int slot, std::uint64_t target) const {
+    const auto& f = seg_->flag(q, kind, slot);
+    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline()))
+      ctx_.timeout(member(q));
+  }
+  /// Waits until every rank of the node has read chunk g - slots (whose slot chunk g reuses).
+  void wait_slot_free(std::uint64_t g) const {
+    const std::uint64_t S = static_cast<std::uint64_t>(seg_->slots);
+    if (g < S) return;
+    const int slot = static_cast<int>(g % S);
+    for (int q = 0; q < L_; ++q) wait_counter(q, 2, slot, g - S + 1);
+  }
+  void raise_counter(int kind, std::uint64_t g) const {
+    const int slot = static_cast<int>(g % static_cast<std::uint64_t>(seg_->slots));
+    seg_->flag(l_, kind, slot).store(g + 1, std::memory_order_release);
+  }
+  std::size_t chunk_elems() const noexcept {
+    return std::max<std::size_t>(1, seg_->slot_bytes / es_);
+  }
+
+  PlanContext<Transport>& ctx_;
+  const uchar* in_;
+  uchar* out_;
+  NodeMap nodes_;
+  std::size_t n_, es_;
+  int node_ = 0, L_ = 1, l_ = 0;
+  SharedSegments* seg_ = nullptr;
+  ReduceOp group_op_ = ReduceOp::sum;
+  long long next_id_ = 2;  // ids 0 and 1 (after kFirstAlgorithmChannel): intra-node messages
+};
+
+/// hier: intra-node reduce-scatter, inter-node ring all-reduce of each part, intra-node
+/// all-gather.
+template <class Transport>
+class HierAlgorithm : public HierBase<Transport> {
+  using Base = HierBase<Transport>;
+  using uchar = typename Base::uchar;
+
+ public:
+  HierAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out)
+      : Base(ctx, in, out, "hier") {
+    const NodeMap& nm = this->nodes_;
+    const int N = nm.nodes();
+    lmax_ = nm.shape().max_ranks_per_node;
+    if (this->n_ == 0) return;
+    own0_ = range_begin(this->l_, this->L_);
+    own1_ = range_begin(this->l_ + 1, this->L_);
+    // (2) one group per part, numbered by part; ids reserved for every part on every rank.
+    for (int j = 0; j < lmax_; ++j) {
+      const std::size_t c0 = part_begin(j), c1 = part_begin(j + 1);
+      const long long span = this->id_span(N, c1 - c0);
+      const int ids = this->take_ids(span);
+      if (N == 1 || j < first_part() || j >= first_part(this->l_ + 1)) continue;
+      std::vector<int> members;
+      for (int k = 0; k < N; ++k) {
+        const int Lk = nm.node_size(k);
+        int q = 0;
+        while (static_cast<int>(block_begin(lmax_, Lk, q + 1)) <= j) ++q;
+        members.push_back(nm.members(k)[static_cast<std::size_t>(q)]);
+      }
+      auto g = std::make_unique<Group>();
+      g->view = std::make_unique<PlanContext<Transport>>(
+          ctx, std::move(members), c1 - c0, this->group_op_, ids, static_cast<int>(span));
+      uchar* part = this->out_ + c0 * this->es_;
+      g->algo = std::make_unique<RingAlgorithm<Transport>>(*g->view, part, part, true, true);
+      groups_.push_back(std::move(g));
+    }
+    if (this->L_ > 1 && !this->seg_) plan_direct();
+  }
+
+  void run() override {
+    const std::size_t n = this->n_, es = this->es_;
+    if (n == 0) return;
+    auto& ctx = this->ctx_;
+    if (this->L_ == 1) {
+      if (this->in_ != this->out_) std::memcpy(this->out_, this->in_, n * es);
+    } else if (this->seg_) {
+      shm_reduce_scatter();
+    } else {
+      direct_reduce_scatter();
+    }
+    for (auto& g : groups_) g->algo->run();
+    if (own1_ > own0_) ctx.finish_avg(this->out_ + own0_ * es, own1_ - own0_);
+    if (this->L_ == 1) return;
+    if (this->seg_)
+      shm_allgather();
+    else
+      direct_allgather();
+  }
+
+ private:
+  struct Group {
+    std::unique_ptr<PlanContext<Transport>> view;
+    std::unique_ptr<Algorithm> algo;
+  };
+
+  std::size_t part_begin(int j) const noexcept {
+    return block_begin(this->n_, static_cast<std::size_t>(lmax_), static_cast<std::size_t>(j));
+  }
+  /// First part of local rank q (of L) on this node.
+  int first_part(int q) const noexcept { return static_cast<int>(block_begin(lmax_, this->L_, q)); }
+  int first_part() const noexcept { return first_part(this->l_); }
+  /// First element of local rank q of a node of L ranks.
+  std::size_t range_begin(int q, int L) const noexcept {
+    return part_begin(static_cast<int>(block_begin(lmax_, L, q)));
+  }
+
+  // ---- through the node's segments ------------------------------------------------------------
+  void shm_reduce_scatter() {
+    SharedSegments& w = *this->seg_;
+    auto& ctx = this->ctx_;
+    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
+    const int L = this->L_, l = this->l_;
+    const std::size_t nchunks = ceil_div(n, chunk);
+    for (std::size_t k = 0; k < nchunks; ++k) {
+      const std::uint64_t g = w.next_chunk + k;
+      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
+      const std::size_t c0 = k * chunk, c1 = std::min(n, c0 + chunk);
+      const std::size_t m0 = std::clamp(own0_, c0, c1), m1 = std::clamp(own1_, c0, c1);
+      uchar* mine = w.slot(l, slot);
+      this->wait_slot_free(g);
+      // Everything but this rank's own range, which it reduces from its input directly.
+      if (m0 > c0) std::memcpy(mine, this->in_ + c0 * es, (m0 - c0) * es);
+      if (c1 > m1) std::memcpy(mine + (m1 - c0) * es, this->in_ + m1 * es, (c1 - m1) * es);
+      this->raise_counter(0, g);
+      uchar* dst = this->out_ + m0 * es;
+      for (int i = 1; i < L; ++i) {
+        const int q = (l + i) % L;
+        this->wait_counter(q, 0, slot, g + 1);
+        if (m1 > m0)
+          ctx.reduce(dst, i == 1 ? this->in_ + m0 * es : dst, w.slot(q, slot) + (m0 - c0) * es,
+                     m1 - m0);
+      }
+      this->raise_counter(1, g);
+      this->raise_counter(2, g);
+    }
+    w.next_chunk += nchunks;
+  }
+
+  void shm_allgather() {
+    SharedSegments& w = *this->seg_;
+    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
+    const int L = this->L_, l = this->l_;
+    const std::size_t nchunks = ceil_div(n, chunk);
+    for (std::size_t k = 0; k < nchunks; ++k) {
+      const std::uint64_t g = w.next_chunk + k;
+      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
+      const std::size_t c0 = k * chunk, c1 = std::min(n, c0 + chunk);
+      const std::size_t m0 = std::clamp(own0_, c0, c1), m1 = std::clamp(own1_, c0, c1);
+      this->wait_slot_free(g);
+      if (m1 > m0)
+        std::memcpy(w.slot(l, slot) + (m0 - c0) * es, this->out_ + m0 * es, (m1 - m0) * es);
+      this->raise_counter(0, g);
+      this->raise_counter(1, g);
+      for (int i = 1; i < L; ++i) {
+        const int q = (l + i) % L;
+        const std::size_t q0 = std::clamp(range_begin(q, L), c0, c1),
+                          q1 = std::clamp(range_begin(q + 1, L), c0, c1);
+        this->wait_counter(q, 0, slot, g + 1);
+        if (q1 > q0)
+          std::memcpy(this->out_ + q0 * es, w.slot(q, slot) + (q0 - c0) * es, (q1 - q0) * es);
+      }
+      this->raise_counter(2, g);
+    }
+    w.next_chunk += nchunks;
+  }
+
+  // ---- by messages inside the node ------------------------------------------------------------
+  void plan_direct() {
+    auto& ctx = this->ctx_;
+    const int L = this->L_, l = this->l_;
+    const std::size_t es = this->es_, mine = own1_ - own0_;
+    const int rs_id = kFirstAlgorithmChannel, ag_id = kFirstAlgorithmChannel + 1;
+    if (mine) recv_buf_ = ctx.scratch(static_cast<std::size_t>(L - 1) * mine * es);
+    first_ = ctx.channel_count();
+    for (int i = 1; i < L; ++i) {
+      const int q = (l + i) % L, peer = this->member(q);
+      const std::size_t q0 = range_begin(q, L), q1 = range_begin(q + 1, L);
+      ctx.add_recv(peer, rs_id, recv_buf_ + static_cast<std::size_t>(i - 1) * mine * es, mine * es);
+      ctx.add_send(peer, rs_id, this->in_ + q0 * es, (q1 - q0) * es);
+      ctx.add_recv(peer, ag_id, this->out_ + q0 * es, (q1 - q0) * es);
+      ctx.add_send(peer, ag_id, this->out_ + own0_ * es, mine * es);
+    }
+  }
+  // Channel of peer i (1..L-1): 0 reduce-scatter receive, 1 send, 2 all-gather receive, 3 send.
+  std::size_t chan(int i, int which) const noexcept {
+    return first_ + 4 * static_cast<std::size_t>(i - 1) + static_cast<std::size_t>(which);
+  }
+
+  void direct_reduce_scatter() {
+    auto& ctx = this->ctx_;
+    const int L = this->L_;
+    const std::size_t es = this->es_, mine = own1_ - own0_;
+    for (int i = 1; i < L; ++i) ctx.start(chan(i, 0));
+    for (int i = 1; i < L; ++i) ctx.start(chan(i, 1));
+    uchar* dst = this->out_ + own0_ * es;
+    for (int i = 1; i < L; ++i) {
+      ctx.wait(chan(i, 0));
+      if (mine)
+        ctx.reduce(dst, i == 1 ? this->in_ + own0_ * es : dst,
+                   recv_buf_ + static_cast<std::size_t>(i - 1) * mine * es, mine);
+    }
+    for (int i = 1; i < L; ++i) ctx.wait(chan(i, 1));
+  }
+
+  void direct_allgather() {
+    auto& ctx = this->ctx_;
+    const int L = this->L_;
+    for (int i = 1; i < L; ++i) ctx.start(chan(i, 2));
+    for (int i = 1; i < L; ++i) ctx.start(chan(i, 3));
+    for (int i = 1; i < L; ++i) ctx.wait(chan(i, 2));
+    for (int i = 1; i < L; ++i) ctx.wait(chan(i, 3));
+  }
+
+  int lmax_ = 1;
+  std::size_t own0_ = 0, own1_ = 0;  // this rank's elements after the intra-node reduce-scatter
+  std::vector<std::unique_ptr<Group>> groups_;
+  uchar* recv_buf_ = nullptr;
+  std::size_t first_ = 0;
+};
+
+/// hier_leader: intra-node reduce to the node's lowest rank, recursive doubling among the
+/// leaders, intra-node broadcast.
+template <class Transport>
+class HierLeaderAlgorithm : public HierBase<Transport> {
+  using Base = HierBase<Transport>;
+  using uchar = typename Base::uchar;
+
+ public:
+  HierLeaderAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out)
+      : Base(ctx, in, out, "hier_leader") {
+    const NodeMap& nm = this->nodes_;
+    const int N = nm.nodes();
+    const std::size_t n = this->n_, es = this->es_;
+    if (n == 0) return;
+    const long long span = this->id_span(N, n);
+    const int ids = this->take_ids(span);
+    if (N > 1 && this->l_ == 0) {
+      std::vector<int> leaders;
+      for (int k = 0; k < N; ++k) leaders.push_back(nm.members(k)[0]);
+      view_ = std::make_unique<PlanContext<Transport>>(ctx, std::move(leaders), n, this->group_op_,
+                                                       ids, static_cast<int>(span));
+      inter_ = std::make_unique<RdAlgorithm<Transport>>(*view_, this->out_, this->out_);
+    }
+    if (this->L_ == 1 || this->seg_) return;
+    const int L = this->L_;
+    const int up = kFirstAlgorithmChannel, down = kFirstAlgorithmChannel + 1;
+    first_ = ctx.channel_count();
+    if (this->l_ == 0) {
+      recv_buf_ = ctx.scratch(static_cast<std::size_t>(L - 1) * n * es);
+      for (int q = 1; q < L; ++q) {
+        ctx.add_recv(this->member(q), up, recv_buf_ + static_cast<std::size_t>(q - 1) * n * es,
+                     n * es);
+        ctx.add_send(this->member(q), down, this->out_, n * es);
+      }
+    } else {
+      ctx.add_send(this->member(0), up, this->in_, n * es);
+      ctx.add_recv(this->member(0), down, this->out_, n * es);
+    }
+  }
+
+  void run() override {
+    const std::size_t n = this->n_, es = this->es_;
+    if (n == 0) return;
+    auto& ctx = this->ctx_;
+    const bool leader = this->l_ == 0;
+    if (this->L_ == 1) {
+      if (this->in_ != this->out_) std::memcpy(this->out_, this->in_, n * es);
+    } else if (this->seg_) {
+      shm_reduce();
+    } else if (leader) {
+      for (int q = 1; q < this->L_; ++q) ctx.start(first_ + 2 * (q - 1));
+      for (int q = 1; q < this->L_; ++q) {
+        ctx.wait(first_ + 2 * (q - 1));
+        ctx.reduce(this->out_, q == 1 ? this->in_ : this->out_,
+                   recv_buf_ + static_cast<std::size_t>(q - 1) * n * es, n);
+      }
+    } else {
+      ctx.start(first_ + 1);  // the result's receive, posted early
+      ctx.start(first_);
+      ctx.wait(first_);
+    }
+    if (leader) {
+      if (inter_) inter_->run();
+      ctx.finish_avg(this->out_, n);
+    }
+    if (this->L_ == 1) return;
+    if (this->seg_) {
+      shm_broadcast();
+    } else if (leader) {
+      for (int q = 1; q < this->L_; ++q) ctx.start(first_ + 2 * (q - 1) + 1);
+      for (int q = 1; q < this->L_; ++q) ctx.wait(first_ + 2 * (q - 1) + 1);
+    } else {
+      ctx.wait(first_ + 1);
+    }
+  }
+
+ private:
+  void shm_reduce() {
+    SharedSegments& w = *this->seg_;
+    auto& ctx = this->ctx_;
+    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
+    const std::size_t nchunks = ceil_div(n, chunk);
+    for (std::size_t k = 0; k < nchunks; ++k) {
+      const std::uint64_t g = w.next_chunk + k;
+      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
+      const std::size_t c0 = k * chunk, cl = std::min(n, c0 + chunk) - c0;
+      this->wait_slot_free(g);
+      if (this->l_ != 0) {
+        std::memcpy(w.slot(this->l_, slot), this->in_ + c0 * es, cl * es);
+      } else {
+        uchar* dst = this->out_ + c0 * es;
+        for (int q = 1; q < this->L_; ++q) {
+          this->wait_counter(q, 0, slot, g + 1);
+          ctx.reduce(dst, q == 1 ? this->in_ + c0 * es : dst, w.slot(q, slot), cl);
+        }
+      }
+      this->raise_counter(0, g);
+      this->raise_counter(1, g);
+      this->raise_counter(2, g);
+    }
+    w.next_chunk += nchunks;
+  }
+
+  void shm_broadcast() {
+    SharedSegments& w = *this->seg_;
+    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
+    const std::size_t nchunks = ceil_div(n, chunk);
+    for (std::size_t k = 0; k < nchunks; ++k) {
+      const std::uint64_t g = w.next_chunk + k;
+      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
+      const std::size_t c0 = k * chunk, cl = std::min(n, c0 + chunk) - c0;
+      if (this->l_ == 0) {
+        this->wait_slot_free(g);
+        std::memcpy(w.slot(0, slot), this->out_ + c0 * es, cl * es);
+      } else {
+        this->wait_counter(0, 0, slot, g + 1);
+        std::memcpy(this->out_ + c0 * es, w.slot(0, slot), cl * es);
+      }
+      this->raise_counter(0, g);
+      this->raise_counter(1, g);
+      this->raise_counter(2, g);
+    }
+    w.next_chunk += nchunks;
+  }
+
+  std::unique_ptr<PlanContext<Transport>> view_;
+  std::unique_ptr<Algorithm> inter_;
+  uchar* recv_buf_ = nullptr;
+  std::size_t first_ = 0;
+};
+
+}  // namespace dtrain::detail

@@ -1,0 +1,207 @@
+// The two-level all-reduces (hier, hier_leader) over loopback ranks grouped into nodes by an
+// explicit rank -> node map: even, uneven and interleaved nodes, one rank per node, one node,
+// with and without node-shared segments, against the wide-precision reference; the node
+// grouping itself (NodeMap, DTRAIN_RANKS_PER_NODE) and the cost model's hierarchical terms.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <dtrain/comm/any_transport.hpp>
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/topology.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+#include "comm_test_util.hpp"
+
+using namespace dtrain;
+
+namespace {
+
+SharedSegmentConfig segments(bool enabled) {
+  SharedSegmentConfig s;
+  s.enabled = enabled;
+  s.slot_bytes = 256;  // many chunks even for small counts: the slots are reused many times
+  s.slots = 2;
+  return s;
+}
+
+// Every rank runs hier and hier_leader (and shm / ring in between where all ranks share a node,
+// so the shared counters must stay consistent across algorithms) on every count, dtype and op;
+// each result is checked against the reference and against rank 0's bits.
+void hier_matrix(const std::vector<int>& node_of, bool shm, const std::vector<std::size_t>& counts,
+                 const std::vector<DType>& dtypes, const std::vector<ReduceOp>& ops) {
+  LoopbackWorld world(node_of, segments(shm));
+  const int p = world.size();
+  std::vector<AllreduceAlgorithm> algos{AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader};
+  if (world.node_map().nodes() == 1 && shm && p > 1) algos.push_back(AllreduceAlgorithm::shm);
+  algos.push_back(AllreduceAlgorithm::hier);
+  std::mutex m;
+  std::vector<std::string> failures;
+  std::vector<std::vector<std::uint64_t>> hashes(static_cast<std::size_t>(p));
+  run_loopback(world, [&](LoopbackTransport& t) {
+    CommConfig c;
+    c.segment_bytes = 64;  // the inter-node rings run many segments
+    c.timeout_s = 60;
+    Communicator comm(t, c);
+    std::uint64_t combo = 0;
+    for (std::size_t count : counts)
+      for (AllreduceAlgorithm algo : algos)
+        for (DType dt : dtypes)
+          for (ReduceOp op : ops) {
+            ++combo;
+            const std::size_t es = size_of(dt);
+            std::vector<std::vector<unsigned char>> inputs(static_cast<std::size_t>(p));
+            for (int r = 0; r < p; ++r) inputs[r] = test::make_input(dt, op, count, r, combo);
+            std::vector<unsigned char> in = inputs[static_cast<std::size_t>(t.rank())];
+            std::vector<unsigned char> out(count * es + 1, 0xAB);
+            if (combo % 2) {
+              comm.allreduce(BufferView(in.data(), count, dt), op, algo);
+              if (count) std::memcpy(out.data(), in.data(), count * es);
+            } else {
+              comm.allreduce(BufferView(in.data(), count, dt), BufferView(out.data(), count, dt),
+                             op, algo);
+            }
+            const long long bad = test::first_mismatch(dt, op, inputs, out.data(), count);
+            if (bad >= 0 || out[count * es] != 0xAB) {
+              std::lock_guard<std::mutex> lock(m);
+              failures.push_back("rank " + std::to_string(t.rank()) + " " + name_of(algo) + " " +
+                                 name_of(dt) + " " + name_of(op) + " count " +
+                                 std::to_string(count) + ": element " + std::to_string(bad));
+            }
+            hashes[static_cast<std::size_t>(t.rank())].push_back(
+                test::fnv1a(out.data(), count * es));
+          }
+  });
+  INFO("nodes " << world.node_map().describe() << (shm ? " with" : " without") << " segments");
+  for (const std::string& f : failures) FAIL_CHECK(f);
+  CHECK(failures.empty());
+  for (int r = 1; r < p; ++r) CHECK(hashes[static_cast<std::size_t>(r)] == hashes[0]);
+}
+
+const std::vector<std::size_t> kCounts{0, 1, 3, 7, 1000, 4099};
+const std::vector<DType> kTypes{DType::f32, DType::f64, DType::f16, DType::i32};
+const std::vector<ReduceOp> kOps{ReduceOp::sum, ReduceOp::max, ReduceOp::avg};
+
+}  // namespace
+
+TEST_CASE("NodeMap: labels, local ranks, subdivision, shape") {
+  const NodeMap m({7, 3, 7, 7, 3});  // interleaved labels
+  CHECK(m.nodes() == 2);
+  CHECK(m.members(0) == std::vector<int>{0, 2, 3});
+  CHECK(m.members(1) == std::vector<int>{1, 4});
+  CHECK(m.local_rank(3) == 2);
+  CHECK(m.local_rank(4) == 1);
+  CHECK(m.describe() == "3+2");
+  const Topology s = m.shape();
+  CHECK(s.nodes == 2);
+  CHECK(s.max_ranks_per_node == 3);
+  CHECK(s.min_ranks_per_node == 2);
+  CHECK(s.hierarchical());
+  const NodeMap d = NodeMap::subdivided({0, 0, 0, 1}, 2);  // {0,1} {2} {3}
+  CHECK(d.nodes() == 3);
+  CHECK(d.node_of(1) == 0);
+  CHECK(d.node_of(2) == 1);
+  CHECK(d.node_of(3) == 2);
+  CHECK(NodeMap::single(4).describe() == "1x4");
+  CHECK(!NodeMap::separate(4).shape().hierarchical());
+  CHECK_THROWS_AS(NodeMap(std::vector<int>{}), InvalidArgument);
+}
+
+TEST_CASE("DTRAIN_RANKS_PER_NODE makes fake nodes of the loopback world, strictly parsed") {
+  ::setenv("DTRAIN_RANKS_PER_NODE", "2", 1);
+  {
+    LoopbackWorld w(5);
+    CHECK(w.node_map().describe() == "2+2+1");
+    run_loopback(w, [&](LoopbackTransport& t) {
+      Communicator comm(t, CommConfig{});
+      CHECK(comm.topology().nodes == 3);
+      CHECK(shared_segments_of(t) == nullptr);  // shm needs all ranks on one node
+      const bool alone = t.rank() == 4;
+      CHECK((node_segments_of(t) == nullptr) == alone);
+      if (!alone) CHECK(node_segments_of(t)->size == 2);
+    });
+  }
+  ::setenv("DTRAIN_RANKS_PER_NODE", "two", 1);
+  CHECK_THROWS_AS(LoopbackWorld(2), InvalidArgument);
+  ::setenv("DTRAIN_RANKS_PER_NODE", "0", 1);
+  CHECK_THROWS_AS(LoopbackWorld(2), InvalidArgument);
+  ::unsetenv("DTRAIN_RANKS_PER_NODE");
+  LoopbackWorld one(3);
+  CHECK(one.node_map().nodes() == 1);
+}
+
+TEST_CASE("hier and hier_leader: one node, one rank per node, 1-3 ranks") {
+  for (bool shm : {true, false}) {
+    hier_matrix({0}, shm, {0, 5}, {DType::f32}, {ReduceOp::sum});
+    hier_matrix({0, 0}, shm, kCounts, kTypes, kOps);
+    hier_matrix({0, 1}, shm, kCounts, kTypes, kOps);
+    hier_matrix({0, 0, 1}, shm, kCounts, kTypes, kOps);  // uneven: 2 + 1
+    hier_matrix({0, 1, 2}, shm, {1, 7, 1000}, {DType::f32}, {ReduceOp::sum});
+  }
+}
+
+TEST_CASE("hier and hier_leader: 4-8 ranks in even, uneven and interleaved nodes") {
+  for (bool shm : {true, false}) {
+    hier_matrix({0, 0, 1, 1}, shm, kCounts, kTypes, kOps);    // 2x2
+    hier_matrix({0, 0, 0, 1}, shm, kCounts, kTypes, kOps);    // 3 + 1
+    hier_matrix({0, 1, 0, 1}, shm, {3, 1000}, kTypes, kOps);  // interleaved ranks
+    hier_matrix({0, 0, 1, 1, 1}, shm, {1, 4, 1000}, {DType::f32, DType::i32}, kOps);
+  }
+  hier_matrix({0, 0, 0, 0, 0, 0, 0, 0}, true, {7, 4099}, {DType::f32}, {ReduceOp::sum});
+  hier_matrix({0, 0, 0, 0, 1, 1, 1, 1}, true, {5, 4099}, {DType::f32, DType::f16},
+              {ReduceOp::sum, ReduceOp::max});
+  hier_matrix({0, 0, 0, 1, 1, 2, 2, 2}, false, {7, 1001}, {DType::f64, DType::i32},
+              {ReduceOp::sum, ReduceOp::avg});
+  hier_matrix({0, 1, 2, 3, 4, 5, 6, 7}, true, {6, 1000}, {DType::f32}, {ReduceOp::sum});
+}
+
+TEST_CASE("hier through AnyTransport keeps the node map and segments") {
+  LoopbackWorld world(std::vector<int>{0, 0, 1, 1}, segments(true));
+  run_loopback(world, [&](LoopbackTransport& lt) {
+    AnyTransport t(lt);
+    CHECK(t.node_map().describe() == "2x2");
+    CHECK(t.node_segments() == lt.node_segments());
+    Communicator comm(t, CommConfig{});
+    std::vector<float> x(333, static_cast<float>(t.rank() + 1));
+    comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::hier);
+    CHECK(x[332] == 10.0f);
+  });
+}
+
+TEST_CASE("cost model: hierarchical algorithms only where nodes have several ranks") {
+  CostModel m;
+  m.alpha = 2e-6;
+  m.beta = 1e-10;  // 10 GB/s inside a node
+  m.gamma = 1e-10;
+  m.inter_alpha = 5e-6;
+  m.inter_beta = 1e-9;  // 1 GB/s between nodes
+  const Topology two_by_four{2, 4, 4};
+  const std::size_t big = 64u << 20;
+  // Across the slow link hier moves 1/4 of the bytes per rank: it must win for large messages.
+  CHECK(m.predict(AllreduceAlgorithm::hier, big, 8, two_by_four) <
+        m.predict(AllreduceAlgorithm::ring, big, 8, two_by_four));
+  CHECK(m.best(big, 8, two_by_four) == AllreduceAlgorithm::hier);
+  // hier_leader's single leader exchange wins over a flat algorithm for tiny messages.
+  CHECK(m.predict(AllreduceAlgorithm::hier_leader, 8, 8, two_by_four) <
+        m.predict(AllreduceAlgorithm::ring, 8, 8, two_by_four));
+  // One rank per node, or one node: never chosen.
+  for (std::size_t b : {std::size_t{8}, big}) {
+    const AllreduceAlgorithm a = m.best(b, 8, Topology::flat(8));
+    CHECK(a != AllreduceAlgorithm::hier);
+    CHECK(a != AllreduceAlgorithm::hier_leader);
+    const AllreduceAlgorithm o = m.best(b, 8, Topology{1, 8, 8});
+    CHECK(o != AllreduceAlgorithm::hier);
+    CHECK(o != AllreduceAlgorithm::hier_leader);
+  }
+  // shm cannot span nodes.
+  m.shm_alpha = 1e-7;
+  m.shm_beta = 1e-11;
+  CHECK(m.predict(AllreduceAlgorithm::shm, big, 8, two_by_four) >= 1e299);
+  CHECK(m.best(big, 8, two_by_four) != AllreduceAlgorithm::shm);
+  // The flat three-argument form still answers for the hierarchical names (one rank per node).
+  CHECK(m.predict(AllreduceAlgorithm::hier, big, 8) > 0);
+}
