@@ -52,9 +52,9 @@ struct CommConfig {
     c.progress_thread = env::get_choice("DTRAIN_COMM_PROGRESS", c.progress_thread ? 0 : 1,
                                         {"thread", "caller"}) == 0;
     if (const auto v = env::get("DTRAIN_ALLREDUCE_ALGO")) {
-      env::parse_choice(
-          "DTRAIN_ALLREDUCE_ALGO", *v,
-          {"auto", "automatic", "ring", "tree", "rhd", "rd", "shm", "ordered", "ordered_shm"});
+      env::parse_choice("DTRAIN_ALLREDUCE_ALGO", *v,
+                        {"auto", "automatic", "ring", "tree", "rhd", "rd", "shm", "ordered",
+                         "ordered_shm", "hier", "hier_leader"});
       c.default_algorithm = allreduce_algorithm_from_name(*v);
     }
     c.cost_model.alpha = env::get_double("DTRAIN_COMM_ALPHA", c.cost_model.alpha, 0, 1e3);

@@ -20,6 +20,7 @@
 #include <dtrain/comm/detail/collective_plan.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
 #include <dtrain/comm/reduce_op.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
@@ -64,7 +65,8 @@ class Communicator {
   explicit Communicator(Transport& transport) : Communicator(transport, CommConfig::from_env()) {}
   /// Local: wraps `transport` with exactly `config` (reads no environment).
   Communicator(Transport& transport, CommConfig config)
-      : state_(std::make_unique<detail::CommState<Transport>>(transport, config)) {
+      : state_(std::make_unique<detail::CommState<Transport>>(transport, config)),
+        topology_(node_map_of(transport).shape()) {
     DTRAIN_REQUIRE(config.timeout_s > 0, "Communicator", "timeout " << config.timeout_s << " s");
     if (config.cost_model.valid()) state_->cost = config.cost_model;
   }
@@ -170,8 +172,11 @@ class Communicator {
     if (size() == 1) return AllreduceAlgorithm::ring;
     // 16-bit floats travel as f32.
     const std::size_t es = (dtype == DType::f16 || dtype == DType::bf16) ? 4 : size_of(dtype);
-    return cost_model().best(count * es, size());
+    return cost_model().best(count * es, size(), topology_);
   }
+  /// Local: the shape of the transport's node grouping (<dtrain/comm/topology.hpp>) that
+  /// `automatic` and the cost model see.
+  const Topology& topology() const noexcept { return topology_; }
 
   /// The alpha-beta-gamma model. Collective the first time when no model was given: ranks pair
   /// up (r, r^1) for a ping-pong (alpha) and a 4 MiB exchange (beta), time a local 4 MiB
@@ -331,6 +336,7 @@ class Communicator {
 
   static constexpr std::size_t kCacheSize = 16;
   std::unique_ptr<detail::CommState<Transport>> state_;
+  Topology topology_;
   std::list<std::shared_ptr<Impl>> cache_;
 };
 
