@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -160,6 +161,52 @@ void compare_all_algorithms(MPI_Comm mpi_comm) {
 
 TEST_CASE("allreduce: every algorithm agrees with MPI_Allreduce on MPI_COMM_WORLD") {
   compare_all_algorithms(MPI_COMM_WORLD);
+}
+
+// Run by mpi_comm_np2..4 (one node) and, alone, with DTRAIN_RANKS_PER_NODE=1 and 2 (fake nodes;
+// 3 ranks with 2 make nodes of 2 and 1), see tests/mpi/comm_hier.cmake.
+TEST_CASE("hier and hier_leader agree with MPI_Allreduce on the node grouping") {
+  MpiTransport transport(MPI_COMM_WORLD);
+  Communicator comm(transport, cfg());
+  const int p = comm.size(), r = comm.rank();
+  const SharedSegmentConfig seg = SharedSegmentConfig::from_env();
+  const int k = seg.ranks_per_node > 0 ? seg.ranks_per_node : p;  // all ranks share this node
+  CHECK(transport.node_map().nodes() == (p + k - 1) / k);
+  CHECK(comm.topology().max_ranks_per_node == std::min(k, p));
+  CHECK((transport.shared_segments() != nullptr) == (seg.enabled && k >= p && p > 1));
+  std::uint64_t combo = 1000;
+  int failures = 0;
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{3}, std::size_t{1000}, std::size_t{100003}})
+    for (AllreduceAlgorithm algo : {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader})
+      for (DType t : {DType::f32, DType::f64, DType::i32, DType::f16})
+        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+          ++combo;
+          if (n == 100003 && (t != DType::f32 || op == ReduceOp::max)) continue;
+          if (p > 2 && (t == DType::f64 || (t == DType::f16 && op != ReduceOp::sum))) continue;
+          const std::size_t es = size_of(t);
+          std::vector<unsigned char> in = test::make_input(t, op, n, r, combo);
+          std::vector<unsigned char> out(n * es + 8);
+          std::vector<double> want, tol;
+          mpi_reference(MPI_COMM_WORLD, t, op, in, n, want, tol);
+          if (combo % 2) {
+            comm.allreduce(BufferView(in.data(), n, t), BufferView(out.data(), n, t), op, algo);
+          } else {
+            out = in;
+            comm.allreduce(BufferView(out.data(), n, t), op, algo);
+          }
+          for (std::size_t i = 0; i < n; ++i) {
+            const double got = as_double(&out[i * es], t);
+            if (!(std::fabs(got - want[i]) <= tol[i])) {
+              if (failures++ < 5)
+                FAIL_CHECK("p=" << p << " nodes " << transport.node_map().describe() << " n=" << n
+                                << " " << name_of(algo) << " " << name_of(t) << " " << name_of(op)
+                                << " element " << i << ": got " << got << " MPI " << want[i]);
+              break;
+            }
+          }
+        }
+  CHECK(failures == 0);
 }
 
 TEST_CASE("allreduce works on a sub-communicator (not only MPI_COMM_WORLD)") {
