@@ -109,8 +109,26 @@ class HierBase : public Algorithm {
     const int slot = static_cast<int>(g % static_cast<std::uint64_t>(seg_->slots));
     seg_->flag(l_, kind, slot).store(g + 1, std::memory_order_release);
   }
-  std::size_t chunk_elems() const noexcept {
-    return std::max<std::size_t>(1, seg_->slot_bytes / es_);
+  /// Runs body(g, slot, c0, c1) for each slot-sized chunk [c0, c1) of the vector, chunk number
+  /// g, then counts the chunks as used; with `finish` every counter of each chunk is raised after
+  /// its body.
+  template <class F>
+  void for_each_chunk(bool finish, F&& body) {
+    SharedSegments& w = *seg_;
+    const std::size_t chunk = std::max<std::size_t>(1, w.slot_bytes / es_);
+    const std::size_t nchunks = ceil_div(n_, chunk);
+    for (std::size_t k = 0; k < nchunks; ++k) {
+      const std::uint64_t g = w.next_chunk + k;
+      body(g, static_cast<int>(g % static_cast<std::uint64_t>(w.slots)), k * chunk,
+           std::min(n_, k * chunk + chunk));
+      if (finish)
+        for (int kind = 0; kind < 3; ++kind) raise_counter(kind, g);
+    }
+    w.next_chunk += nchunks;
+  }
+  /// The whole vector from the input to the output (a node of one rank).
+  void copy_input() {
+    if (in_ != out_) std::memcpy(out_, in_, n_ * es_);
   }
 
   PlanContext<Transport>& ctx_;
@@ -168,7 +186,7 @@ class HierAlgorithm : public HierBase<Transport> {
     if (n == 0) return;
     auto& ctx = this->ctx_;
     if (this->L_ == 1) {
-      if (this->in_ != this->out_) std::memcpy(this->out_, this->in_, n * es);
+      this->copy_input();
     } else if (this->seg_) {
       shm_reduce_scatter();
     } else {
@@ -204,13 +222,9 @@ class HierAlgorithm : public HierBase<Transport> {
   void shm_reduce_scatter() {
     SharedSegments& w = *this->seg_;
     auto& ctx = this->ctx_;
-    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
+    const std::size_t es = this->es_;
     const int L = this->L_, l = this->l_;
-    const std::size_t nchunks = ceil_div(n, chunk);
-    for (std::size_t k = 0; k < nchunks; ++k) {
-      const std::uint64_t g = w.next_chunk + k;
-      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
-      const std::size_t c0 = k * chunk, c1 = std::min(n, c0 + chunk);
+    this->for_each_chunk(true, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
       const std::size_t m0 = std::clamp(own0_, c0, c1), m1 = std::clamp(own1_, c0, c1);
       uchar* mine = w.slot(l, slot);
       this->wait_slot_free(g);
@@ -226,21 +240,14 @@ class HierAlgorithm : public HierBase<Transport> {
           ctx.reduce(dst, i == 1 ? this->in_ + m0 * es : dst, w.slot(q, slot) + (m0 - c0) * es,
                      m1 - m0);
       }
-      this->raise_counter(1, g);
-      this->raise_counter(2, g);
-    }
-    w.next_chunk += nchunks;
+    });
   }
 
   void shm_allgather() {
     SharedSegments& w = *this->seg_;
-    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
+    const std::size_t es = this->es_;
     const int L = this->L_, l = this->l_;
-    const std::size_t nchunks = ceil_div(n, chunk);
-    for (std::size_t k = 0; k < nchunks; ++k) {
-      const std::uint64_t g = w.next_chunk + k;
-      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
-      const std::size_t c0 = k * chunk, c1 = std::min(n, c0 + chunk);
+    this->for_each_chunk(false, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
       const std::size_t m0 = std::clamp(own0_, c0, c1), m1 = std::clamp(own1_, c0, c1);
       this->wait_slot_free(g);
       if (m1 > m0)
@@ -256,8 +263,7 @@ class HierAlgorithm : public HierBase<Transport> {
           std::memcpy(this->out_ + q0 * es, w.slot(q, slot) + (q0 - c0) * es, (q1 - q0) * es);
       }
       this->raise_counter(2, g);
-    }
-    w.next_chunk += nchunks;
+    });
   }
 
   // ---- by messages inside the node ------------------------------------------------------------
@@ -360,7 +366,7 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
     auto& ctx = this->ctx_;
     const bool leader = this->l_ == 0;
     if (this->L_ == 1) {
-      if (this->in_ != this->out_) std::memcpy(this->out_, this->in_, n * es);
+      this->copy_input();
     } else if (this->seg_) {
       shm_reduce();
     } else if (leader) {
@@ -391,15 +397,14 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
   }
 
  private:
+  // Every rank raises all three counters of a chunk once done with it (the leader after reading
+  // the other slots, the others after filling theirs / reading the leader's).
   void shm_reduce() {
     SharedSegments& w = *this->seg_;
     auto& ctx = this->ctx_;
-    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
-    const std::size_t nchunks = ceil_div(n, chunk);
-    for (std::size_t k = 0; k < nchunks; ++k) {
-      const std::uint64_t g = w.next_chunk + k;
-      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
-      const std::size_t c0 = k * chunk, cl = std::min(n, c0 + chunk) - c0;
+    const std::size_t es = this->es_;
+    this->for_each_chunk(true, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
+      const std::size_t cl = c1 - c0;
       this->wait_slot_free(g);
       if (this->l_ != 0) {
         std::memcpy(w.slot(this->l_, slot), this->in_ + c0 * es, cl * es);
@@ -410,21 +415,14 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
           ctx.reduce(dst, q == 1 ? this->in_ + c0 * es : dst, w.slot(q, slot), cl);
         }
       }
-      this->raise_counter(0, g);
-      this->raise_counter(1, g);
-      this->raise_counter(2, g);
-    }
-    w.next_chunk += nchunks;
+    });
   }
 
   void shm_broadcast() {
     SharedSegments& w = *this->seg_;
-    const std::size_t n = this->n_, es = this->es_, chunk = this->chunk_elems();
-    const std::size_t nchunks = ceil_div(n, chunk);
-    for (std::size_t k = 0; k < nchunks; ++k) {
-      const std::uint64_t g = w.next_chunk + k;
-      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(w.slots));
-      const std::size_t c0 = k * chunk, cl = std::min(n, c0 + chunk) - c0;
+    const std::size_t es = this->es_;
+    this->for_each_chunk(true, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
+      const std::size_t cl = c1 - c0;
       if (this->l_ == 0) {
         this->wait_slot_free(g);
         std::memcpy(w.slot(0, slot), this->out_ + c0 * es, cl * es);
@@ -432,11 +430,7 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
         this->wait_counter(0, 0, slot, g + 1);
         std::memcpy(this->out_ + c0 * es, w.slot(0, slot), cl * es);
       }
-      this->raise_counter(0, g);
-      this->raise_counter(1, g);
-      this->raise_counter(2, g);
-    }
-    w.next_chunk += nchunks;
+    });
   }
 
   std::unique_ptr<PlanContext<Transport>> view_;
