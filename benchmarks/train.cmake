@@ -13,3 +13,9 @@ if(DTRAIN_HAVE_MPI AND DTRAIN_HAVE_CLI11)
     target_compile_definitions(train_bench PRIVATE DTRAIN_HAVE_CBLAS=1)
   endif()
 endif()
+# GPU variants (nvcc / hipcc): train_bench_cuda, train_bench_hip, run with --device cuda|hip.
+if(DTRAIN_BUILD_BENCHMARKS AND TARGET train_bench)
+  include("${PROJECT_SOURCE_DIR}/examples/common/gpu_variant.cmake")
+  dtrain_add_gpu_variants(NAME train_bench SOURCE "${CMAKE_CURRENT_LIST_DIR}/train_bench.cpp"
+    USES CLI11::CLI11 MPI::MPI_CXX DEFINES DTRAIN_HAVE_MPI=1)
+endif()

@@ -3,6 +3,7 @@
 //
 //   OPENBLAS_NUM_THREADS=1 mpiexec.mpich -n 2 train_bench [--hidden 256] [--batch 64]
 //       [--optimizer adamw|sgd] [--steps 300] [--warmup 20] [--json FILE]
+//       [--device auto|cpu|cuda|hip]
 //
 // The 1-rank figure runs on rank 0 alone (a one-rank sub-communicator) while rank 1 waits, asleep
 // (non-blocking barrier polled every millisecond, so it does not compete for a core); then both
@@ -47,6 +48,7 @@
 #endif
 
 #include "common/cli_mpi.hpp"
+#include "common/device.hpp"
 
 namespace {
 
@@ -60,6 +62,7 @@ struct Args {
   double lr = 1e-3;
   std::uint64_t seed = 1;
   std::string json;
+  std::string device = "auto";
 };
 
 enum class Mode { overlap, no_overlap, fused };
@@ -79,30 +82,31 @@ struct Result {
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
 
-// The layers' GEMM is the policy's: CBLAS when this build links it.
+// On the CPU the layers' GEMM is the host policy's: CBLAS when this build links it; with --device
+// cuda|hip (a build by nvcc / hipcc, DTRAIN_EXAMPLE_GPU) the model lives on the GPU.
 #if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
-using Exec = dtrain::HostBlasExec;
+using HostPolicy = dtrain::HostBlasExec;
 #else
-using Exec = dtrain::HostExec;
+using HostPolicy = dtrain::HostExec;
 #endif
 
 // Training loop on `comm`; every rank of it calls this. Returns samples/s of the whole group
 // (slowest rank's elapsed time) and rank 0's phase split per step.
-template <class Comm>
-Result measure(Comm& comm, dtrain::InMemoryDataset& data, const Args& a, Mode mode) {
+template <class Comm, class Exec>
+Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args& a, Mode mode) {
   const int world = comm.size();
   dtrain::DistributedSampler sampler(data.size(), comm, a.seed);
   dtrain::LoaderOptions lopt;
   lopt.prefetch_depth = 2;
   const std::size_t b = static_cast<std::size_t>(a.batch);
   dtrain::Loader loader(data, sampler, b, lopt);
-  Exec exec;
   dtrain::BasicSequential<float, Exec> model(
       {dtrain::Linear(kIn, a.hidden), dtrain::Relu(), dtrain::Linear(a.hidden, a.hidden),
        dtrain::Relu(), dtrain::Linear(a.hidden, kClasses)},
       exec);
   model.init(a.seed);
-  dtrain::GradientSync sync(comm, model.gradients(), static_cast<std::size_t>(a.bucket_kib) * 1024);
+  dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
+                                       static_cast<std::size_t>(a.bucket_kib) * 1024);
   // Only the chosen optimizer exists, so its state alone counts in the peak memory.
   const bool use_sgd = a.optimizer == "sgd";
   dtrain::SgdOptions so;
@@ -234,6 +238,7 @@ int main(int argc, char** argv) {
     dtrain_cli::add_lr(app, a.lr);
     dtrain_cli::add_seed(app, a.seed);
     dtrain_cli::add_json(app, a.json);
+    dtrain_cli::add_device(app, a.device);
     if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
       MPI_Finalize();
       return code;
@@ -247,6 +252,21 @@ int main(int argc, char** argv) {
     return 2;
   }
   int code = 0;
+  dtrain_cli::DeviceChoice device;
+  try {
+    device = dtrain_cli::resolve_device(a.device);  // collective; the same error on every rank
+  } catch (const std::exception& e) {
+    if (rank == 0) std::fprintf(stderr, "train_bench: %s\n", e.what());
+    MPI_Finalize();
+    return 1;
+  }
+  // One policy object per rank for the whole run (a GPU policy owns the device's streams).
+  HostPolicy host_exec;
+#if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
+  std::unique_ptr<dtrain::GpuExec> gpu_exec;
+  if (device.kind != dtrain_cli::DeviceKind::cpu)
+    gpu_exec = std::make_unique<dtrain::GpuExec>(device.index);
+#endif
   try {
     // The same synthetic samples on every rank: 64 global batches per epoch.
     const std::size_t n = static_cast<std::size_t>(a.batch) * 2 * 64;
@@ -260,6 +280,12 @@ int main(int argc, char** argv) {
                     static_cast<std::int32_t>(rng.below(kClasses)));
       }
     }
+    auto run = [&](auto& comm, Mode mode) {
+#if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
+      if (gpu_exec) return measure(comm, *gpu_exec, data, a, mode);
+#endif
+      return measure(comm, host_exec, data, a, mode);
+    };
     MPI_Comm solo = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
     dtrain::MpiTransport world_transport(MPI_COMM_WORLD);
@@ -272,7 +298,7 @@ int main(int argc, char** argv) {
       if (rank == 0) {
         dtrain::MpiTransport t(solo);
         dtrain::Communicator c(t);
-        one[m] = measure(c, data, a, modes[m]);
+        one[m] = run(c, modes[m]);
       }
       MPI_Request req;
       MPI_Ibarrier(MPI_COMM_WORLD, &req);
@@ -280,7 +306,7 @@ int main(int argc, char** argv) {
         MPI_Test(&req, &done, MPI_STATUS_IGNORE);
         if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
-      two[m] = measure(world_comm, data, a, modes[m]);
+      two[m] = run(world_comm, modes[m]);
     }
     double rss[2] = {0, 0};
     double mine = peak_rss_mib();
@@ -297,9 +323,10 @@ int main(int argc, char** argv) {
       const double state_mib = 4.0 * (state_floats + act_floats + prefetch_floats) / (1 << 20);
       std::printf(
           "# train_bench: MLP 784-%lld-%lld-10 (%.0f parameters), %s, batch %lld per rank, %lld "
-          "timed steps, synthetic data; 1 rank on a sub-communicator, then 2 ranks\n",
+          "timed steps, synthetic data, on %s; 1 rank on a sub-communicator, then 2 ranks\n",
           static_cast<long long>(a.hidden), static_cast<long long>(a.hidden), params,
-          a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.steps));
+          a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.steps),
+          device.describe().c_str());
       std::printf("# %-11s %12s %12s %10s   rank 0 split on 2 ranks: %s\n", "mode", "1 rank sps",
                   "2 ranks sps", "efficiency",
                   "data / forward / backward / sync wait / optimizer, step ms");
@@ -324,6 +351,7 @@ int main(int argc, char** argv) {
         std::snprintf(model, sizeof model, "mlp-784-%lld-%lld-10", static_cast<long long>(a.hidden),
                       static_cast<long long>(a.hidden));
         js.add("model", model)
+            .add("device", dtrain_cli::name_of(device.kind))
             .add("optimizer", a.optimizer)
             .add("batch_per_rank", a.batch)
             .add("steps", a.steps)

@@ -22,7 +22,11 @@
 // 0.80) and the replicas' parameters are bit-identical on every rank at the end.
 //
 //   mpiexec.mpich -n 2 train_fashion_mnist --data fashion_mnist.h5 [--epochs 2] [--batch 64]
-//       [--hidden 256] [--lr 2e-3] [--run-dir DIR] [--ckpt-every 200] [--max-steps N] ...
+//       [--hidden 256] [--lr 2e-3] [--run-dir DIR] [--ckpt-every 200] [--max-steps N]
+//       [--device auto|cpu|cuda|hip] ...
+// --device cuda|hip needs the GPU build of this file (train_fashion_mnist_cuda / _hip, compiled by
+// nvcc / hipcc): the model, gradients and optimizer state then live on the GPU of the rank's
+// node-local index; gradients are staged through pinned host memory for the all-reduce.
 //   (--help lists every option)
 #include <mpi.h>
 
@@ -61,16 +65,19 @@
 #include <dtrain/transports/mpi_abort.hpp>
 
 #include "common/cli_mpi.hpp"
+#include "common/device.hpp"
 
 namespace {
 
 constexpr std::int64_t kClasses = 10;
 
-// The layers' GEMM is the execution policy's: CBLAS when this build links it.
+// On the CPU the layers' GEMM is the host policy's: CBLAS when this build links it. With
+// --device cuda|hip (a build by nvcc / hipcc, DTRAIN_EXAMPLE_GPU) the model, gradients and
+// optimizer state live on the GPU (dtrain::GpuExec).
 #if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
-using Exec = dtrain::HostBlasExec;
+using HostPolicy = dtrain::HostBlasExec;
 #else
-using Exec = dtrain::HostExec;
+using HostPolicy = dtrain::HostExec;
 #endif
 
 struct Config {
@@ -90,6 +97,7 @@ struct Config {
   std::int64_t bucket_kib = 256;
   bool override_schedule = false;
   bool plot = true;
+  std::string device = "auto";
 };
 
 // Returns -1 to continue, otherwise the exit code every rank returns.
@@ -125,6 +133,7 @@ int parse(int argc, char** argv, Config& c) {
                "on restart, continue under the schedule these options give even when it differs "
                "from the checkpoint's");
   app.add_flag("!--no-plot", c.plot, "do not draw RUN_DIR/metrics.png at the end");
+  dtrain_cli::add_device(app, c.device);
   const int code = dtrain_cli::run_parser_mpi(app, argc, argv);
   if (code >= 0) return code;
   int rank = 0;
@@ -184,9 +193,10 @@ void agree_on_config(Comm& comm, const Config& c) {
     for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
     return static_cast<std::int64_t>(h >> 1);
   };
-  const char* names[] = {"--batch",     "--hidden",    "--seed",       "--epochs",
-                         "--lr",        "--max-steps", "--bucket-kib", "--ckpt-every",
-                         "--log-every", "--data",      "--run-dir",    "--override-schedule"};
+  const char* names[] = {"--batch",      "--hidden",    "--seed",       "--epochs",
+                         "--lr",         "--max-steps", "--bucket-kib", "--ckpt-every",
+                         "--log-every",  "--data",      "--run-dir",    "--override-schedule",
+                         "--stop-after", "--device"};
   const std::vector<std::int64_t> mine{c.batch,
                                        c.hidden,
                                        static_cast<std::int64_t>(c.seed),
@@ -199,7 +209,8 @@ void agree_on_config(Comm& comm, const Config& c) {
                                        text_hash(c.data),
                                        text_hash(c.run_dir),
                                        c.override_schedule ? 1 : 0,
-                                       c.stop_after};
+                                       c.stop_after,
+                                       text_hash(c.device)};
   const std::size_t k = mine.size(), p = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> all(k * p);
   comm.allgather(dtrain::BufferView(const_cast<std::int64_t*>(mine.data()), k, dtrain::DType::i64),
@@ -213,6 +224,7 @@ void agree_on_config(Comm& comm, const Config& c) {
       return b;
     }
     if (field == 9 || field == 10) return "(a different path)";
+    if (field == 13) return "(a different value)";
     return std::to_string(v);
   };
   for (std::size_t r = 1; r < p; ++r)
@@ -303,14 +315,18 @@ double evaluate(Comm& comm, Model& model, dtrain::Hdf5Dataset& d, const dtrain::
   return counts[1] ? static_cast<double>(counts[0]) / static_cast<double>(counts[1]) : 0.0;
 }
 
-// Every rank's parameters must be bit-identical: compare each with rank 0's by max/min of a hash.
+// Every rank's parameters must be bit-identical: compare each with rank 0's by max/min of a hash
+// (of a host copy made through the model's execution policy: they may live on a GPU).
 template <class Comm, class Model>
 bool replicas_identical(Comm& comm, Model& model) {
-  auto params = model.parameters().template as<float>();
+  const dtrain::BufferView params = model.parameters();
+  std::vector<unsigned char> bytes(params.bytes());
+  auto& exec = model.exec();
+  exec.copy_d2h(exec.compute_stream(), bytes.data(), params.data, params.bytes());
+  dtrain::exec_synchronize(exec, exec.compute_stream(), dtrain::exec_timeout_s(),
+                           "train_fashion_mnist: parameter download");
   std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the parameter bytes
-  const auto* bytes = reinterpret_cast<const unsigned char*>(params.data());
-  for (std::size_t i = 0; i < params.size() * sizeof(float); ++i)
-    h = (h ^ bytes[i]) * 1099511628211ull;
+  for (unsigned char b : bytes) h = (h ^ b) * 1099511628211ull;
   std::int64_t lo = static_cast<std::int64_t>(h >> 1), hi = lo;
   comm.allreduce(dtrain::BufferView(&lo, 1, dtrain::DType::i64), dtrain::ReduceOp::min);
   comm.allreduce(dtrain::BufferView(&hi, 1, dtrain::DType::i64), dtrain::ReduceOp::max);
@@ -378,7 +394,8 @@ std::string schedule_differences(const RunRecord& then, const RunRecord& now) {
   return d;
 }
 
-int run(const Config& cfg) {
+template <class Exec>
+int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
   dtrain::MpiTransport transport(MPI_COMM_WORLD);
   dtrain::Communicator comm(transport);
   const int rank = comm.rank(), world = comm.size();
@@ -455,7 +472,6 @@ int run(const Config& cfg) {
   const std::int64_t in = static_cast<std::int64_t>(dtrain::element_count(train.sample_shape()));
 
   // 2. Model: identical initialisation on every rank from the seed, no communication.
-  Exec exec;
   dtrain::BasicSequential<float, Exec> model(
       {dtrain::Linear(in, cfg.hidden), dtrain::Relu(), dtrain::Linear(cfg.hidden, cfg.hidden),
        dtrain::Relu(), dtrain::Linear(cfg.hidden, kClasses)},
@@ -506,8 +522,8 @@ int run(const Config& cfg) {
   }
   dtrain::BasicAdamW<Exec> opt(model, record.make_schedule());
   // 3. Reconcile: gradient buckets all-reduce while backward is still running.
-  dtrain::GradientSync sync(comm, model.gradients(),
-                            static_cast<std::size_t>(cfg.bucket_kib) * 1024);
+  dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
+                                       static_cast<std::size_t>(cfg.bucket_kib) * 1024);
   if (resumed) {
     step = *ckpt->restore_latest(dtrain::named("model", model), dtrain::named("optimizer", opt),
                                  dtrain::named("sampler", sampler), dtrain::named("run", saved));
@@ -557,10 +573,10 @@ int run(const Config& cfg) {
   if (rank == 0) {
     std::printf(
         "dtrain %s: %d ranks, %zu parameters, batch %lld per rank (%lld global), %lld steps/epoch, "
-        "%lld steps\n",
+        "%lld steps, on %s\n",
         dtrain::version_string(), world, model.parameter_count(), static_cast<long long>(cfg.batch),
         static_cast<long long>(cfg.batch * world), static_cast<long long>(steps_per_epoch),
-        static_cast<long long>(total_steps));
+        static_cast<long long>(total_steps), device.describe().c_str());
     if (resumed && step < total_steps)
       std::printf("resuming from step %lld (epoch %lld, sample %llu of %zu) in %s\n",
                   static_cast<long long>(step), static_cast<long long>(sampler.epoch() + 1),
@@ -784,7 +800,22 @@ int main(int argc, char** argv) {
   }
   int code = 0;
   try {
-    code = run(cfg);
+    dtrain_cli::DeviceChoice device;
+    try {
+      device = dtrain_cli::resolve_device(cfg.device);
+    } catch (const std::runtime_error& e) {
+      throw JobError(std::string("train_fashion_mnist: ") + e.what());  // same on every rank
+    }
+#if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
+    if (device.kind != dtrain_cli::DeviceKind::cpu) {
+      dtrain::GpuExec exec(device.index);
+      code = run(cfg, exec, device);
+    } else
+#endif
+    {
+      HostPolicy exec;
+      code = run(cfg, exec, device);
+    }
   } catch (const JobError& e) {
     // Every rank threw the same error after agreeing on it: rank 0 reports, all exit together.
     int rank = 0;
