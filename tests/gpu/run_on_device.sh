@@ -2,15 +2,23 @@
 # Builds and runs every GPU test and the kernel benchmark on a machine with a GPU, in one short
 # visit: gpu.hpp's host API (tests/gpu/gpu_host_api_test.cpp), the device kernels against their
 # host references (tests/gpu/kernels_gpu_test.cpp), the GPU execution policy with a short training
-# run compared step by step with the host run of the same seed (tests/gpu/gpu_exec_test.cpp), then
-# kernels_bench with its device section (tiled GEMM vs the vendor BLAS, AdamW vs device memcpy).
+# run compared step by step with the host run of the same seed, device gradient clipping and
+# checkpoint staging (tests/gpu/gpu_exec_test.cpp), then kernels_bench with its device section
+# (tiled GEMM vs the vendor BLAS, AdamW vs device memcpy), then a short training run of example 10
+# on 1 GPU (--device cuda|hip) next to the CPU run of the same seed (--device cpu), checked: the
+# GPU run's final loss within 5% of the CPU run's, test accuracies within 0.01, and >= 0.80.
 #
 # Needs nvcc (NVIDIA) or hipcc (AMD) and doctest's header; CMake is not needed. OpenBLAS is used
-# when its header is found. Outputs go to $OUT (default: build-gpu-run/), logs included.
+# when its header is found. Example 10 also needs an MPI C++ wrapper (mpicxx), parallel HDF5
+# (h5pcc), CLI11 and zlib, and the Fashion-MNIST IDX files (DTRAIN_FASHION_IDX, default
+# /usr/share/datasets/fashion-mnist) or a converted file (DTRAIN_FASHION_H5).
+# Outputs go to $OUT (default: build-gpu-run/), logs included.
 #   tests/gpu/run_on_device.sh            # everything
 #   DTRAIN_GPU_BENCH_ITERS=50 tests/gpu/run_on_device.sh
 #   DTRAIN_GPU_DIALECT=cuda tests/gpu/run_on_device.sh   # force a dialect (dry run without a GPU)
-# Exit status: 0 when every test passed, 1 when one failed, 77 when no GPU is visible.
+#   DTRAIN_GPU_TRAIN=0 tests/gpu/run_on_device.sh        # leave out the example 10 runs
+# Exit status: 0 when everything ran and passed, 1 when something failed or could not run (the
+# log names it), 77 when no GPU is visible (nothing ran: that is not a pass).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="${OUT:-$ROOT/build-gpu-run}"
@@ -52,7 +60,8 @@ elif { [ "$FORCE" = hip ] || { [ -z "$FORCE" ] && has_amd; }; } && [ -n "$HIPCC"
   LIBS=(-lpthread)
   CC="$HIPCC"
 else
-  log "no GPU visible (nvidia-smi / rocminfo found nothing, or no nvcc / hipcc): nothing to run"
+  log "NOT RUN: no GPU visible (nvidia-smi -L / rocminfo found no device, or no nvcc / hipcc" \
+      "for the device found); nothing was built or checked" >&2
   exit 77
 fi
 log "dialect $DIALECT, targets: $ARCHS, compiler: $CC"
@@ -114,5 +123,67 @@ if [ -x "$BUILD/kernels_bench_$DIALECT" ]; then
   OPENBLAS_NUM_THREADS=1 "$BUILD/kernels_bench_$DIALECT" -n "$ITERS" 2>&1 | tee "$OUT/kernels_bench_$DIALECT.txt"
   [ "${PIPESTATUS[0]}" -ne 0 ] && status=1
 fi
+
+# ---- Example 10 on 1 GPU against the CPU run of the same seed ----
+train_check() {
+  local ex="$ROOT/examples/10_train_fashion_mnist/train_fashion_mnist.cpp"
+  local wrap="" h5="" mpif="" h5f=""
+  for w in mpicxx.mpich mpicxx; do command -v "$w" >/dev/null 2>&1 && { wrap=$w; break; }; done
+  for w in h5pcc.mpich h5pcc; do command -v "$w" >/dev/null 2>&1 && { h5=$w; break; }; done
+  if [ -z "$wrap" ] || [ -z "$h5" ]; then
+    log "training check NOT RUN: needs mpicxx and h5pcc (parallel HDF5)"; return 1
+  fi
+  # The wrappers' flags without their compiler (MPICH: -show; Open MPI: --showme).
+  # nvcc does not take -Wl,... (hardening flags of the wrappers): they are left out.
+  mpif="$("$wrap" -show 2>/dev/null || "$wrap" --showme 2>/dev/null)"
+  mpif="$(echo "${mpif#* }" | tr ' ' '\n' | grep -v '^-Wl,' | tr '\n' ' ')"
+  h5f="$("$h5" -show 2>/dev/null || "$h5" --showme 2>/dev/null)"
+  h5f="$(echo "${h5f#* }" | tr ' ' '\n' | grep -v '^-Wl,' | tr '\n' ' ')"
+  local data="${DTRAIN_FASHION_H5:-}"
+  local cxx=("$wrap" -std=c++17 -O2 "${INC[@]}" -I"$ROOT/examples")
+  if [ -z "$data" ]; then
+    local idx="${DTRAIN_FASHION_IDX:-/usr/share/datasets/fashion-mnist}"
+    if [ ! -e "$idx/train-images-idx3-ubyte.gz" ] && [ ! -e "$idx/train-images-idx3-ubyte" ]; then
+      log "training check NOT RUN: no Fashion-MNIST in $idx (set DTRAIN_FASHION_IDX or DTRAIN_FASHION_H5)"
+      return 1
+    fi
+    # shellcheck disable=SC2086
+    "${cxx[@]}" "$ROOT/examples/01_convert_idx_to_hdf5/convert_idx_to_hdf5.cpp" -o "$BUILD/convert" \
+      $h5f -lz > "$OUT/build_convert.log" 2>&1 || { log "building the converter failed"; return 1; }
+    data="$OUT/fashion_mnist.h5"
+    "$BUILD/convert" --src "$idx" --out "$data" > "$OUT/convert.log" 2>&1 ||
+      { log "converting $idx failed (see convert.log)"; return 1; }
+  fi
+  # shellcheck disable=SC2086
+  "${cxx[@]}" "${BLAS[@]}" "$ex" -o "$BUILD/train_cpu" $h5f > "$OUT/build_train_cpu.log" 2>&1 ||
+    { log "building example 10 (cpu) failed"; tail -20 "$OUT/build_train_cpu.log"; return 1; }
+  # shellcheck disable=SC2086
+  "$CC" "${FLAGS[@]}" "${INC[@]}" -I"$ROOT/examples" -DDTRAIN_EXAMPLE_GPU=1 "$ex" \
+    -o "$BUILD/train_$DIALECT" $mpif $h5f "${LIBS[@]}" > "$OUT/build_train_gpu.log" 2>&1 ||
+    { log "building example 10 ($DIALECT) failed"; tail -20 "$OUT/build_train_gpu.log"; return 1; }
+  local args=(--data "$data" --epochs 1 --seed 1 --batch 64 --target 0.80 --log-every 200 --no-plot)
+  log "example 10, 1 rank, --device cpu"
+  OPENBLAS_NUM_THREADS=1 mpiexec -n 1 "$BUILD/train_cpu" "${args[@]}" --device cpu \
+    --json-summary "$OUT/train_cpu.json" 2>&1 | tee "$OUT/train_cpu.txt" | tail -4
+  log "example 10, 1 rank, --device $DIALECT"
+  mpiexec -n 1 "$BUILD/train_$DIALECT" "${args[@]}" --device "$DIALECT" \
+    --json-summary "$OUT/train_gpu.json" 2>&1 | tee "$OUT/train_gpu.txt" | tail -4
+  python3 - "$OUT/train_cpu.json" "$OUT/train_gpu.json" <<'PY' 2>&1 | tee -a "$OUT/run.log"
+import json, sys
+c, g = (json.load(open(p)) for p in sys.argv[1:3])
+dl = abs(g["train_loss"] - c["train_loss"]) / max(abs(c["train_loss"]), 1e-12)
+da = abs(g["test_accuracy"] - c["test_accuracy"])
+ok = dl <= 0.05 and da <= 0.01 and g["test_accuracy"] >= 0.80 and g["replicas_identical"]
+print("train check: loss cpu %.5f gpu %.5f (rel diff %.4f, bound 0.05); test accuracy cpu %.4f "
+      "gpu %.4f (diff %.4f, bound 0.01; target 0.80); samples/s cpu %.0f gpu %.0f: %s"
+      % (c["train_loss"], g["train_loss"], dl, c["test_accuracy"], g["test_accuracy"], da,
+         c["samples_per_s"], g["samples_per_s"], "PASS" if ok else "FAIL"))
+sys.exit(0 if ok else 1)
+PY
+}
+if [ "${DTRAIN_GPU_TRAIN:-1}" != 0 ]; then
+  train_check || status=1
+fi
+
 log "done, status $status; outputs in $OUT"
 exit $status
