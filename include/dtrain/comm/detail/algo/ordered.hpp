@@ -113,16 +113,21 @@ class OrderedAlgorithm : public Algorithm {
         for_peers(c + 2, [&](std::size_t k) { ctx_.start(rs_recv_[k]); });
         for_peers(c + 2, [&](std::size_t k) { ctx_.start(rs_send_[k]); });
       }
+      // At most two all-gather segments per peer in flight (one-sided transports have few
+      // credits per peer).
+      if (allgather_ && c >= 2) finish_allgather(c - 2);
     }
     if (!allgather_) return;
-    for (std::size_t c = 0; c < nseg_; ++c)
-      for_peers(c, [&](std::size_t k) {
-        ctx_.wait(ag_recv_[k]);
-        ctx_.wait(ag_send_[k]);
-      });
+    for (std::size_t c = nseg_ >= 2 ? nseg_ - 2 : 0; c < nseg_; ++c) finish_allgather(c);
   }
 
  private:
+  void finish_allgather(std::size_t c) {
+    for_peers(c, [&](std::size_t k) {
+      ctx_.wait(ag_recv_[k]);
+      ctx_.wait(ag_send_[k]);
+    });
+  }
   // Peers numbered 0..p-2 in rank order, skipping this rank.
   std::size_t peer_index(int q) const noexcept {
     return static_cast<std::size_t>(q < ctx_.rank() ? q : q - 1);
