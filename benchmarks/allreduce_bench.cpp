@@ -9,8 +9,16 @@
 // -w warm-up iterations, -R rounds (each cell reports its best round), -c 0|1 check results,
 // -d dtype, -o op, --algo LIST (ring tree rhd rd auto mpi; mpi = MPI_Allreduce on the same
 // buffers), --transport LIST (mpi mpi-rma ibverbs loopback; each runs the suite in turn),
-// --ranks N (loopback), --inplace, --json FILE, --rma-ceiling (MPI one-sided put + flush against
+// --ranks N (loopback), --inplace, --json FILE (rows, the calibrated cost model and, with auto,
+// the automatic report below), --rma-ceiling (MPI one-sided put + flush against
 // two-sided transfers, the ceiling of mpi-rma).
+//
+// With auto among the algorithms (and DTRAIN_ALLREDUCE_ALGO unset), the header gives the
+// calibrated model, how long the calibration took and the decision table, and a last table
+// gives per size the model's prediction for every algorithm, the choice, the measured time of
+// every algorithm timed and whether the choice was within 10% of the measured best:
+//   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench -b 4K -e 64M -f 4 --algo
+//   ring,tree,rhd,rd,shm,auto
 #include <mpi.h>
 
 #include <algorithm>
@@ -52,6 +60,18 @@ struct Options {
   int loopback_ranks = 2;
   std::string json;
   bool rma_ceiling = false;
+};
+
+// --algo auto, per size: what the model predicted for every algorithm, what automatic chose,
+// and the measured time of every algorithm this run timed (seconds; mpi left out of `best`).
+struct AutoRow {
+  std::string transport;
+  std::size_t bytes = 0;
+  std::string chosen;
+  std::vector<std::pair<std::string, double>> predicted, measured;
+  std::string best;
+  double best_s = 0, chosen_s = 0, auto_s = 0;
+  bool within = false;  // chosen_s <= 1.1 * best_s
 };
 
 struct Row {
@@ -257,12 +277,98 @@ double measure_bc(Comm& comm) {
   return static_cast<double>(bytes) / best / 1e9;
 }
 
+// The --algo auto report: per size, the model's prediction for each algorithm, the choice, the
+// measured times of all algorithms timed in this run, and whether the choice was within 10% of
+// the measured best (printed on rank 0 of the suite when `print`).
+template <class Comm, class Cell>
+std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
+                                 const std::vector<std::size_t>& sizes,
+                                 const std::vector<std::string>& algos,
+                                 const std::vector<Cell>& cells, bool print) {
+  using dtrain::AllreduceAlgorithm;
+  const dtrain::CostModel& m = comm.cost_model();
+  const int p = comm.size();
+  std::vector<AllreduceAlgorithm> modelled{AllreduceAlgorithm::ring, AllreduceAlgorithm::tree,
+                                           AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd};
+  if (m.shm_alpha > 0) modelled.push_back(AllreduceAlgorithm::shm);
+  std::vector<AutoRow> out;
+  int within = 0;
+  for (std::size_t bytes : sizes) {
+    AutoRow a;
+    a.transport = o.transport;
+    a.bytes = bytes;
+    const std::size_t wide = bytes / dtrain::size_of(o.dtype) *
+                             ((o.dtype == dtrain::DType::f16 || o.dtype == dtrain::DType::bf16)
+                                  ? 4
+                                  : dtrain::size_of(o.dtype));
+    for (AllreduceAlgorithm al : modelled)
+      a.predicted.emplace_back(dtrain::name_of(al), m.predict(al, wide, p));
+    a.best_s = 1e30;
+    for (const Cell& c : cells) {
+      if (c.bytes != bytes) continue;
+      if (c.algo == "auto") {
+        a.chosen = dtrain::name_of(c.plan.algorithm());
+        a.auto_s = c.best;
+        continue;
+      }
+      a.measured.emplace_back(c.algo, c.best);
+      if (c.algo != "mpi" && c.best < a.best_s) {
+        a.best_s = c.best;
+        a.best = c.algo;
+      }
+    }
+    a.chosen_s = a.auto_s;  // the chosen algorithm's own cell, when it was timed too
+    for (const auto& [name, s] : a.measured)
+      if (name == a.chosen) a.chosen_s = s;
+    if (a.best.empty()) {
+      a.best = a.chosen;
+      a.best_s = a.chosen_s;
+    }
+    a.within = a.chosen_s <= 1.1 * a.best_s;
+    within += a.within;
+    out.push_back(std::move(a));
+  }
+  if (!print) return out;
+  std::printf(
+      "\n# transport %s, automatic: model prediction (us) per algorithm, choice, measured "
+      "time (us) of every algorithm timed, best measured dtrain algorithm\n",
+      o.transport.c_str());
+  std::printf("%12s %9s", "size(B)", "chosen");
+  for (const auto& [name, s] : out.front().predicted) std::printf(" %9s", ("p:" + name).c_str());
+  for (const auto& [name, s] : out.front().measured) std::printf(" %9s", ("m:" + name).c_str());
+  std::printf(" %9s %9s %12s %7s\n", "m:auto", "best", "chosen/best", "<=1.1");
+  for (const AutoRow& a : out) {
+    std::printf("%12zu %9s", a.bytes, a.chosen.c_str());
+    for (const auto& [name, s] : a.predicted) std::printf(" %9.1f", s * 1e6);
+    for (const auto& [name, s] : a.measured) std::printf(" %9.1f", s * 1e6);
+    std::printf(" %9.1f %9s %12.3f %7s\n", a.auto_s * 1e6, a.best.c_str(), a.chosen_s / a.best_s,
+                a.within ? "yes" : "NO");
+  }
+  bool all_timed = true;
+  for (const auto& [name, s] : out.front().predicted)
+    all_timed = all_timed && std::find(algos.begin(), algos.end(), name) != algos.end();
+  std::printf(
+      "# automatic within 10%% of the measured best at %d of %zu sizes%s\n", within, out.size(),
+      all_timed ? "" : " (not every candidate was timed: use --algo ring,tree,rhd,rd,shm,auto)");
+  std::fflush(stdout);
+  return out;
+}
+
 template <class Transport>
 std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options& o, bool print,
-                           MPI_Comm mpi, dtrain::CostModel* calibrated = nullptr) {
+                           MPI_Comm mpi, dtrain::CostModel* calibrated = nullptr,
+                           std::vector<AutoRow>* autos = nullptr) {
   using dtrain::AllreduceAlgorithm;
   const int p = comm.size(), r = comm.rank();
   const std::size_t es = dtrain::size_of(o.dtype);
+  const bool automatic = comm.config().default_algorithm == AllreduceAlgorithm::automatic;
+  // The calibration, timed (it runs at job start in a real run).
+  double calibration_s = 0;
+  if (automatic) {
+    const double c0 = dtrain::now_seconds();
+    comm.cost_model();
+    calibration_s = dtrain::now_seconds() - c0;
+  }
   const double bc = measure_bc(comm);
   if (print) {
     std::printf(
@@ -274,14 +380,19 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
         "rounds, slowest rank, check %s\n",
         o.inplace ? "in-place" : "out-of-place", dtrain::name_of(o.dtype), dtrain::name_of(o.op),
         o.iters, o.warmup, o.rounds, o.check ? "on" : "off");
-    if (comm.config().default_algorithm == AllreduceAlgorithm::automatic) {
+    if (automatic) {
       const auto& m = comm.cost_model();
-      std::printf("# cost model: alpha %.2f us, beta %.4f ns/B (%.2f GB/s), gamma %.4f ns/B\n",
-                  m.alpha * 1e6, m.beta * 1e9, 1e-9 / m.beta, m.gamma * 1e9);
+      std::printf(
+          "# cost model (calibrated in %.0f ms): alpha %.2f us, beta %.4f ns/B (%.2f GB/s), "
+          "gamma %.4f ns/B, shm alpha %.2f us, shm beta %.4f ns/B\n",
+          calibration_s * 1e3, m.alpha * 1e6, m.beta * 1e9, 1e-9 / m.beta, m.gamma * 1e9,
+          m.shm_alpha * 1e6, m.shm_beta * 1e9);
+      std::printf("# automatic decisions (from bytes per rank):");
+      for (const auto& d : comm.allreduce_decisions())
+        std::printf(" %zu:%s", d.min_bytes, dtrain::name_of(d.algo));
+      std::printf("\n");
     }
     std::fflush(stdout);
-  } else if (comm.config().default_algorithm == AllreduceAlgorithm::automatic) {
-    comm.cost_model();
   }
   if (calibrated && comm.config().default_algorithm == AllreduceAlgorithm::automatic)
     *calibrated = comm.cost_model();
@@ -363,6 +474,10 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       c.best = std::min(c.best, dt);
     }
   std::vector<Row> rows;
+  if (automatic && autos && std::find(algos.begin(), algos.end(), "auto") != algos.end()) {
+    const auto mine = auto_report(comm, o, sizes, algos, cells, print);
+    autos->insert(autos->end(), mine.begin(), mine.end());
+  }
   for (const std::string& a : algos) {
     if (print) {
       std::printf("\n# transport %s, algo %s\n", o.transport.c_str(), a.c_str());
@@ -464,7 +579,7 @@ void rma_ceiling(const Options& o, bool print) {
 
 // `cm`: the cost model the last suite calibrated (written when valid; allreduce_model reads it).
 void write_json(const std::string& path, const std::vector<Row>& rows, const Options& o, int p,
-                const dtrain::CostModel& cm) {
+                const dtrain::CostModel& cm, const std::vector<AutoRow>& autos) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw dtrain::IoError("cannot write " + path);
   std::fprintf(f, "{\"p\": %d, \"dtype\": \"%s\", \"op\": \"%s\",", p, dtrain::name_of(o.dtype),
@@ -482,6 +597,27 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
                  "\"algbw\": %.4f, \"busbw\": %.4f, \"wrong\": %lld}%s\n",
                  r.transport.c_str(), r.algo.c_str(), r.bytes, r.time_us, r.algbw, r.busbw, r.wrong,
                  i + 1 < rows.size() ? "," : "");
+  }
+  std::fprintf(f, "], \"auto\": [\n");
+  auto pairs = [&](const std::vector<std::pair<std::string, double>>& v) {
+    std::fprintf(f, "{");
+    for (std::size_t k = 0; k < v.size(); ++k)
+      std::fprintf(f, "%s\"%s\": %.3f", k ? ", " : "", v[k].first.c_str(), v[k].second * 1e6);
+    std::fprintf(f, "}");
+  };
+  for (std::size_t i = 0; i < autos.size(); ++i) {
+    const AutoRow& a = autos[i];
+    std::fprintf(f,
+                 "  {\"transport\": \"%s\", \"bytes\": %zu, \"chosen\": \"%s\", \"predicted_us\": ",
+                 a.transport.c_str(), a.bytes, a.chosen.c_str());
+    pairs(a.predicted);
+    std::fprintf(f, ", \"measured_us\": ");
+    pairs(a.measured);
+    std::fprintf(f,
+                 ", \"auto_us\": %.3f, \"best\": \"%s\", \"chosen_over_best\": %.4f, "
+                 "\"within_10pct\": %s}%s\n",
+                 a.auto_s * 1e6, a.best.c_str(), a.chosen_s / a.best_s, a.within ? "true" : "false",
+                 i + 1 < autos.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);
@@ -505,6 +641,7 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     int p = 0;
     dtrain::CostModel model;
+    std::vector<AutoRow> auto_rows;
     if (o.rma_ceiling) rma_ceiling(o, world_rank == 0);
     for (const std::string& tr : o.transports) {
       o.transport = tr;
@@ -513,12 +650,12 @@ int main(int argc, char** argv) {
         dtrain::MpiTransport t(MPI_COMM_WORLD);
         dtrain::Communicator comm(t);
         p = comm.size();
-        got = run_suite(comm, o, world_rank == 0, t.mpi_comm(), &model);
+        got = run_suite(comm, o, world_rank == 0, t.mpi_comm(), &model, &auto_rows);
       } else if (tr == "mpi-rma") {
         dtrain::MpiRmaTransport t(MPI_COMM_WORLD);
         dtrain::Communicator comm(t);
         p = comm.size();
-        got = run_suite(comm, o, world_rank == 0, t.backend().mpi_comm(), &model);
+        got = run_suite(comm, o, world_rank == 0, t.backend().mpi_comm(), &model, &auto_rows);
       } else if (tr == "ibverbs") {
 #ifdef DTRAIN_HAVE_IBVERBS
         dtrain::IbverbsTransport t(MPI_COMM_WORLD);
@@ -526,7 +663,7 @@ int main(int argc, char** argv) {
         p = comm.size();
         if (world_rank == 0)
           std::printf("# ibverbs device: %s\n", t.backend().device_description().c_str());
-        got = run_suite(comm, o, world_rank == 0, MPI_COMM_WORLD, &model);
+        got = run_suite(comm, o, world_rank == 0, MPI_COMM_WORLD, &model, &auto_rows);
 #else
         throw dtrain::InvalidArgument("--transport ibverbs: built without libibverbs");
 #endif
@@ -537,11 +674,14 @@ int main(int argc, char** argv) {
         dtrain::run_loopback(o.loopback_ranks, [&](dtrain::LoopbackTransport& t) {
           dtrain::Communicator comm(t);
           dtrain::CostModel cm;
-          auto mine = run_suite(comm, o, world_rank == 0 && t.rank() == 0, MPI_COMM_NULL, &cm);
+          std::vector<AutoRow> mine_auto;
+          auto mine =
+              run_suite(comm, o, world_rank == 0 && t.rank() == 0, MPI_COMM_NULL, &cm, &mine_auto);
           if (t.rank() == 0) {
             std::lock_guard<std::mutex> lock(m);
             got = std::move(mine);
             model = cm;
+            auto_rows.insert(auto_rows.end(), mine_auto.begin(), mine_auto.end());
           }
         });
       }
@@ -551,7 +691,7 @@ int main(int argc, char** argv) {
     for (const Row& r : rows) wrong += r.wrong;
     if (world_rank == 0) {
       std::printf("\n# total wrong: %lld\n", wrong);
-      if (!o.json.empty()) write_json(o.json, rows, o, p, model);
+      if (!o.json.empty()) write_json(o.json, rows, o, p, model, auto_rows);
     }
     code = wrong ? 1 : 0;
   } catch (const std::exception& e) {

@@ -32,6 +32,10 @@ struct CommConfig {
   AllreduceAlgorithm default_algorithm = AllreduceAlgorithm::automatic;
   /// A given cost model (DTRAIN_COMM_ALPHA, _BETA, _GAMMA in seconds); invalid = measure once.
   CostModel cost_model{};
+  /// Tuning file caching this machine's calibration (DTRAIN_TUNING_FILE; empty = none): read at
+  /// the first calibration when present and made for the same job shape, written otherwise
+  /// (detail/tuning.hpp). Makes `automatic` choose alike on every run.
+  std::string tuning_file;
   /// Bitwise reproducible all-reduce and reduce-scatter (DTRAIN_COMM_REPRODUCIBLE, boolean):
   /// every request runs as an ordered algorithm (see AllreduceAlgorithm), so each element is the
   /// rank-order reduction ((x0 + x1) + x2) + ... whatever algorithm, bucket size, transport or
@@ -60,6 +64,7 @@ struct CommConfig {
     c.cost_model.alpha = env::get_double("DTRAIN_COMM_ALPHA", c.cost_model.alpha, 0, 1e3);
     c.cost_model.beta = env::get_double("DTRAIN_COMM_BETA", c.cost_model.beta, 0, 1e3);
     c.cost_model.gamma = env::get_double("DTRAIN_COMM_GAMMA", c.cost_model.gamma, 0, 1e3);
+    c.tuning_file = env::get("DTRAIN_TUNING_FILE").value_or("");
     c.reproducible = env::get_bool("DTRAIN_COMM_REPRODUCIBLE", c.reproducible);
     return c;
   }

@@ -17,6 +17,7 @@
 #include <dtrain/comm/comm_config.hpp>
 #include <dtrain/comm/cost_model.hpp>
 #include <dtrain/comm/detail/calibration.hpp>
+#include <dtrain/comm/detail/tuning.hpp>
 #include <dtrain/comm/detail/collective_plan.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
 #include <dtrain/comm/reduce_op.hpp>
@@ -68,7 +69,7 @@ class Communicator {
       : state_(std::make_unique<detail::CommState<Transport>>(transport, config)),
         topology_(node_map_of(transport).shape()) {
     DTRAIN_REQUIRE(config.timeout_s > 0, "Communicator", "timeout " << config.timeout_s << " s");
-    if (config.cost_model.valid()) state_->cost = config.cost_model;
+    if (config.cost_model.valid()) adopt_model(config.cost_model);
   }
   Communicator(Communicator&&) noexcept = default;
   Communicator& operator=(Communicator&&) = delete;
@@ -162,7 +163,7 @@ class Communicator {
 
   /// The algorithm `automatic` resolves to for `count` elements of `dtype`: in reproducible mode
   /// the ordered counterpart of the DTRAIN_ALLREDUCE_ALGO / CommConfig choice (never measures);
-  /// else that choice if set, else the cheapest under the cost model.
+  /// else that choice if set, else the row of allreduce_decisions() for its size.
   /// Collective the first time the cost model has to be measured.
   AllreduceAlgorithm select_allreduce(std::size_t count, DType dtype) {
     if (state_->config.reproducible)
@@ -172,25 +173,45 @@ class Communicator {
     if (size() == 1) return AllreduceAlgorithm::ring;
     // 16-bit floats travel as f32.
     const std::size_t es = (dtype == DType::f16 || dtype == DType::bf16) ? 4 : size_of(dtype);
-    return cost_model().best(count * es, size(), topology_);
+    cost_model();
+    return lookup_decision(state_->decisions, count * es);
   }
   /// Local: the shape of the transport's node grouping (<dtrain/comm/topology.hpp>) that
   /// `automatic` and the cost model see.
   const Topology& topology() const noexcept { return topology_; }
 
-  /// The alpha-beta-gamma model. Collective the first time when no model was given: ranks pair
-  /// up (r, r^1) for a ping-pong (alpha) and a 4 MiB exchange (beta), time a local 4 MiB
-  /// reduction (gamma), time a one-chunk and a 4 MiB shm all-reduce when the transport has
-  /// node-shared segments, and agree on the maximum of each so every rank selects alike.
+  /// What `automatic` all-reduce runs per message size (bytes per rank, 16-bit floats counted
+  /// as f32): rows of (min_bytes, algorithm), ascending, the first at 0. The same on every rank
+  /// and, with a tuning file (DTRAIN_TUNING_FILE), on every run; a trainer can record it. A
+  /// pinned algorithm (DTRAIN_ALLREDUCE_ALGO / CommConfig) gives one row. Collective the first
+  /// time the cost model has to be measured.
+  AllreduceDecisions allreduce_decisions() {
+    if (state_->config.default_algorithm != AllreduceAlgorithm::automatic)
+      return {AllreduceDecision{0, state_->config.default_algorithm}};
+    if (size() == 1) return {AllreduceDecision{0, AllreduceAlgorithm::ring}};
+    cost_model();
+    return state_->decisions;
+  }
+
+  /// The alpha-beta-gamma model. Collective the first time when no model was given: read from
+  /// the tuning file when one is configured and matches this job, else measured in interleaved
+  /// rounds (median per quantity, maximum over ranks) and its decision table validated by timing
+  /// every algorithm at a few sizes (detail/calibration.hpp), then written to the tuning file if
+  /// one is configured. Every rank ends with the same model and table.
   const CostModel& cost_model() {
-    if (!state_->cost.valid()) state_->cost = detail::measure_cost_model(*state_);
+    if (!state_->cost.valid()) {
+      detail::Calibration c = detail::calibrate_or_load(*state_, model_view());
+      state_->cost = c.model;
+      state_->decisions = std::move(c.decisions);
+    }
     return state_->cost;
   }
-  /// Local: sets the model (give every rank the same one).
+  /// Local: sets the model, and the decision table to the model's own (give every rank the
+  /// same one).
   void set_cost_model(const CostModel& m) {
     DTRAIN_REQUIRE(m.valid(), "Communicator::set_cost_model",
                    "alpha and beta must be positive, gamma non-negative");
-    state_->cost = m;
+    adopt_model(m);
   }
 
  private:
@@ -303,6 +324,24 @@ class Communicator {
   }
 
   std::shared_ptr<Impl> make_plan(const Spec& s) { return std::make_shared<Impl>(*state_, s); }
+
+  // How `automatic` applies the cost model here: the candidates and their predictions.
+  detail::ModelView model_view() const {
+    detail::ModelView v = detail::flat_model_view(size());
+    if (topology_.hierarchical()) {
+      v.candidates.push_back(AllreduceAlgorithm::hier);
+      v.candidates.push_back(AllreduceAlgorithm::hier_leader);
+    }
+    v.predict = [p = size(), topo = topology_](const CostModel& cm, AllreduceAlgorithm a,
+                                               std::size_t bytes) {
+      return cm.predict(a, bytes, p, topo);
+    };
+    return v;
+  }
+  void adopt_model(const CostModel& m) {
+    state_->cost = m;
+    state_->decisions = detail::model_decisions(m, model_view());
+  }
 
   static bool same_spec(const Spec& a, const Spec& b) {
     return a.kind == b.kind && a.algo == b.algo && a.op == b.op && a.dtype == b.dtype &&

@@ -7,7 +7,8 @@
 // and inside the stated range; choices must be one of the listed words.
 //
 // Who reads what (each in one function, called once where the object is configured):
-//   CommConfig::from_env (comm/comm_config.hpp)        DTRAIN_COMM_*, DTRAIN_ALLREDUCE_ALGO
+//   CommConfig::from_env (comm/comm_config.hpp)        DTRAIN_COMM_*, DTRAIN_ALLREDUCE_ALGO,
+//                                                       DTRAIN_TUNING_FILE
 //   SharedSegmentConfig::from_env (transport_traits)    DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, _SLOTS
 //   the log threshold (core/log.hpp)                    DTRAIN_LOG_LEVEL
 #pragma once

@@ -10,13 +10,16 @@
 //    spoils at most a round or two of each quantity, not the result.
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
-// 3. Validation. The model's table is checked at a few probe sizes: the model's pick and its
-//    runner-up (the next cheapest prediction) run alternately, kProbeReps times each; the
-//    medians of the slowest rank are agreed like the model. Where the runner-up measured more
-//    than kSwitchFactor (10%) faster than the pick, the prediction is taken as wrong there and
-//    the measured winner replaces the pick in the probe's band (from the geometric middle
-//    between its neighbouring probes to the next one) wherever the model had picked it.
-// About 50 ms at 2 ranks on an idle 2-core machine, a few hundred ms when it is loaded.
+// 3. Validation. The model's table is checked at a few probe sizes (4 KiB .. 8 MiB): every
+//    available algorithm runs kProbeReps times, the order rotated each repetition; the medians
+//    of the slowest rank are agreed like the model. Where the pick measured more than
+//    kSwitchFactor (10%) slower than the fastest, the prediction is taken as wrong there and
+//    the measured winner replaces the pick in the probe's band (from the geometric middle with
+//    the previous probe to that with the next) wherever the model had picked it. All
+//    algorithms, not just the model's runner-up, because a model fitted on a loaded machine can
+//    be wrong by more than the gap between its first and second choice.
+// About 0.1-0.2 s at 2 ranks on an idle 2-core machine, more when it is loaded
+// (allreduce_bench prints the time).
 //
 // The buffers of the point-to-point measurements are registered with the transport first, as a
 // plan registers its own, so that a transport which requires registration is measured as it is
@@ -88,13 +91,22 @@ inline std::function<double(const CalibrationSample&)>& calibration_hook() {
   return hook;
 }
 
-/// One validation probe: the model's pick at `bytes` and its runner-up, predicted and measured
-/// (median of the slowest rank, seconds), and whether the measured winner replaced the pick.
+/// Test knob: probes larger than this are skipped (tests keep calibrations short with it; set
+/// it before any rank calibrates).
+inline std::size_t& calibration_probe_limit() {
+  static std::size_t limit = ~std::size_t{0};
+  return limit;
+}
+
+/// One validation probe at `bytes`: the model's pick, its runner-up under the model, every
+/// available algorithm (the pick first) predicted and measured (the agreed median of the
+/// slowest rank, seconds), the measured winner, and whether it replaced the pick.
 struct CalibrationProbe {
   std::size_t bytes = 0;
   AllreduceAlgorithm pick = AllreduceAlgorithm::ring, runner_up = AllreduceAlgorithm::ring;
-  double predicted[2] = {0, 0};
-  double measured[2] = {0, 0};
+  AllreduceAlgorithm winner = AllreduceAlgorithm::ring;
+  std::vector<AllreduceAlgorithm> algos;
+  std::vector<double> predicted, measured;
   bool replaced = false;
 };
 
@@ -164,8 +176,8 @@ inline double median_of(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
-/// The validated table: `model`'s table with each replaced probe's pick swapped for its runner-up
-/// within the probe's band. Pure; every rank computes the same from the same agreed inputs.
+/// The validated table: `model`'s table with each replaced probe's pick swapped for its measured
+/// winner within the probe's band. Pure; every rank computes the same from the same agreed inputs.
 inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& view,
                                        const std::vector<CalibrationProbe>& probes) {
   auto pick = [&](std::size_t b) {
@@ -177,7 +189,7 @@ inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& vie
       const double lo = k == 0 ? 0.0 : std::sqrt(double(probes[k - 1].bytes) * double(q.bytes));
       const double hi =
           k + 1 == probes.size() ? 1e300 : std::sqrt(double(q.bytes) * double(probes[k + 1].bytes));
-      if (double(b) >= lo && double(b) < hi) return q.runner_up;
+      if (double(b) >= lo && double(b) < hi) return q.winner;
     }
     return a;
   };
@@ -376,52 +388,55 @@ class Calibrator {
   }
 
   void validate(Calibration& c) {
-    const std::size_t max_bytes = kProbeBytes[std::size(kProbeBytes) - 1];
+    const std::size_t max_bytes =
+        std::min(kProbeBytes[std::size(kProbeBytes) - 1], calibration_probe_limit());
     std::vector<float> in(max_bytes / sizeof(float), 1.0f), out(in.size(), 0.0f);
-    std::vector<double> med;  // [probe][pick, runner-up]
+    std::vector<double> med;  // every probe's algorithms, in order
     for (std::size_t bytes : kProbeBytes) {
+      if (bytes > max_bytes) break;
       CalibrationProbe q;
       q.bytes = bytes;
       q.pick = lookup_decision(c.decisions, bytes);
       q.runner_up = view_.best(c.model, bytes, q.pick);
-      q.predicted[0] = view_.predict(c.model, q.pick, bytes);
-      q.predicted[1] = view_.predict(c.model, q.runner_up, bytes);
-      double mine[2] = {0, 0};
-      if (q.runner_up != q.pick) {
-        std::unique_ptr<Plan> plans[2];
-        for (int k = 0; k < 2; ++k) {
-          PlanSpec s = spec(CollectiveKind::allreduce);
-          s.dtype = DType::f32;
-          s.count = bytes / sizeof(float);
-          s.in = in.data();
-          s.out = out.data();
-          s.algo = k ? q.runner_up : q.pick;
-          plans[k] = std::make_unique<Plan>(st_, s);
-          execute_in_order(st_, *plans[k]);  // warm-up
-        }
-        std::vector<double> times[2];
-        for (int rep = 0; rep < kProbeReps; ++rep)
-          for (int j = 0; j < 2; ++j) {
-            const int k = (rep + j) % 2;  // alternate which goes first
-            const double t0 = now_seconds();
-            execute_in_order(st_, *plans[k]);
-            times[k].push_back(sample(CalibrationQuantity::probe, rep, now_seconds() - t0,
-                                      k ? q.runner_up : q.pick, bytes));
-          }
-        mine[0] = median_of(times[0]);
-        mine[1] = median_of(times[1]);
+      q.algos.push_back(q.pick);
+      for (AllreduceAlgorithm a : view_.candidates)
+        if (a != q.pick && view_.predict(c.model, a, bytes) < 1e299) q.algos.push_back(a);
+      const std::size_t n = q.algos.size();
+      std::vector<std::unique_ptr<Plan>> plans;
+      for (AllreduceAlgorithm a : q.algos) {
+        q.predicted.push_back(view_.predict(c.model, a, bytes));
+        PlanSpec s = spec(CollectiveKind::allreduce);
+        s.dtype = DType::f32;
+        s.count = bytes / sizeof(float);
+        s.in = in.data();
+        s.out = out.data();
+        s.algo = a;
+        plans.push_back(std::make_unique<Plan>(st_, s));
+        execute_in_order(st_, *plans.back());  // warm-up
       }
-      med.push_back(mine[0]);
-      med.push_back(mine[1]);
-      c.probes.push_back(q);
+      std::vector<std::vector<double>> times(n);
+      for (int rep = 0; rep < kProbeReps; ++rep)
+        for (std::size_t j = 0; j < n; ++j) {
+          const std::size_t k = (static_cast<std::size_t>(rep) + j) % n;  // rotate the order
+          const double t0 = now_seconds();
+          execute_in_order(st_, *plans[k]);
+          times[k].push_back(
+              sample(CalibrationQuantity::probe, rep, now_seconds() - t0, q.algos[k], bytes));
+        }
+      for (const auto& t : times) med.push_back(median_of(t));
+      c.probes.push_back(std::move(q));
     }
     agree_max(med.data(), med.size());
     bool any = false;
-    for (std::size_t k = 0; k < c.probes.size(); ++k) {
-      CalibrationProbe& q = c.probes[k];
-      q.measured[0] = med[2 * k];
-      q.measured[1] = med[2 * k + 1];
-      q.replaced = q.runner_up != q.pick && q.measured[0] > kSwitchFactor * q.measured[1];
+    std::size_t at = 0;
+    for (CalibrationProbe& q : c.probes) {
+      q.measured.assign(med.begin() + at, med.begin() + at + q.algos.size());
+      at += q.algos.size();
+      std::size_t w = 0;
+      for (std::size_t k = 1; k < q.measured.size(); ++k)
+        if (q.measured[k] < q.measured[w]) w = k;
+      q.winner = q.algos[w];
+      q.replaced = q.winner != q.pick && q.measured[0] > kSwitchFactor * q.measured[w];
       any = any || q.replaced;
     }
     if (any) c.decisions = apply_probes(c.model, view_, c.probes);

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <string>
 
+#include <dtrain/comm/allreduce_decision.hpp>
 #include <dtrain/comm/comm_config.hpp>
 #include <dtrain/comm/cost_model.hpp>
 #include <dtrain/comm/detail/progress_engine.hpp>
@@ -29,6 +30,8 @@ struct CommState {
   // only because the progress thread and the caller take turns.
   std::atomic<std::uint64_t> seq{0};
   CostModel cost{};
+  // What `automatic` all-reduce runs per size; set together with `cost`.
+  AllreduceDecisions decisions;
   std::mutex broken_mutex;
   std::string broken;  // first failure; non-empty = unusable
 

@@ -6,7 +6,7 @@
 //   dtrain_tuning 1             format version
 //   version 0.1.0               dtrain version that wrote it
 //   world_size 2                ranks of the communicator
-//   node_shape 1x2              nodes x ranks per node as the transport shows them
+//   node_shape 1x2              nodes x ranks per node as the transport groups them (3+1 uneven)
 //   transport mpi               the transport's name
 //   alpha 6.1e-07  beta ...  gamma ...  shm_alpha ...  shm_beta ...  shm_chunk ...
 //   decision 0 rd               one row per line, min_bytes ascending, the first at 0
@@ -38,6 +38,7 @@
 #include <dtrain/comm/cost_model.hpp>
 #include <dtrain/comm/detail/calibration.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/version.hpp>
@@ -92,8 +93,7 @@ TuningIdentity tuning_identity(CommState<Transport>& st) {
   TuningIdentity id;
   Transport& t = *st.transport;
   id.world_size = t.size();
-  // Ranks on one node share segments; without them every rank counts as a node of its own.
-  id.node_shape = shared_segments_of(t) ? concat("1x", t.size()) : concat(t.size(), "x1");
+  id.node_shape = node_map_of(t).describe();  // "2x2", or the node sizes as in "3+1"
   id.transport = transport_name_of(t);
   return id;
 }

@@ -1,0 +1,372 @@
+// The calibration behind `automatic` all-reduce over loopback ranks: every rank decides alike, a
+// disturbed sample does not change the decision, the validation replaces a pick that measures
+// slower than its runner-up, and the tuning file round-trips, is refused when malformed and
+// rewritten when stale.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+using namespace dtrain;
+using detail::CalibrationQuantity;
+using detail::CalibrationSample;
+
+namespace {
+
+CommConfig config() {
+  CommConfig c;
+  c.timeout_s = 60;
+  c.default_algorithm = AllreduceAlgorithm::automatic;
+  return c;
+}
+
+// A synthetic machine: every raw timing the calibration takes is replaced by what this model
+// says, so the fitted model and the table are exactly predictable.
+const CostModel& truth() {
+  static const CostModel m = [] {
+    CostModel c;
+    c.alpha = 2e-6;
+    c.beta = 1.0 / 4e9;
+    c.gamma = 1.0 / 8e9;
+    c.shm_alpha = 0.5e-6;
+    c.shm_beta = 1.0 / 3e9;
+    c.shm_chunk = 256 * 1024;
+    return c;
+  }();
+  return m;
+}
+
+double synthetic(const CalibrationSample& s, int p) {
+  const CostModel& m = truth();
+  const double big = 4 << 20;
+  switch (s.quantity) {
+    case CalibrationQuantity::alpha: return m.alpha;
+    case CalibrationQuantity::beta: return m.alpha + big * m.beta;
+    case CalibrationQuantity::gamma: return big * m.gamma;
+    case CalibrationQuantity::shm_alpha: return 3 * m.shm_alpha;
+    case CalibrationQuantity::shm_beta: return m.predict(AllreduceAlgorithm::shm, 4 << 20, p);
+    case CalibrationQuantity::probe: return m.predict(s.algo, s.bytes, p);
+  }
+  return s.seconds;
+}
+
+// Sets the calibration hook for the lifetime of the object, and keeps the probes small (4 KiB
+// and 64 KiB) so that the tests stay fast on a loaded machine.
+struct Hook {
+  explicit Hook(std::function<double(const CalibrationSample&)> f) {
+    detail::calibration_hook() = std::move(f);
+    detail::calibration_probe_limit() = 65536;
+  }
+  ~Hook() {
+    detail::calibration_hook() = nullptr;
+    detail::calibration_probe_limit() = ~std::size_t{0};
+  }
+};
+
+struct Outcome {
+  CostModel model;
+  AllreduceDecisions decisions;
+  std::vector<detail::CalibrationProbe> probes;
+};
+
+// Calibrates a fresh communicator state on each of `p` loopback ranks; returns every rank's
+// outcome.
+std::vector<Outcome> calibrate_all(int p) {
+  std::vector<Outcome> out(static_cast<std::size_t>(p));
+  run_loopback(p, [&](LoopbackTransport& t) {
+    CommConfig c = config();
+    c.check_fingerprints = false;  // the shm fit then takes nothing out: exactly predictable
+    detail::CommState<LoopbackTransport> st(t, c);
+    detail::Calibration cal = detail::calibrate(st, detail::flat_model_view(p));
+    out[static_cast<std::size_t>(t.rank())] = Outcome{cal.model, cal.decisions, cal.probes};
+  });
+  return out;
+}
+
+bool same_model(const CostModel& a, const CostModel& b) {
+  return a.alpha == b.alpha && a.beta == b.beta && a.gamma == b.gamma &&
+         a.shm_alpha == b.shm_alpha && a.shm_beta == b.shm_beta && a.shm_chunk == b.shm_chunk;
+}
+
+// The synthetic timings, counting how many were taken.
+std::function<double(const CalibrationSample&)> counting_synthetic(std::atomic<int>& n, int p) {
+  return [&n, p](const CalibrationSample& s) {
+    ++n;
+    return synthetic(s, p);
+  };
+}
+
+CommConfig with_tuning_file(const std::string& path) {
+  CommConfig c = config();
+  c.tuning_file = path;
+  return c;
+}
+
+std::string temp_path(const char* tag) {
+  return std::string("/tmp/dtrain_tuning_") + tag + "_" + std::to_string(::getpid()) + ".txt";
+}
+
+}  // namespace
+
+TEST_CASE("decision tables: bands by powers of two, merged, looked up by size") {
+  const auto t = detail::decisions_from([](std::size_t b) {
+    return b < 3000 ? AllreduceAlgorithm::rd
+                    : (b < (1u << 20) ? AllreduceAlgorithm::shm : AllreduceAlgorithm::ring);
+  });
+  // Band [2048, 4096) is decided at 2896 (rd); [1 MiB, 2 MiB) at 1.41 MiB (ring).
+  REQUIRE(t.size() == 3);
+  CHECK(t[0] == AllreduceDecision{0, AllreduceAlgorithm::rd});
+  CHECK(t[1] == AllreduceDecision{4096, AllreduceAlgorithm::shm});
+  CHECK(t[2] == AllreduceDecision{1u << 20, AllreduceAlgorithm::ring});
+  CHECK(lookup_decision(t, 0) == AllreduceAlgorithm::rd);
+  CHECK(lookup_decision(t, 4095) == AllreduceAlgorithm::rd);
+  CHECK(lookup_decision(t, 4096) == AllreduceAlgorithm::shm);
+  CHECK(lookup_decision(t, std::size_t(1) << 50) == AllreduceAlgorithm::ring);
+  // The flat view decides as CostModel::best does at every band's middle.
+  const auto view = detail::flat_model_view(4);
+  const auto m = detail::model_decisions(truth(), view);
+  for (int k = 1; k < 40; ++k) {
+    const auto at = static_cast<std::size_t>(std::ldexp(std::sqrt(2.0), k));
+    CHECK(lookup_decision(m, at) == truth().best(at, 4));
+  }
+}
+
+TEST_CASE("calibration: every rank ends with the same model and table (real timings)") {
+  for (int p : {2, 3}) {
+    CAPTURE(p);
+    std::vector<AllreduceDecisions> tables(static_cast<std::size_t>(p));
+    std::vector<CostModel> models(static_cast<std::size_t>(p));
+    std::vector<AllreduceAlgorithm> chosen(static_cast<std::size_t>(p));
+    detail::calibration_probe_limit() = 65536;
+    run_loopback(p, [&](LoopbackTransport& t) {
+      Communicator comm(t, config());
+      const auto r = static_cast<std::size_t>(t.rank());
+      models[r] = comm.cost_model();
+      tables[r] = comm.allreduce_decisions();
+      chosen[r] = comm.select_allreduce(300000, DType::f32);
+      // The table is what automatic runs.
+      std::vector<float> x(300000, 1.0f);
+      CHECK(
+          comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)), ReduceOp::sum)
+              .algorithm() == lookup_decision(tables[r], x.size() * 4));
+    });
+    for (int r = 1; r < p; ++r) {
+      CHECK(same_model(models[r], models[0]));
+      CHECK(tables[r] == tables[0]);
+      CHECK(chosen[r] == chosen[0]);
+    }
+    REQUIRE_FALSE(tables[0].empty());
+    CHECK(tables[0][0].min_bytes == 0);
+    for (std::size_t i = 1; i < tables[0].size(); ++i) {
+      CHECK(tables[0][i].min_bytes > tables[0][i - 1].min_bytes);
+      CHECK(tables[0][i].algo != tables[0][i - 1].algo);
+    }
+  }
+  detail::calibration_probe_limit() = ~std::size_t{0};
+}
+
+TEST_CASE("calibration: a disturbed sample on one rank does not change the decision") {
+  const int p = 2;
+  std::vector<Outcome> clean, disturbed;
+  {
+    Hook h([&](const CalibrationSample& s) { return synthetic(s, p); });
+    clean = calibrate_all(p);
+  }
+  {
+    // Rank 1 is descheduled during round 2 of every quantity and during the second repetition
+    // of every probe: those samples take 50 times as long.
+    Hook h([&](const CalibrationSample& s) {
+      const double v = synthetic(s, p);
+      const bool hit = s.rank == 1 && ((s.quantity != CalibrationQuantity::probe && s.round == 2) ||
+                                       (s.quantity == CalibrationQuantity::probe && s.round == 1));
+      return hit ? 50 * v : v;
+    });
+    disturbed = calibrate_all(p);
+  }
+  for (int r = 0; r < p; ++r) {
+    CHECK(same_model(clean[r].model, disturbed[r].model));
+    CHECK(clean[r].decisions == disturbed[r].decisions);
+  }
+  // The synthetic model is what was fitted (nothing replaced: the probes agree with it).
+  CHECK(clean[0].model.alpha == doctest::Approx(truth().alpha));
+  CHECK(clean[0].model.beta == doctest::Approx(truth().beta));
+  CHECK(clean[0].model.shm_beta == doctest::Approx(truth().shm_beta).epsilon(1e-6));
+  for (const auto& q : clean[0].probes) CHECK_FALSE(q.replaced);
+  // A minimum-free single sample would have been fooled: the disturbance is large enough to
+  // flip a decision if it were taken at face value.
+  CostModel slow = clean[0].model;
+  slow.shm_beta *= 50;
+  CHECK(detail::model_decisions(slow, detail::flat_model_view(p)) != clean[0].decisions);
+}
+
+TEST_CASE("calibration: the validation replaces a pick that measures slower than its runner-up") {
+  const int p = 2;
+  std::vector<Outcome> base;
+  {
+    Hook h([&](const CalibrationSample& s) { return synthetic(s, p); });
+    base = calibrate_all(p);
+  }
+  // Find a probe with a real runner-up and make that runner-up measure twice as fast as the
+  // model's pick there (the machine disagrees with the model).
+  const detail::CalibrationProbe* target = nullptr;
+  for (const auto& q : base[0].probes)
+    if (q.runner_up != q.pick) target = &q;
+  REQUIRE(target != nullptr);
+  const detail::CalibrationProbe t0 = *target;
+  std::vector<Outcome> fixed;
+  {
+    Hook h([&](const CalibrationSample& s) {
+      if (s.quantity == CalibrationQuantity::probe && s.bytes == t0.bytes) {
+        const double pick_t = truth().predict(t0.pick, s.bytes, p);
+        return s.algo == t0.runner_up ? pick_t / 2 : pick_t;
+      }
+      return synthetic(s, p);
+    });
+    fixed = calibrate_all(p);
+  }
+  for (int r = 1; r < p; ++r) CHECK(fixed[r].decisions == fixed[0].decisions);
+  CHECK(same_model(fixed[0].model, base[0].model));  // the model stays; the table changes
+  bool seen = false;
+  for (const auto& q : fixed[0].probes) {
+    if (q.bytes != t0.bytes) {
+      CHECK_FALSE(q.replaced);
+      continue;
+    }
+    seen = true;
+    CHECK(q.replaced);
+    CHECK(q.winner == t0.runner_up);
+    CHECK(q.algos.size() >= 2);
+    CHECK(q.algos[0] == t0.pick);
+  }
+  CHECK(seen);
+  CHECK(lookup_decision(fixed[0].decisions, t0.bytes) == t0.runner_up);
+  CHECK(lookup_decision(base[0].decisions, t0.bytes) == t0.pick);
+  // Outside the probe's band the model's table stands.
+  if (t0.bytes != detail::kProbeBytes[0])
+    CHECK(lookup_decision(fixed[0].decisions, 1) == lookup_decision(base[0].decisions, 1));
+}
+
+TEST_CASE("tuning file: written once, read back exactly, the same decisions without measuring") {
+  const std::string path = temp_path("roundtrip");
+  std::remove(path.c_str());
+  const int p = 2;
+  std::atomic<int> samples{0};
+  Hook h(counting_synthetic(samples, p));
+  const CommConfig c = with_tuning_file(path);
+  std::vector<AllreduceDecisions> first(p), second(p);
+  std::vector<CostModel> m1(p), m2(p);
+  run_loopback(p, [&](LoopbackTransport& t) {
+    Communicator comm(t, c);
+    m1[t.rank()] = comm.cost_model();
+    first[t.rank()] = comm.allreduce_decisions();
+  });
+  CHECK(samples.load() > 0);
+  std::ifstream f(path);
+  REQUIRE(f.good());
+  std::stringstream ss;
+  ss << f.rdbuf();
+  const detail::Tuning tu = detail::parse_tuning(path, ss.str());
+  CHECK(same_model(tu.model, m1[0]));
+  CHECK(tu.decisions == first[0]);
+  CHECK(tu.identity.world_size == p);
+  CHECK(tu.identity.version == std::string(version_string()));
+
+  samples = 0;
+  run_loopback(p, [&](LoopbackTransport& t) {
+    Communicator comm(t, c);
+    m2[t.rank()] = comm.cost_model();
+    second[t.rank()] = comm.allreduce_decisions();
+  });
+  CHECK(samples.load() == 0);  // nothing measured: read from the file
+  for (int r = 0; r < p; ++r) {
+    CHECK(same_model(m2[r], m1[r]));
+    CHECK(second[r] == first[r]);
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("tuning file: a stale file is recalibrated and rewritten, a malformed one is an error") {
+  const std::string path = temp_path("bad");
+  const int p = 2;
+  std::atomic<int> samples{0};
+  Hook h(counting_synthetic(samples, p));
+  const CommConfig c = with_tuning_file(path);
+  {
+    // Made for 3 ranks: a warning, a new calibration, the file rewritten for 2.
+    detail::Tuning stale;
+    stale.identity.world_size = 3;
+    stale.identity.node_shape = "1x3";
+    stale.identity.transport = "other";
+    stale.model = truth();
+    stale.decisions = {AllreduceDecision{0, AllreduceAlgorithm::tree}};
+    REQUIRE(detail::write_tuning(path, stale).empty());
+    run_loopback(p, [&](LoopbackTransport& t) {
+      Communicator comm(t, c);
+      comm.cost_model();
+    });
+    CHECK(samples.load() > 0);
+    std::ifstream f(path);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    CHECK(detail::parse_tuning(path, ss.str()).identity.world_size == p);
+  }
+  const char* bad_files[] = {
+      "dtrain_tuning 1\nalpha abc\n",  // not a number
+      "",                              // nothing
+      "dtrain_tuning 1\nversion 0.1.0\nworld_size 2\nnode_shape 1x2\ntransport x\nalpha 1e-6\n"
+      "beta 1e-10\ngamma 0\nshm_alpha 0\nshm_beta 0\nshm_chunk 1024\ndecision 0 bogus\n",
+      "dtrain_tuning 1\nversion 0.1.0\nworld_size 2\nnode_shape 1x2\ntransport x\nalpha 1e-6\n"
+      "beta 1e-10\ngamma 0\nshm_alpha 0\nshm_beta 0\nshm_chunk 1024\ndecision 0 rd\n"
+      "decision 0 ring\n",
+  };
+  for (const char* text : bad_files) {
+    CAPTURE(text);
+    {
+      std::ofstream f(path);
+      f << text;
+    }
+    std::vector<std::string> errors(p);
+    run_loopback(p, [&](LoopbackTransport& t) {
+      Communicator comm(t, c);
+      try {
+        comm.cost_model();
+      } catch (const IoError& e) {
+        errors[t.rank()] = e.what();
+      }
+    });
+    for (int r = 0; r < p; ++r) {
+      CAPTURE(r);
+      CHECK(errors[r].find(path) != std::string::npos);
+    }
+  }
+  std::remove(path.c_str());
+}
+
+TEST_CASE("tuning file parser: names the file and line of what is wrong") {
+  detail::TuningIdentity id;
+  id.world_size = 4;
+  id.node_shape = "1x4";
+  id.transport = "loopback";
+  const std::string good = detail::format_tuning(
+      detail::Tuning{id, truth(), {AllreduceDecision{0, AllreduceAlgorithm::rd}}});
+  CHECK_NOTHROW(detail::parse_tuning("f.txt", good));
+  CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "alpha 1\n"),
+                       doctest::Contains("f.txt line 14: 'alpha' given twice"), IoError);
+  CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "colour blue\n"),
+                       doctest::Contains("unknown key 'colour'"), IoError);
+  CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "decision 10 auto\n"),
+                       doctest::Contains("cannot be 'auto'"), IoError);
+  CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", "dtrain_tuning 1\n"),
+                       doctest::Contains("missing"), IoError);
+}
