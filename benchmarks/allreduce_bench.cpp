@@ -7,8 +7,9 @@
 //
 // Flags (strict; --help lists them): -b min bytes, -e max bytes, -f step factor, -n iterations,
 // -w warm-up iterations, -R rounds (each cell reports its best round), -c 0|1 check results,
-// -d dtype, -o op, --algo LIST (ring tree rhd rd auto mpi; mpi = MPI_Allreduce on the same
-// buffers), --transport LIST (mpi mpi-rma ibverbs loopback; each runs the suite in turn),
+// -d dtype, -o op, --algo LIST (ring tree rhd rd shm hier hier_leader auto mpi; mpi =
+// MPI_Allreduce on the same buffers), --transport LIST (mpi mpi-rma ibverbs loopback; each runs
+// the suite in turn),
 // --ranks N (loopback), --inplace, --json FILE (rows, the calibrated cost model and, with auto,
 // the automatic report below), --rma-ceiling (MPI one-sided put + flush against
 // two-sided transfers, the ceiling of mpi-rma).
@@ -135,7 +136,8 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
       ->capture_default_str();
   app.add_option("--algo", o.algos, "algorithms (mpi = MPI_Allreduce)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ring", "tree", "rhd", "rd", "shm", "auto", "mpi"}))
+      ->check(
+          CLI::IsMember({"ring", "tree", "rhd", "rd", "shm", "hier", "hier_leader", "auto", "mpi"}))
       ->capture_default_str();
   app.add_option("--transport", o.transports, "transports, each measured in turn")
       ->delimiter(',')
