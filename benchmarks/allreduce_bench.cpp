@@ -12,7 +12,8 @@
 // the suite in turn),
 // --ranks N (loopback), --inplace, --json FILE (rows, the calibrated cost model and, with auto,
 // the automatic report below), --rma-ceiling (MPI one-sided put + flush against
-// two-sided transfers, the ceiling of mpi-rma).
+// two-sided transfers, the ceiling of mpi-rma), --reproducible (every dtrain algorithm runs as
+// its ordered counterpart; ordered and ordered_shm can also be named in --algo).
 //
 // With auto among the algorithms (and DTRAIN_ALLREDUCE_ALGO unset), the header gives the
 // calibrated model, how long the calibration took and the decision table, and a last table
@@ -136,8 +137,8 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
       ->capture_default_str();
   app.add_option("--algo", o.algos, "algorithms (mpi = MPI_Allreduce)")
       ->delimiter(',')
-      ->check(
-          CLI::IsMember({"ring", "tree", "rhd", "rd", "shm", "hier", "hier_leader", "auto", "mpi"}))
+      ->check(CLI::IsMember({"ring", "tree", "rhd", "rd", "shm", "hier", "hier_leader", "ordered",
+                             "ordered_shm", "auto", "mpi"}))
       ->capture_default_str();
   app.add_option("--transport", o.transports, "transports, each measured in turn")
       ->delimiter(',')
@@ -147,6 +148,10 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
   app.add_flag("--inplace", o.inplace, "in-place all-reduce");
+  bool reproducible = false;
+  app.add_flag("--reproducible", reproducible,
+               "reproducible mode (DTRAIN_COMM_REPRODUCIBLE=1): every dtrain algorithm runs as "
+               "its ordered counterpart");
   app.add_option("--json", o.json, "also write the rows to this JSON file");
   app.add_flag("--rma-ceiling", o.rma_ceiling,
                "measure MPI_Put + flush (dynamic and shared-memory windows) against two-sided "
@@ -166,6 +171,8 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
     return o;
   }
   o.check = check != 0;
+  // The communicators read their configuration from the environment when they are made.
+  if (reproducible) ::setenv("DTRAIN_COMM_REPRODUCIBLE", "1", 1);
   o.dtype = dtrain::dtype_from_name(dtype);
   o.op = dtrain::reduce_op_from_name(op);
   return o;

@@ -69,7 +69,9 @@ bool reduces_device_memory(const C& comm) {
 /// reduces, are handed over directly.
 ///
 /// Buckets always start in the same order (a bucket that completes early waits for the ones
-/// before it), so every rank issues the same collectives in the same order. wait() completes
+/// before it), so every rank issues the same collectives in the same order. With a communicator in
+/// reproducible mode (CommConfig::reproducible) each element's average is the rank-order sum
+/// divided by p, so the bits do not depend on bucket_bytes or `algo` either. wait() completes
 /// every bucket and resets for the next step; wait(optimizer) also applies the optimizer to each
 /// bucket as soon as its average has arrived, while later buckets are still being reduced.
 ///
