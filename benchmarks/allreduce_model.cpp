@@ -14,11 +14,13 @@
 // Units: seconds (alpha), seconds per byte (beta, gamma); busbw = algbw * 2(p-1)/p, GB/s = 1e9
 // B/s, K/M/G = 1024^k, as allreduce_bench and nccl-tests report them.
 //
-// Beyond one node (p > --ranks-per-node) the flat algorithms pay the inter-node alpha and beta in
-// every step (the ring's slowest link is its node crossing; for rhd and rd this is an upper bound,
-// their short-distance steps stay inside a node), rhd and rd steps cross with every rank of a
-// node at once and so share its NICs (--ranks-per-nic), and shm is out (it needs every rank on
-// one node). See benchmarks/RESULTS.md for what the model leaves out.
+// Ranks fill nodes of --ranks-per-node in order; the time of each algorithm is
+// CostModel::predict over that Topology (flat algorithms pay the inter-node alpha and beta on
+// every message once there are several nodes, shm needs one node, hier and hier_leader need
+// several nodes with several ranks). On top of it, the algorithms whose steps cross nodes from
+// every rank of a node at once (rhd, rd, and hier's per-part rings) share the node's NICs: their
+// inter-node beta is multiplied by --ranks-per-nic (at most the ranks on a node). See
+// benchmarks/RESULTS.md for what the model leaves out.
 #include <mpi.h>
 
 #include <algorithm>
@@ -165,11 +167,10 @@ double number_in(const Json& obj, const std::string& key, const std::string& whe
 
 // ---- The model at scale ----
 
-/// What a projection needs besides the CostModel of one node.
+/// What a projection needs besides the CostModel (whose inter_alpha / inter_beta, 0 = as inside
+/// a node, price messages between nodes).
 struct Machine {
-  CostModel cm;            // alpha, beta, gamma and shm terms inside one node
-  double inter_alpha = 0;  // between nodes; 0 = same as cm.alpha
-  double inter_beta = 0;   // between nodes; 0 = same as cm.beta
+  CostModel cm;
   int ranks_per_node = 8;  // consecutive ranks share a node
   int ranks_per_nic = 1;   // ranks of a node that share one NIC (1: a NIC, or rail, per rank)
   std::string source;      // where the parameters came from
@@ -177,25 +178,37 @@ struct Machine {
 
 const std::vector<AllreduceAlgorithm>& model_algorithms() {
   static const std::vector<AllreduceAlgorithm> all{
-      AllreduceAlgorithm::ring, AllreduceAlgorithm::tree, AllreduceAlgorithm::rhd,
-      AllreduceAlgorithm::rd, AllreduceAlgorithm::shm};
+      AllreduceAlgorithm::ring,       AllreduceAlgorithm::tree, AllreduceAlgorithm::rhd,
+      AllreduceAlgorithm::rd,         AllreduceAlgorithm::shm,  AllreduceAlgorithm::hier,
+      AllreduceAlgorithm::hier_leader};
   return all;
 }
 
 constexpr double kUnavailable = 1e300;
 
+/// `p` ranks filling nodes of `per_node` ranks in order (the last node may have fewer).
+dtrain::Topology topology_of(int p, int per_node) {
+  const int nodes = (p + per_node - 1) / per_node;
+  const int last = p - (nodes - 1) * per_node;
+  return dtrain::Topology{nodes, std::min(p, per_node), nodes > 1 ? last : p};
+}
+
 /// Predicted seconds of `algo` on `bytes` bytes per rank over `p` ranks of machine `m`
 /// (kUnavailable where the algorithm cannot run).
 double project(const Machine& m, AllreduceAlgorithm algo, std::size_t bytes, int p) {
-  if (p <= m.ranks_per_node) return m.cm.predict(algo, bytes, p);
-  if (algo == AllreduceAlgorithm::shm) return kUnavailable;
-  CostModel across = m.cm;
-  across.alpha = m.inter_alpha > 0 ? m.inter_alpha : m.cm.alpha;
-  across.beta = m.inter_beta > 0 ? m.inter_beta : m.cm.beta;
-  // rhd and rd exchange with a partner on another node from every rank of a node at once.
-  if (algo == AllreduceAlgorithm::rhd || algo == AllreduceAlgorithm::rd)
-    across.beta *= std::min(m.ranks_per_nic, m.ranks_per_node);
-  return across.predict(algo, bytes, p);
+  const dtrain::Topology topo = topology_of(p, m.ranks_per_node);
+  const bool hier = algo == AllreduceAlgorithm::hier || algo == AllreduceAlgorithm::hier_leader;
+  if (hier && !topo.hierarchical()) return kUnavailable;  // as CostModel::best decides
+  CostModel cm = m.cm;
+  // Every rank of a node crosses to another node at once: rhd and rd at their long-distance
+  // steps, hier in the rings of its parts (one per rank of a node).
+  const bool all_cross = algo == AllreduceAlgorithm::rhd || algo == AllreduceAlgorithm::rd ||
+                         algo == AllreduceAlgorithm::hier;
+  if (topo.nodes > 1 && all_cross)
+    cm.inter_beta = (cm.inter_beta > 0 ? cm.inter_beta : cm.beta) *
+                    std::min(m.ranks_per_nic, topo.max_ranks_per_node);
+  const double t = cm.predict(algo, bytes, p, topo);
+  return t >= kUnavailable ? kUnavailable : t;
 }
 
 double busbw_gbs(std::size_t bytes, int p, double seconds) {
@@ -235,6 +248,7 @@ struct Options {
   double alpha = 0, beta = 0, gamma = -1, shm_alpha = 0, shm_beta = 0, shm_chunk = 256 * 1024;
   double inter_alpha = 0, inter_beta = 0;
   int ranks_per_node = 8, ranks_per_nic = 1, loopback_ranks = 2;
+  int measured_ranks_per_node = 0;  // --ranks-per-node given with --measured
   std::int64_t ranks_min = 2, ranks_max = 100000;
   std::string b = "4K", e = "1G", params, calibrate, csv, json, png;
   double factor = 4;
@@ -257,10 +271,13 @@ CostModel cost_model_from(const Json& doc, const std::string& path) {
   if (cmj->find("shm_alpha")) cm.shm_alpha = number_in(*cmj, "shm_alpha", path);
   if (cmj->find("shm_beta")) cm.shm_beta = number_in(*cmj, "shm_beta", path);
   if (cmj->find("shm_chunk")) cm.shm_chunk = number_in(*cmj, "shm_chunk", path);
-  if (!cm.valid() || cm.shm_alpha < 0 || cm.shm_beta < 0 || cm.shm_chunk < 1)
+  if (cmj->find("inter_alpha")) cm.inter_alpha = number_in(*cmj, "inter_alpha", path);
+  if (cmj->find("inter_beta")) cm.inter_beta = number_in(*cmj, "inter_beta", path);
+  if (!cm.valid() || cm.shm_alpha < 0 || cm.shm_beta < 0 || cm.shm_chunk < 1 ||
+      cm.inter_alpha < 0 || cm.inter_beta < 0)
     throw dtrain::InvalidArgument("allreduce_model: " + path +
-                                  ": cost_model needs alpha > 0, beta > 0, gamma >= 0, shm terms "
-                                  ">= 0 and shm_chunk >= 1");
+                                  ": cost_model needs alpha > 0, beta > 0, gamma >= 0, shm and "
+                                  "inter terms >= 0 and shm_chunk >= 1");
   return cm;
 }
 
@@ -300,13 +317,13 @@ void print_parameters(const Machine& m) {
                 m.cm.shm_beta * 1e9, m.cm.shm_chunk);
   else
     std::printf("#   shm: not available\n");
-  const double ia = m.inter_alpha > 0 ? m.inter_alpha : m.cm.alpha;
-  const double ib = m.inter_beta > 0 ? m.inter_beta : m.cm.beta;
+  const double ia = m.cm.inter_alpha > 0 ? m.cm.inter_alpha : m.cm.alpha;
+  const double ib = m.cm.inter_beta > 0 ? m.cm.inter_beta : m.cm.beta;
   std::printf(
       "#   %d ranks per node, %d ranks per NIC; between nodes alpha %.3f us, beta %.4f ns/B "
       "(%.2f GB/s)%s\n",
       m.ranks_per_node, m.ranks_per_nic, ia * 1e6, ib * 1e9, 1e-9 / ib,
-      m.inter_alpha > 0 || m.inter_beta > 0 ? "" : " (= inside a node: not given)");
+      m.cm.inter_alpha > 0 || m.cm.inter_beta > 0 ? "" : " (= inside a node: not given)");
 }
 
 // ---- Projection table ----
@@ -353,7 +370,7 @@ std::vector<Cell> project_all(const Machine& m, const std::vector<int>& ps,
 void print_table(const std::vector<Cell>& cells, const std::vector<std::size_t>& sizes) {
   std::printf("\n# best algorithm per (ranks, size per rank) : its predicted busbw in GB/s\n");
   std::printf("%8s", "ranks");
-  for (std::size_t s : sizes) std::printf(" %12s", show_size(s).c_str());
+  for (std::size_t s : sizes) std::printf(" %17s", show_size(s).c_str());
   std::printf("\n");
   int row = -1;
   for (const Cell& c : cells) {
@@ -365,7 +382,7 @@ void print_table(const std::vector<Cell>& cells, const std::vector<std::size_t>&
     char buf[64];
     std::snprintf(buf, sizeof buf, "%s:%.3g", dtrain::name_of(model_algorithms()[c.best]),
                   busbw_gbs(c.bytes, c.p, c.seconds[c.best]));
-    std::printf(" %12s", buf);
+    std::printf(" %17s", buf);
   }
   std::printf("\n");
 }
@@ -393,12 +410,12 @@ void write_json(const std::string& path, const Machine& m, const std::vector<Cel
   FILE* f = open_out(path);
   std::fprintf(f,
                "{\"cost_model\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, \"shm_alpha\": "
-               "%.6e, \"shm_beta\": %.6e, \"shm_chunk\": %.0f},\n",
-               m.cm.alpha, m.cm.beta, m.cm.gamma, m.cm.shm_alpha, m.cm.shm_beta, m.cm.shm_chunk);
-  std::fprintf(f,
-               " \"inter_alpha\": %.6e, \"inter_beta\": %.6e, \"ranks_per_node\": %d, "
-               "\"ranks_per_nic\": %d,\n \"cells\": [\n",
-               m.inter_alpha, m.inter_beta, m.ranks_per_node, m.ranks_per_nic);
+               "%.6e, \"shm_beta\": %.6e, \"shm_chunk\": %.0f, \"inter_alpha\": %.6e, "
+               "\"inter_beta\": %.6e},\n",
+               m.cm.alpha, m.cm.beta, m.cm.gamma, m.cm.shm_alpha, m.cm.shm_beta, m.cm.shm_chunk,
+               m.cm.inter_alpha, m.cm.inter_beta);
+  std::fprintf(f, " \"ranks_per_node\": %d, \"ranks_per_nic\": %d,\n \"cells\": [\n",
+               m.ranks_per_node, m.ranks_per_nic);
   const auto& algos = model_algorithms();
   for (std::size_t i = 0; i < cells.size(); ++i) {
     const Cell& c = cells[i];
@@ -491,10 +508,14 @@ std::vector<Check> validate(const Options& o, const Machine* given) {
       m = *given;
     } else {
       m.cm = cost_model_from(doc, path);
+      if (o.inter_alpha > 0) m.cm.inter_alpha = o.inter_alpha;
+      if (o.inter_beta > 0) m.cm.inter_beta = o.inter_beta;
+      m.ranks_per_nic = o.ranks_per_nic;
       m.source = path;
     }
-    // A measurement here runs on one machine: its p ranks share one node.
-    m.ranks_per_node = std::max(m.ranks_per_node, p);
+    // A measurement here runs on one machine: its p ranks share one node unless the run made
+    // fake nodes (DTRAIN_RANKS_PER_NODE), which --ranks-per-node then states.
+    m.ranks_per_node = o.measured_ranks_per_node > 0 ? o.measured_ranks_per_node : p;
     const Json* rows = doc.find("rows");
     if (!rows || rows->kind != Json::array)
       throw dtrain::IoError("allreduce_model: " + path + ": no \"rows\" array");
@@ -674,8 +695,6 @@ int run(int argc, char** argv, bool use_mpi, int world_rank) {
   }
 
   Machine m;
-  m.inter_alpha = o.inter_alpha;
-  m.inter_beta = o.inter_beta;
   m.ranks_per_node = o.ranks_per_node;
   m.ranks_per_nic = o.ranks_per_nic;
   if (given) {
@@ -694,6 +713,10 @@ int run(int argc, char** argv, bool use_mpi, int world_rank) {
     m.cm = calibrate(o.calibrate, o.loopback_ranks, p);
     m.source = "calibrated, " + o.calibrate + " transport, " + std::to_string(p) + " ranks";
   }
+  // Given inter-node terms override those of a file or a calibration (one machine has none).
+  if (app.count("--inter-alpha")) m.cm.inter_alpha = o.inter_alpha;
+  if (app.count("--inter-beta")) m.cm.inter_beta = o.inter_beta;
+  if (app.count("--ranks-per-node")) o.measured_ranks_per_node = o.ranks_per_node;
   if (world_rank != 0) return 0;  // every rank calibrated; rank 0 reports
   if (!o.measured.empty()) {
     report_validation(o, validate(o, sources ? &m : nullptr));
