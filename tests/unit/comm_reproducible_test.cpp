@@ -106,9 +106,10 @@ std::vector<unsigned char> rank_order_reference(DType t, ReduceOp op,
 }
 
 const AllreduceAlgorithm kRequested[] = {
-    AllreduceAlgorithm::automatic, AllreduceAlgorithm::ring,       AllreduceAlgorithm::tree,
-    AllreduceAlgorithm::rhd,       AllreduceAlgorithm::rd,         AllreduceAlgorithm::shm,
-    AllreduceAlgorithm::ordered,   AllreduceAlgorithm::ordered_shm};
+    AllreduceAlgorithm::automatic,  AllreduceAlgorithm::ring,        AllreduceAlgorithm::tree,
+    AllreduceAlgorithm::rhd,        AllreduceAlgorithm::rd,          AllreduceAlgorithm::shm,
+    AllreduceAlgorithm::ordered,    AllreduceAlgorithm::ordered_shm, AllreduceAlgorithm::hier,
+    AllreduceAlgorithm::hier_leader};
 
 struct Failures {
   std::mutex m;
@@ -182,7 +183,8 @@ TEST_CASE("reproducible mode: every algorithm gives the rank-order bits") {
             }
       });
       for (const auto& w : f.what) FAIL_CHECK(w);
-      CHECK(compared.load() == p * static_cast<int>(counts.size() * 4 * 2 * 8));
+      CHECK(compared.load() == p * static_cast<int>(counts.size() * 4 * 2 *
+                                                    (sizeof(kRequested) / sizeof(kRequested[0]))));
     }
   }
   ::unsetenv("DTRAIN_SHM_SLOT_BYTES");
@@ -205,6 +207,7 @@ TEST_CASE("reproducible mode maps every request to an ordered algorithm") {
                     algo_of(AllreduceAlgorithm::rd) == AllreduceAlgorithm::ordered &&
                     algo_of(AllreduceAlgorithm::shm) == AllreduceAlgorithm::ordered_shm &&
                     algo_of(AllreduceAlgorithm::automatic) == AllreduceAlgorithm::ordered_shm &&
+                    algo_of(AllreduceAlgorithm::hier) == AllreduceAlgorithm::ordered_shm &&
                     comm.select_allreduce(1 << 20, DType::f32) == AllreduceAlgorithm::ordered_shm;
     if (!ok) raise<Error>("mapping", "reproducible mode ran a non-ordered algorithm");
   });
