@@ -129,6 +129,11 @@ TEST_CASE("allreduce_model projects given parameters to a table with the model's
   // shm needs every rank on one node: present up to 4 ranks, absent beyond.
   CHECK(curve.count({"shm", 4}) == 1);
   CHECK(curve.count({"shm", 8}) == 0);
+  // The hierarchical algorithms only where there are several nodes of several ranks.
+  CHECK(curve.count({"hier", 4}) == 0);
+  CHECK(curve.count({"hier_leader", 4}) == 0);
+  CHECK(curve.count({"hier", 8}) == 1);
+  CHECK(curve.count({"hier_leader", 100000}) == 1);
   // Ring inside a node: 2(p-1) alpha + 2(p-1)/p N beta + (p-1)/p N gamma. Across nodes: the
   // same with the inter-node alpha and beta.
   const double n = 1 << 20;
