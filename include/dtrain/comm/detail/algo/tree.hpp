@@ -174,8 +174,15 @@ class TreeAlgorithm : public Algorithm {
       for (int ch = 0; ch < links_[k].nchildren; ++ch)
         for (std::size_t c = 0; c < std::min(W, nseg); ++c) post_child(k, ch, c);
     for (std::size_t it = 0; it < nseg + lag_; ++it) {
+      // The tree in which this rank is a leaf first: its upward send needs nothing, and the
+      // partner may be waiting for exactly it. Taken the other way round at p = 2 (each rank the
+      // root of one tree and the leaf of the other), both ranks first waited as roots, so the
+      // two halves crossed one after the other instead of at once (tree at 1 MiB ran at a third
+      // of ring's speed, benchmarks/RESULTS.md).
       if (it < nseg)
-        for (int k = 0; k < 2; ++k) up(k, it);
+        for (int pass = 0; pass < 2; ++pass)
+          for (int k = 0; k < 2; ++k)
+            if ((links_[k].nchildren == 0) == (pass == 0)) up(k, it);
       if (it >= 1 && it - 1 < nseg)
         for (int k = 0; k < 2; ++k) post_down(k, it - 1);
       if (it >= lag_ && it - lag_ < nseg)
