@@ -456,7 +456,7 @@ void write_png(const std::string& path, const std::vector<Cell>& cells, const st
   const auto& algos = model_algorithms();
   const char* colours[] = {"#4e79a7", "#59a14f", "#f28e2b", "#e15759",
                            "#b07aa1", "#76b7b2", "#edc948", "#9c755f"};
-  std::fprintf(g, "set terminal pngcairo size 1100,800 font ',10'\nset output '%s'\n",
+  std::fprintf(g, "set terminal pngcairo noenhanced size 1100,800 font ',10'\nset output '%s'\n",
                path.c_str());
   std::fprintf(g,
                "set title 'dtrain all-reduce: best algorithm (colour) and its predicted busbw "
