@@ -10,7 +10,7 @@
 //    spoils at most a round or two of each quantity, not the result.
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
-// 3. Validation. The model's table is checked at a few probe sizes (4 KiB .. 8 MiB): every
+// 3. Validation. The model's table is checked at probe sizes 4 KiB, 64 KiB and 1 MiB: every
 //    available algorithm runs kProbeReps times, the order rotated each repetition; the medians
 //    of the slowest rank are agreed like the model. Where the pick measured more than
 //    kSwitchFactor (10%) slower than the fastest, the prediction is taken as wrong there and
@@ -18,8 +18,8 @@
 //    the previous probe to that with the next) wherever the model had picked it. All
 //    algorithms, not just the model's runner-up, because a model fitted on a loaded machine can
 //    be wrong by more than the gap between its first and second choice.
-// About 0.1-0.2 s at 2 ranks on an idle 2-core machine, more when it is loaded
-// (allreduce_bench prints the time).
+// Estimated 0.1 s at 2 ranks on an idle 2-core machine; seconds when the machine is heavily
+// loaded (allreduce_bench prints the time; benchmarks/RESULTS.md).
 //
 // The buffers of the point-to-point measurements are registered with the transport first, as a
 // plan registers its own, so that a transport which requires registration is measured as it is
@@ -122,7 +122,9 @@ inline constexpr int kRounds = 5;
 inline constexpr int kProbeReps = 5;
 inline constexpr double kSwitchFactor = 1.1;
 /// Probe sizes (bytes of f32 per rank): latency-bound, middle, bandwidth-bound.
-inline constexpr std::size_t kProbeBytes[] = {4096, 65536, 1u << 20, 8u << 20};
+/// (No larger probe: at 8 MiB the validation cost about ten times the rest of the calibration,
+/// seconds with 4 loopback ranks on 2 cores; the 1 MiB probe's band reaches to the largest size.)
+inline constexpr std::size_t kProbeBytes[] = {4096, 65536, 1u << 20};
 
 /// How a communicator applies a cost model: the algorithms `automatic` may choose, in the order
 /// that breaks ties, and the predicted seconds of one at a size (bytes per rank). Local value.
