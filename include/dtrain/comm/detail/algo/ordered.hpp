@@ -170,9 +170,10 @@ class OrderedAlgorithm : public Algorithm {
 
 /// All-reduce through node-shared segments in rank order: the slot protocol of ShmAlgorithm
 /// (counter 0: contribution copied in, 1: part reduced and published, 2: slot read out), but the
-/// owner of a part adds the p contributions in rank order, accumulating in its own slot's part
-/// (free until it publishes there), so its private input is read before an in-place result
-/// overwrites it.
+/// owner of a part adds the p contributions in rank order. Intermediate sums of a rank that is
+/// not first go to its own slot's part (free until it publishes there), so its private input is
+/// read before an in-place result overwrites it; the last addition writes the private result,
+/// which is then published, as in shm.
 template <class Transport>
 class OrderedShmAlgorithm : public Algorithm {
   using uchar = unsigned char;
@@ -207,17 +208,21 @@ class OrderedShmAlgorithm : public Algorithm {
       if (cl > b0 + bl)
         std::memcpy(mine + (b0 + bl) * es, in + (b0 + bl) * es, (cl - b0 - bl) * es);
       w.flag(r, 0, s).store(g + 1, std::memory_order_release);
-      uchar* acc = mine + b0 * es;
+      // As in OrderedAlgorithm: the result itself accumulates when this rank comes first, else
+      // its own slot part does until the last addition (in place, `out` is this rank's input).
+      uchar* dst = out_ + (c0 + b0) * es;
+      uchar* acc = r == 0 ? dst : mine + b0 * es;
       auto operand = [&](int q) -> const uchar* {
         return q == r ? in + b0 * es : static_cast<const uchar*>(w.slot(q, s)) + b0 * es;
       };
       for (int q = 0; q < p; ++q) {
         if (q != r) wait_counter(q, 0, s, g + 1);
-        if (q > 0 && bl) ctx_.reduce(acc, q == 1 ? operand(0) : acc, operand(q), bl);
+        if (q == 0 || bl == 0) continue;
+        ctx_.reduce(q == p - 1 ? dst : acc, q == 1 ? operand(0) : acc, operand(q), bl);
       }
       if (bl) {
-        ctx_.finish_avg(acc, bl);
-        std::memcpy(out_ + (c0 + b0) * es, acc, bl * es);
+        ctx_.finish_avg(dst, bl);
+        std::memcpy(mine + b0 * es, dst, bl * es);
       }
       w.flag(r, 1, s).store(g + 1, std::memory_order_release);
       for (int i = 1; i < p; ++i) {
