@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <dtrain/comm/detail/algo/context.hpp>
@@ -58,6 +59,11 @@ class HierBase : public Algorithm {
     L_ = nodes_.node_size(node_);
     l_ = nodes_.local_rank(me);
     if (L_ > 1) seg_ = node_segments_of(ctx.transport());
+    // As in shm.hpp: while the node's ranks do not outnumber the cores, a partner answers within
+    // about one chunk's copy, so waits spin that long before yielding a time slice.
+    const unsigned cores = std::thread::hardware_concurrency();
+    if (seg_ && (cores == 0 || static_cast<unsigned>(L_) <= cores))
+      spin_ = std::min(std::max(static_cast<double>(seg_->slot_bytes) * 1e-9, 20e-6), 1e-3);
     if (seg_)
       DTRAIN_REQUIRE(seg_->size == L_ && seg_->rank == l_, "allreduce",
                      name << ": node segments of " << seg_->size << " ranks (this is rank "
@@ -95,7 +101,8 @@ class HierBase : public Algorithm {
   // only grow and stay consistent with the shm algorithm's use of the same segments.
   void wait_counter(int q, int kind, int slot, std::uint64_t target) const {
     const auto& f = seg_->flag(q, kind, slot);
-    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline()))
+    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline(),
+                    spin_))
       ctx_.timeout(member(q));
   }
   /// Waits until every rank of the node has read chunk g - slots (whose slot chunk g reuses).
@@ -138,6 +145,7 @@ class HierBase : public Algorithm {
   std::size_t n_, es_;
   int node_ = 0, L_ = 1, l_ = 0;
   SharedSegments* seg_ = nullptr;
+  double spin_ = Backoff::kSpinSeconds;
   ReduceOp group_op_ = ReduceOp::sum;
   long long next_id_ = 2;  // ids 0 and 1 (after kFirstAlgorithmChannel): intra-node messages
 };
