@@ -325,3 +325,26 @@ TEST_CASE("gradient sync: reproducible training is bitwise independent of bucket
   CHECK(d != e);
   CHECK(replicas_differ.load() == 0);
 }
+
+TEST_CASE("DTRAIN_COMM_REPRODUCIBLE is read strictly by CommConfig::from_env") {
+  ::unsetenv("DTRAIN_COMM_REPRODUCIBLE");
+  CHECK_FALSE(CommConfig::from_env().reproducible);
+  ::setenv("DTRAIN_COMM_REPRODUCIBLE", "1", 1);
+  CHECK(CommConfig::from_env().reproducible);
+  ::setenv("DTRAIN_COMM_REPRODUCIBLE", "0", 1);
+  CHECK_FALSE(CommConfig::from_env().reproducible);
+  ::setenv("DTRAIN_COMM_REPRODUCIBLE", "sometimes", 1);
+  std::string what;
+  try {
+    (void)CommConfig::from_env();
+  } catch (const InvalidArgument& e) {
+    what = e.what();
+  }
+  CHECK(what.find("DTRAIN_COMM_REPRODUCIBLE") != std::string::npos);
+  ::setenv("DTRAIN_ALLREDUCE_ALGO", "ordered_shm", 1);
+  ::setenv("DTRAIN_COMM_REPRODUCIBLE", "1", 1);
+  const CommConfig c = CommConfig::from_env();
+  CHECK(c.default_algorithm == AllreduceAlgorithm::ordered_shm);
+  ::unsetenv("DTRAIN_ALLREDUCE_ALGO");
+  ::unsetenv("DTRAIN_COMM_REPRODUCIBLE");
+}
