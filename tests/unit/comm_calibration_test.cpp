@@ -56,6 +56,8 @@ double synthetic(const CalibrationSample& s, int p) {
     case CalibrationQuantity::gamma: return big * m.gamma;
     case CalibrationQuantity::shm_alpha: return 3 * m.shm_alpha;
     case CalibrationQuantity::shm_beta: return m.predict(AllreduceAlgorithm::shm, 4 << 20, p);
+    case CalibrationQuantity::inter_alpha: return 5 * m.alpha;
+    case CalibrationQuantity::inter_beta: return 5 * m.alpha + big * 4 * m.beta;
     case CalibrationQuantity::probe: return m.predict(s.algo, s.bytes, p);
   }
   return s.seconds;
@@ -369,4 +371,31 @@ TEST_CASE("tuning file parser: names the file and line of what is wrong") {
                        doctest::Contains("cannot be 'auto'"), IoError);
   CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", "dtrain_tuning 1\n"),
                        doctest::Contains("missing"), IoError);
+}
+
+TEST_CASE("calibration: with two nodes the first ranks of the nodes measure inter_alpha/beta") {
+  const int p = 4;
+  Hook h([&](const CalibrationSample& s) { return synthetic(s, p); });
+  LoopbackWorld world(std::vector<int>{0, 0, 1, 1}, SharedSegmentConfig{});
+  std::vector<Outcome> out(p);
+  run_loopback(world, [&](LoopbackTransport& t) {
+    CommConfig c = config();
+    c.check_fingerprints = false;
+    detail::CommState<LoopbackTransport> st(t, c);
+    detail::Calibration cal = detail::calibrate(st, detail::flat_model_view(p));
+    out[static_cast<std::size_t>(t.rank())] = Outcome{cal.model, cal.decisions, cal.probes};
+  });
+  for (int r = 0; r < p; ++r) {
+    CAPTURE(r);
+    CHECK(out[r].model.inter_alpha == doctest::Approx(5 * truth().alpha));
+    CHECK(out[r].model.inter_beta == doctest::Approx(4 * truth().beta));
+    CHECK(out[r].model.alpha == doctest::Approx(truth().alpha));
+    CHECK(same_model(out[r].model, out[0].model));
+    CHECK(out[r].model.inter_alpha == out[0].model.inter_alpha);
+    CHECK(out[r].decisions == out[0].decisions);
+  }
+  // One node: no inter-node terms.
+  std::vector<Outcome> one = calibrate_all(2);
+  CHECK(one[0].model.inter_alpha == 0);
+  CHECK(one[0].model.inter_beta == 0);
 }

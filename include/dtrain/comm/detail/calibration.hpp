@@ -4,7 +4,9 @@
 // Robust against a noisy machine in three ways:
 // 1. Interleaved rounds, robust statistic. The quantities (a ping-pong with partner r^1 for
 //    alpha, a 4 MiB exchange for beta, a local 4 MiB reduction for gamma, a one-chunk and a 4 MiB
-//    shm all-reduce when the transport has node-shared segments) are measured once per round,
+//    shm all-reduce when the transport has node-shared segments, and with several nodes a
+//    ping-pong and a 4 MiB exchange between the first ranks of nodes 2k and 2k+1 for
+//    inter_alpha and inter_beta) are measured once per round,
 //    one after the other, for kRounds rounds; each quantity takes the median over the rounds
 //    (a latency sample is the minimum of a short burst), so a burst of load from another process
 //    spoils at most a round or two of each quantity, not the result.
@@ -41,6 +43,7 @@
 #include <dtrain/comm/cost_model.hpp>
 #include <dtrain/comm/detail/collective_plan.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
 
@@ -64,12 +67,14 @@ class ScopedRegistration {
 
 /// What one raw calibration timing measured.
 enum class CalibrationQuantity {
-  alpha,      // half a ping-pong (minimum of a burst)
-  beta,       // one 4 MiB exchange
-  gamma,      // one local 4 MiB reduction
-  shm_alpha,  // one one-chunk shm all-reduce (minimum of a burst)
-  shm_beta,   // one 4 MiB shm all-reduce
-  probe       // one validation run of `algo` at `bytes`
+  alpha,        // half a ping-pong (minimum of a burst)
+  beta,         // one 4 MiB exchange
+  gamma,        // one local 4 MiB reduction
+  shm_alpha,    // one one-chunk shm all-reduce (minimum of a burst)
+  shm_beta,     // one 4 MiB shm all-reduce
+  inter_alpha,  // half a ping-pong between the first ranks of two nodes (minimum of a burst)
+  inter_beta,   // one 4 MiB exchange between them
+  probe         // one validation run of `algo` at `bytes`
 };
 
 /// One raw timing, as the test hook sees it.
@@ -275,25 +280,45 @@ class Calibrator {
     ScopedRegistration<Transport> sreg(t_, sbuf.data(), big), rreg(t_, rbuf.data(), big);
     std::vector<float> x(big / sizeof(float), 1.0f), y(big / sizeof(float), 2.0f);
 
-    auto ping_pong = [&] {
-      if (r_ < partner) {
-        t_.isend(a, partner, kTag, word, 8);
-        wait(a, deadline, partner);
-        t_.irecv(b, partner, kTag, word + 1, 8);
-        wait(b, deadline, partner);
+    auto ping_pong = [&](int peer) {
+      if (r_ < peer) {
+        t_.isend(a, peer, kTag, word, 8);
+        wait(a, deadline, peer);
+        t_.irecv(b, peer, kTag, word + 1, 8);
+        wait(b, deadline, peer);
       } else {
-        t_.irecv(b, partner, kTag, word + 1, 8);
-        wait(b, deadline, partner);
-        t_.isend(a, partner, kTag, word, 8);
-        wait(a, deadline, partner);
+        t_.irecv(b, peer, kTag, word + 1, 8);
+        wait(b, deadline, peer);
+        t_.isend(a, peer, kTag, word, 8);
+        wait(a, deadline, peer);
       }
     };
-    auto exchange = [&] {
-      t_.irecv(b, partner, kTag, rreg.region().data, big);
-      t_.isend(a, partner, kTag, sreg.region().data, big);
-      wait(b, deadline, partner);
-      wait(a, deadline, partner);
+    auto exchange = [&](int peer) {
+      t_.irecv(b, peer, kTag, rreg.region().data, big);
+      t_.isend(a, peer, kTag, sreg.region().data, big);
+      wait(b, deadline, peer);
+      wait(a, deadline, peer);
     };
+    // Half a ping-pong (minimum of a burst) and one exchange with `peer`, as samples qa, qb.
+    auto pair_round = [&](int peer, int round, CalibrationQuantity qa, CalibrationQuantity qb,
+                          std::vector<double>& sa, std::vector<double>& sb) {
+      double best = 1e30;
+      for (int i = 0; i < 12; ++i) {
+        const double t0 = now_seconds();
+        ping_pong(peer);
+        best = std::min(best, now_seconds() - t0);
+      }
+      sa.push_back(sample(qa, round, best / 2));
+      const double t0 = now_seconds();
+      exchange(peer);
+      sb.push_back(sample(qb, round, now_seconds() - t0));
+    };
+    // Between nodes: the first rank of node 2k with the first rank of node 2k+1.
+    const NodeMap nodes = node_map_of(t_);
+    const bool multi = nodes.nodes() > 1;
+    int inter = -1;
+    if (multi && nodes.local_rank(r_) == 0 && (nodes.node_of(r_) ^ 1) < nodes.nodes())
+      inter = nodes.members(nodes.node_of(r_) ^ 1).front();
 
     SharedSegments* seg = shared_segments_of(t_);
     std::vector<float> v(seg ? big / sizeof(float) : 0, 1.0f);
@@ -314,8 +339,12 @@ class Calibrator {
     }
     // Warm-up, unmeasured: connections, first touch of every buffer and segment.
     if (paired) {
-      ping_pong();
-      exchange();
+      ping_pong(partner);
+      exchange(partner);
+    }
+    if (inter >= 0) {
+      ping_pong(inter);
+      exchange(inter);
     }
     host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
     if (seg) {
@@ -323,20 +352,15 @@ class Calibrator {
       execute_in_order(st_, *tiny_plan);
     }
 
-    std::vector<double> s_alpha, s_beta, s_gamma, s_shm_alpha, s_shm_beta;
+    std::vector<double> s_alpha, s_beta, s_gamma, s_shm_alpha, s_shm_beta, s_inter_alpha,
+        s_inter_beta;
     for (int round = 0; round < kRounds; ++round) {
-      if (paired) {
-        double best = 1e30;
-        for (int i = 0; i < 12; ++i) {
-          const double t0 = now_seconds();
-          ping_pong();
-          best = std::min(best, now_seconds() - t0);
-        }
-        s_alpha.push_back(sample(CalibrationQuantity::alpha, round, best / 2));
-        const double t0 = now_seconds();
-        exchange();
-        s_beta.push_back(sample(CalibrationQuantity::beta, round, now_seconds() - t0));
-      }
+      if (paired)
+        pair_round(partner, round, CalibrationQuantity::alpha, CalibrationQuantity::beta, s_alpha,
+                   s_beta);
+      if (inter >= 0)
+        pair_round(inter, round, CalibrationQuantity::inter_alpha, CalibrationQuantity::inter_beta,
+                   s_inter_alpha, s_inter_beta);
       {
         const double t0 = now_seconds();
         host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
@@ -361,8 +385,14 @@ class Calibrator {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     const double alpha = median_of(s_alpha);
-    double m[5] = {alpha, paired ? (median_of(s_beta) - alpha) / double(big) : 0.0,
-                   median_of(s_gamma) / double(big), 0, 0};
+    const double inter_alpha = median_of(s_inter_alpha);
+    double m[7] = {alpha,
+                   paired ? (median_of(s_beta) - alpha) / double(big) : 0.0,
+                   median_of(s_gamma) / double(big),
+                   0,
+                   0,
+                   inter_alpha,
+                   inter >= 0 ? (median_of(s_inter_beta) - inter_alpha) / double(big) : 0.0};
     if (seg) {
       // The fingerprint exchange every collective pays (ceil(log2 p) message rounds) is left out
       // of every algorithm's model alike, so it is taken out of these timings.
@@ -376,11 +406,15 @@ class Calibrator {
       const double chunks = std::ceil(double(big) / double(seg->slot_bytes));
       m[4] = std::max(big_t - check - 3 * chunks * m[3], 0.5 * big_t) / double(big);
     }
-    agree_max(m, 5);
+    agree_max(m, 7);
     CostModel cm;
     cm.alpha = std::max(m[0], 1e-9);
     cm.beta = std::max(m[1], 1e-13);
     cm.gamma = std::max(m[2], 0.0);
+    if (multi) {  // measured between the nodes' first ranks
+      cm.inter_alpha = std::max(m[5], 1e-9);
+      cm.inter_beta = std::max(m[6], 1e-13);
+    }
     if (seg) {
       cm.shm_alpha = std::max(m[3], 1e-9);
       cm.shm_beta = std::max(m[4], 1e-13);
