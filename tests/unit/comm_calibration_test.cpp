@@ -254,6 +254,22 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
   CHECK(seen);
   CHECK(lookup_decision(fixed[0].decisions, t0.bytes) == t0.runner_up);
   CHECK(lookup_decision(base[0].decisions, t0.bytes) == t0.pick);
+  // The same median advantage, but one repetition of the runner-up three times slower than the
+  // pick: within the noise, so the model's pick stands.
+  std::vector<Outcome> noisy;
+  {
+    Hook h([&](const CalibrationSample& s) {
+      if (s.quantity == CalibrationQuantity::probe && s.bytes == t0.bytes) {
+        const double pick_t = truth().predict(t0.pick, s.bytes, p);
+        if (s.algo != t0.runner_up) return pick_t;
+        return s.round == 0 ? 3 * pick_t : pick_t / 2;
+      }
+      return synthetic(s, p);
+    });
+    noisy = calibrate_all(p);
+  }
+  CHECK(noisy[0].decisions == base[0].decisions);
+  for (const auto& q : noisy[0].probes) CHECK_FALSE(q.replaced);
   // Outside the probe's band the model's table stands.
   if (t0.bytes != detail::kProbeBytes[0])
     CHECK(lookup_decision(fixed[0].decisions, 1) == lookup_decision(base[0].decisions, 1));

@@ -15,7 +15,8 @@
 // 3. Validation. The model's table is checked at probe sizes 4 KiB, 64 KiB and 1 MiB: every
 //    available algorithm runs kProbeReps times, the order rotated each repetition; the medians
 //    of the slowest rank are agreed like the model. Where the pick measured more than
-//    kSwitchFactor (10%) slower than the fastest, the prediction is taken as wrong there and
+//    kSwitchFactor (10%) slower than the fastest, and even the fastest one's slowest repetition
+//    beat the pick's median (a difference beyond the noise), the prediction is taken as wrong and
 //    the measured winner replaces the pick in the probe's band (from the geometric middle with
 //    the previous probe to that with the next) wherever the model had picked it. All
 //    algorithms, not just the model's runner-up, because a model fitted on a loaded machine can
@@ -112,6 +113,7 @@ struct CalibrationProbe {
   AllreduceAlgorithm winner = AllreduceAlgorithm::ring;
   std::vector<AllreduceAlgorithm> algos;
   std::vector<double> predicted, measured;
+  std::vector<double> slowest;  // each algorithm's slowest repetition (the slowest rank's)
   bool replaced = false;
 };
 
@@ -427,7 +429,7 @@ class Calibrator {
     const std::size_t max_bytes =
         std::min(kProbeBytes[std::size(kProbeBytes) - 1], calibration_probe_limit());
     std::vector<float> in(max_bytes / sizeof(float), 1.0f), out(in.size(), 0.0f);
-    std::vector<double> med;  // every probe's algorithms, in order
+    std::vector<double> med, slow;  // every probe's algorithms, in order: median, slowest
     for (std::size_t bytes : kProbeBytes) {
       if (bytes > max_bytes) break;
       CalibrationProbe q;
@@ -459,20 +461,30 @@ class Calibrator {
           times[k].push_back(
               sample(CalibrationQuantity::probe, rep, now_seconds() - t0, q.algos[k], bytes));
         }
-      for (const auto& t : times) med.push_back(median_of(t));
+      for (const auto& t : times) {
+        med.push_back(median_of(t));
+        slow.push_back(*std::max_element(t.begin(), t.end()));
+      }
       c.probes.push_back(std::move(q));
     }
+    const std::size_t n_med = med.size();
+    med.insert(med.end(), slow.begin(), slow.end());
     agree_max(med.data(), med.size());
     bool any = false;
     std::size_t at = 0;
     for (CalibrationProbe& q : c.probes) {
       q.measured.assign(med.begin() + at, med.begin() + at + q.algos.size());
+      q.slowest.assign(med.begin() + n_med + at, med.begin() + n_med + at + q.algos.size());
       at += q.algos.size();
       std::size_t w = 0;
       for (std::size_t k = 1; k < q.measured.size(); ++k)
         if (q.measured[k] < q.measured[w]) w = k;
       q.winner = q.algos[w];
-      q.replaced = q.winner != q.pick && q.measured[0] > kSwitchFactor * q.measured[w];
+      // Replaced only when the difference stands out of the noise: even the winner's slowest
+      // repetition beat the pick's median (with more ranks than cores every algorithm measured
+      // within 2x of every other and the lowest median was a matter of chance).
+      q.replaced = q.winner != q.pick && q.measured[0] > kSwitchFactor * q.measured[w] &&
+                   q.slowest[w] < q.measured[0];
       any = any || q.replaced;
     }
     if (any) c.decisions = apply_probes(c.model, view_, c.probes);
