@@ -132,6 +132,8 @@ inline constexpr double kSwitchFactor = 1.1;
 /// (No larger probe: at 8 MiB the validation cost about ten times the rest of the calibration,
 /// seconds with 4 loopback ranks on 2 cores; the 1 MiB probe's band reaches to the largest size.)
 inline constexpr std::size_t kProbeBytes[] = {4096, 65536, 1u << 20};
+/// Wall-time budget of one validation probe size (all its algorithms and repetitions).
+inline constexpr double kProbeBudgetSeconds = 0.5;
 
 /// How a communicator applies a cost model: the algorithms `automatic` may choose, in the order
 /// that breaks ties, and the predicted seconds of one at a size (bytes per rank). Local value.
@@ -430,8 +432,19 @@ class Calibrator {
         std::min(kProbeBytes[std::size(kProbeBytes) - 1], calibration_probe_limit());
     std::vector<float> in(max_bytes / sizeof(float), 1.0f), out(in.size(), 0.0f);
     std::vector<double> med, slow;  // every probe's algorithms, in order: median, slowest
+    double spent = 0;               // the previous probe's wall time, agreed (slowest rank)
+    std::size_t spent_bytes = 0;
     for (std::size_t bytes : kProbeBytes) {
       if (bytes > max_bytes) break;
+      // A slow transport (MPI-RMA through a software progress path, more ranks than cores)
+      // would spend minutes on the larger probes: a probe whose cost, extrapolated linearly in
+      // size from the previous one, exceeds the budget is skipped with every larger one (the
+      // decision agreed, since `spent` is the maximum over ranks). The model's table then stands
+      // unvalidated above the last probe taken.
+      if (spent_bytes && spent * static_cast<double>(bytes) / static_cast<double>(spent_bytes) >
+                             kProbeBudgetSeconds)
+        break;
+      const double probe_start = now_seconds();
       CalibrationProbe q;
       q.bytes = bytes;
       q.pick = lookup_decision(c.decisions, bytes);
@@ -466,6 +479,9 @@ class Calibrator {
         slow.push_back(*std::max_element(t.begin(), t.end()));
       }
       c.probes.push_back(std::move(q));
+      spent = now_seconds() - probe_start;
+      agree_max(&spent, 1);
+      spent_bytes = bytes;
     }
     const std::size_t n_med = med.size();
     med.insert(med.end(), slow.begin(), slow.end());
