@@ -14,7 +14,7 @@ out="$(cd "$out" && pwd)"  # absolute: the runs below start inside it
 h5inc=/usr/include/hdf5/mpich
 h5lib=/usr/lib/x86_64-linux-gnu/hdf5/mpich
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
-       -I"$root/include" -I"$root/transports" -I/usr/include/x86_64-linux-gnu/mpich -I"$h5inc")
+       -I"$root/include" -I"$root/transports" -I"$root/kernels" -I/usr/include/x86_64-linux-gnu/mpich -I"$h5inc")
 libs=(-L"$h5lib" -Wl,-rpath,"$h5lib" -lhdf5 -L/usr/lib/x86_64-linux-gnu -lmpich -lz)
 status=0
 for t in idx ckpt_manifest hdf5_open; do
