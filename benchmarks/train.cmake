@@ -14,7 +14,8 @@ if(DTRAIN_HAVE_MPI AND DTRAIN_HAVE_CLI11)
   endif()
 endif()
 # GPU variants (nvcc / hipcc): train_bench_cuda, train_bench_hip, run with --device cuda|hip.
-if(DTRAIN_BUILD_BENCHMARKS AND TARGET train_bench)
+# Opt-in (-DDTRAIN_BUILD_GPU_BENCHMARKS=ON): on a GPU machine, not in every test build.
+if(DTRAIN_BUILD_BENCHMARKS AND DTRAIN_BUILD_GPU_BENCHMARKS AND TARGET train_bench)
   include("${PROJECT_SOURCE_DIR}/examples/common/gpu_variant.cmake")
   dtrain_add_gpu_variants(NAME train_bench SOURCE "${CMAKE_CURRENT_LIST_DIR}/train_bench.cpp"
     USES CLI11::CLI11 MPI::MPI_CXX DEFINES DTRAIN_HAVE_MPI=1)
