@@ -6,7 +6,9 @@
 //   build/benchmarks/allreduce_bench --transport loopback --ranks 4 -b 1K -e 1M
 //
 // Flags (strict; --help lists them): -b min bytes, -e max bytes, -f step factor, -n iterations,
-// -w warm-up iterations, -R rounds (each cell reports its best round), -c 0|1 check results,
+// -w warm-up iterations, -R rounds (interleaved: every round times every algorithm of a size
+// one after the other, the order rotated each round), --stat min|median (what a cell reports of
+// its rounds: the best, the default, or the median), -c 0|1 check results,
 // -d dtype, -o op, --algo LIST (ring tree rhd rd shm hier hier_leader auto mpi; mpi =
 // MPI_Allreduce on the same buffers), --transport LIST (mpi mpi-rma ibverbs loopback; each runs
 // the suite in turn),
@@ -16,11 +18,15 @@
 // its ordered counterpart; ordered and ordered_shm can also be named in --algo).
 //
 // With auto among the algorithms (and DTRAIN_ALLREDUCE_ALGO unset), the header gives the
-// calibrated model, how long the calibration took and the decision table, and a last table
-// gives per size the model's prediction for every algorithm, the choice, the measured time of
-// every algorithm timed and whether the choice was within 10% of the measured best:
+// calibrated model, how long the calibration took, the decision table and the calibration's
+// validation probes, and a last table gives per size the model's prediction for every algorithm
+// (hier and hier_leader too over several nodes), the choice, the measured time of every algorithm
+// timed and whether the choice was within 10% of the measured best ("yes"), else whether its
+// time lies within the best one's spread over the rounds ("tie": the chosen algorithm's cell at
+// or below the best algorithm's third quartile of its rounds), else "NO":
 //   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench -b 4K -e 64M -f 4 --algo
-//   ring,tree,rhd,rd,shm,auto
+//   ring,tree,rhd,rd,shm,auto -R 7 --stat median
+// benchmarks/auto_check.sh runs that check repeatedly and tabulates it.
 #include <mpi.h>
 
 #include <algorithm>
@@ -53,6 +59,7 @@ struct Options {
   std::size_t min_bytes = 4096, max_bytes = 64u << 20;
   double factor = 4;
   int iters = 20, warmup = 5, rounds = 3;
+  bool median = false;  // --stat median: a cell reports the median of its rounds, not the best
   bool check = true, inplace = false;
   dtrain::DType dtype = dtrain::DType::f32;
   dtrain::ReduceOp op = dtrain::ReduceOp::sum;
@@ -73,7 +80,9 @@ struct AutoRow {
   std::vector<std::pair<std::string, double>> predicted, measured;
   std::string best;
   double best_s = 0, chosen_s = 0, auto_s = 0;
+  double best_q75 = 0;  // the best algorithm's third quartile over the rounds
   bool within = false;  // chosen_s <= 1.1 * best_s
+  bool tie = false;     // not within, but chosen_s <= best_q75 (inside the best one's spread)
 };
 
 struct Row {
@@ -126,6 +135,10 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
   app.add_option("-R", o.rounds, "interleaved rounds; each cell reports its best")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  std::string stat = "min";
+  app.add_option("--stat", stat, "what a cell reports of its rounds: min (the best) or median")
+      ->check(CLI::IsMember({"min", "median"}))
+      ->capture_default_str();
   app.add_option("-c", check, "check results (0 or 1)")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
@@ -171,6 +184,7 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
     return o;
   }
   o.check = check != 0;
+  o.median = stat == "median";
   // The communicators read their configuration from the environment when they are made.
   if (reproducible) ::setenv("DTRAIN_COMM_REPRODUCIBLE", "1", 1);
   o.dtype = dtrain::dtype_from_name(dtype);
@@ -286,6 +300,23 @@ double measure_bc(Comm& comm) {
   return static_cast<double>(bytes) / best / 1e9;
 }
 
+// The calibration's validation probes (rank 0 of the suite): per probe size every algorithm's
+// prediction and agreed median, fastest and slowest repetition, the winner, and whether the
+// model's pick there was replaced.
+void print_probes(const dtrain::detail::Calibration& c, double calibration_s) {
+  if (c.probes.empty() || c.seconds > calibration_s + 1e-3) return;  // loaded from a file
+  std::printf("# calibration probes (us: predicted / median [fastest..slowest] of %d reps):\n",
+              dtrain::detail::kProbeReps);
+  for (const auto& q : c.probes) {
+    std::printf("#   %8zu B pick %s winner %s%s:", q.bytes, dtrain::name_of(q.pick),
+                dtrain::name_of(q.winner), q.replaced ? " (replaced)" : "");
+    for (std::size_t k = 0; k < q.algos.size() && k < q.measured.size(); ++k)
+      std::printf(" %s %.1f/%.1f[%.1f..%.1f]", dtrain::name_of(q.algos[k]), q.predicted[k] * 1e6,
+                  q.measured[k] * 1e6, q.fastest[k] * 1e6, q.slowest[k] * 1e6);
+    std::printf("\n");
+  }
+}
+
 // The --algo auto report: per size, the model's prediction for each algorithm, the choice, the
 // measured times of all algorithms timed in this run, and whether the choice was within 10% of
 // the measured best (printed on rank 0 of the suite when `print`).
@@ -297,11 +328,16 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
   using dtrain::AllreduceAlgorithm;
   const dtrain::CostModel& m = comm.cost_model();
   const int p = comm.size();
+  const dtrain::Topology& topo = comm.topology();
   std::vector<AllreduceAlgorithm> modelled{AllreduceAlgorithm::ring, AllreduceAlgorithm::tree,
                                            AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd};
-  if (m.shm_alpha > 0) modelled.push_back(AllreduceAlgorithm::shm);
+  if (m.shm_alpha > 0 && topo.nodes <= 1) modelled.push_back(AllreduceAlgorithm::shm);
+  if (topo.hierarchical()) {
+    modelled.push_back(AllreduceAlgorithm::hier);
+    modelled.push_back(AllreduceAlgorithm::hier_leader);
+  }
   std::vector<AutoRow> out;
-  int within = 0;
+  int within = 0, ties = 0;
   for (std::size_t bytes : sizes) {
     AutoRow a;
     a.transport = o.transport;
@@ -311,7 +347,7 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
                                   ? 4
                                   : dtrain::size_of(o.dtype));
     for (AllreduceAlgorithm al : modelled)
-      a.predicted.emplace_back(dtrain::name_of(al), m.predict(al, wide, p));
+      a.predicted.emplace_back(dtrain::name_of(al), m.predict(al, wide, p, topo));
     a.best_s = 1e30;
     for (const Cell& c : cells) {
       if (c.bytes != bytes) continue;
@@ -323,6 +359,7 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
       a.measured.emplace_back(c.algo, c.best);
       if (c.algo != "mpi" && c.best < a.best_s) {
         a.best_s = c.best;
+        a.best_q75 = c.q75;
         a.best = c.algo;
       }
     }
@@ -332,9 +369,12 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
     if (a.best.empty()) {
       a.best = a.chosen;
       a.best_s = a.chosen_s;
+      a.best_q75 = a.chosen_s;
     }
     a.within = a.chosen_s <= 1.1 * a.best_s;
+    a.tie = !a.within && a.chosen_s <= a.best_q75;
     within += a.within;
+    ties += a.tie;
     out.push_back(std::move(a));
   }
   if (!print) return out;
@@ -351,13 +391,15 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
     for (const auto& [name, s] : a.predicted) std::printf(" %9.1f", s * 1e6);
     for (const auto& [name, s] : a.measured) std::printf(" %9.1f", s * 1e6);
     std::printf(" %9.1f %9s %12.3f %7s\n", a.auto_s * 1e6, a.best.c_str(), a.chosen_s / a.best_s,
-                a.within ? "yes" : "NO");
+                a.within ? "yes" : (a.tie ? "tie" : "NO"));
   }
   bool all_timed = true;
   for (const auto& [name, s] : out.front().predicted)
     all_timed = all_timed && std::find(algos.begin(), algos.end(), name) != algos.end();
   std::printf(
-      "# automatic within 10%% of the measured best at %d of %zu sizes%s\n", within, out.size(),
+      "# automatic within 10%% of the measured best at %d of %zu sizes, within the best one's "
+      "spread over the rounds at %d more%s\n",
+      within, out.size(), ties,
       all_timed ? "" : " (not every candidate was timed: use --algo ring,tree,rhd,rd,shm,auto)");
   std::fflush(stdout);
   return out;
@@ -385,10 +427,10 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
         "concurrent copiers)\n",
         p, o.transport.c_str(), bc, p);
     std::printf(
-        "# %s, dtype %s, op %s, %d iterations after %d warm-up, best of %d interleaved "
-        "rounds, slowest rank, check %s\n",
+        "# %s, dtype %s, op %s, %d iterations after %d warm-up, %s of %d interleaved "
+        "rounds (order rotated each round), slowest rank, check %s\n",
         o.inplace ? "in-place" : "out-of-place", dtrain::name_of(o.dtype), dtrain::name_of(o.op),
-        o.iters, o.warmup, o.rounds, o.check ? "on" : "off");
+        o.iters, o.warmup, o.median ? "median" : "best", o.rounds, o.check ? "on" : "off");
     if (automatic) {
       const auto& m = comm.cost_model();
       std::printf(
@@ -400,6 +442,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       for (const auto& d : comm.allreduce_decisions())
         std::printf(" %zu:%s", d.min_bytes, dtrain::name_of(d.algo));
       std::printf("\n");
+      print_probes(dtrain::detail::last_calibration(), calibration_s);
     }
     std::fflush(stdout);
   }
@@ -417,7 +460,9 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
     bool is_mpi = false;
     std::size_t bytes = 0, count = 0;
     dtrain::CollectivePlan<Transport> plan;
-    double best = 1e30;
+    std::vector<double> times;  // per round
+    double best = 1e30;         // what the cell reports (--stat), and the rounds' third quartile
+    double q75 = 1e30;
     long long wrong = 0;
   };
   std::vector<std::string> algos;
@@ -470,18 +515,30 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
                    AllreduceAlgorithm::rd);
     c.wrong = static_cast<long long>(w);
   }
+  // Each round times the algorithms of one size one after the other, starting one further along
+  // each round, so that neither a burst of load nor the cache state left by the previous
+  // algorithm favours one of them.
+  const std::size_t na = algos.size();
   for (int round = 0; round < o.rounds; ++round)
-    for (Cell& c : cells) {
-      fill(ip, o.dtype, c.count, o.op, r);  // keeps in-place values bounded
-      for (int i = 0; i < o.warmup; ++i) once(c);
-      comm.barrier();
-      const double t0 = dtrain::now_seconds();
-      for (int i = 0; i < o.iters; ++i) once(c);
-      double dt = (dtrain::now_seconds() - t0) / std::max(1, o.iters);
-      comm.allreduce(dtrain::BufferView(&dt, 1, dtrain::DType::f64), dtrain::ReduceOp::max,
-                     AllreduceAlgorithm::rd);
-      c.best = std::min(c.best, dt);
-    }
+    for (std::size_t si = 0; si < sizes.size(); ++si)
+      for (std::size_t j = 0; j < na; ++j) {
+        Cell& c = cells[si * na + (j + static_cast<std::size_t>(round)) % na];
+        fill(ip, o.dtype, c.count, o.op, r);  // keeps in-place values bounded
+        for (int i = 0; i < o.warmup; ++i) once(c);
+        comm.barrier();
+        const double t0 = dtrain::now_seconds();
+        for (int i = 0; i < o.iters; ++i) once(c);
+        double dt = (dtrain::now_seconds() - t0) / std::max(1, o.iters);
+        comm.allreduce(dtrain::BufferView(&dt, 1, dtrain::DType::f64), dtrain::ReduceOp::max,
+                       AllreduceAlgorithm::rd);
+        c.times.push_back(dt);
+      }
+  for (Cell& c : cells) {
+    std::vector<double> t = c.times;
+    std::sort(t.begin(), t.end());
+    c.best = o.median ? dtrain::detail::median_of(t) : t.front();
+    c.q75 = t[(3 * (t.size() - 1) + 3) / 4];  // index ceil(3/4 (n - 1))
+  }
   std::vector<Row> rows;
   if (automatic && autos && std::find(algos.begin(), algos.end(), "auto") != algos.end()) {
     const auto mine = auto_report(comm, o, sizes, algos, cells, print);
@@ -596,8 +653,10 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
   if (cm.valid())
     std::fprintf(f,
                  " \"cost_model\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, "
-                 "\"shm_alpha\": %.6e, \"shm_beta\": %.6e, \"shm_chunk\": %.0f},",
-                 cm.alpha, cm.beta, cm.gamma, cm.shm_alpha, cm.shm_beta, cm.shm_chunk);
+                 "\"shm_alpha\": %.6e, \"shm_beta\": %.6e, \"shm_chunk\": %.0f, "
+                 "\"inter_alpha\": %.6e, \"inter_beta\": %.6e},",
+                 cm.alpha, cm.beta, cm.gamma, cm.shm_alpha, cm.shm_beta, cm.shm_chunk,
+                 cm.inter_alpha, cm.inter_beta);
   std::fprintf(f, " \"rows\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -624,9 +683,9 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
     pairs(a.measured);
     std::fprintf(f,
                  ", \"auto_us\": %.3f, \"best\": \"%s\", \"chosen_over_best\": %.4f, "
-                 "\"within_10pct\": %s}%s\n",
+                 "\"within_10pct\": %s, \"within_spread\": %s}%s\n",
                  a.auto_s * 1e6, a.best.c_str(), a.chosen_s / a.best_s, a.within ? "true" : "false",
-                 i + 1 < autos.size() ? "," : "");
+                 a.within || a.tie ? "true" : "false", i + 1 < autos.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);
