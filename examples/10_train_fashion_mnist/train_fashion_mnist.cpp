@@ -525,8 +525,10 @@ int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
   dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
                                        static_cast<std::size_t>(cfg.bucket_kib) * 1024);
   if (resumed) {
-    step = *ckpt->restore_latest(dtrain::named("model", model), dtrain::named("optimizer", opt),
-                                 dtrain::named("sampler", sampler), dtrain::named("run", saved));
+    // The file whose run record was checked above (restore_latest chose it and reported it).
+    step = ckpt->restore(ckpt->path_for(*resumed), dtrain::named("model", model),
+                         dtrain::named("optimizer", opt), dtrain::named("sampler", sampler),
+                         dtrain::named("run", saved));
     opt.set_schedule(record.make_schedule());
   }
 
