@@ -1,0 +1,143 @@
+#!/usr/bin/python3
+"""Runs example 10 (train_fashion_mnist) several times with the same seed and settings and
+compares the final parameters bit for bit (the model datasets of each run's last checkpoint,
+read with h5py, every CRC32C checked).
+
+usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--np P] [--steps S]
+                        [--modes tuning,reproducible,resume[,none]]
+
+Modes (each N runs from scratch, each in its own run directory):
+  tuning        DTRAIN_TUNING_FILE shared by the runs; the first run finds no file, calibrates
+                and writes it, the later runs read it and choose the same algorithms
+  reproducible  DTRAIN_COMM_REPRODUCIBLE=1: every all-reduce adds in rank order
+  resume        with the tuning mode's file: each run stops after S/2 steps (--stop-after,
+                checkpoint) and a second invocation continues to S; the result must equal the
+                tuning mode's uninterrupted runs
+  none          neither (the automatic choice calibrates in every run): for contrast, not asserted
+Exit 0 when every asserted mode gave one parameter set; prints how many distinct sets each mode
+gave.
+"""
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ex10_lib as lib  # noqa: E402
+
+CLEAN = ("DTRAIN_TUNING_FILE", "DTRAIN_COMM_REPRODUCIBLE", "DTRAIN_ALLREDUCE_ALGO")
+
+
+class Failed(Exception):
+    pass
+
+
+def run_job(mpiexec, trainer, np_, args, env, what):
+    job = lib.Job([mpiexec, "-n", str(np_), trainer] + args, env)
+    rc, secs = job.wait(300)
+    if rc != 0:
+        raise Failed("%s ended with exit code %s after %.1f s:\n%s" % (what, rc, secs,
+                                                                       job.output()))
+    return job.output(), secs
+
+
+def final_digest(run_dir, steps):
+    ck = lib.checkpoints(run_dir)
+    if not ck or ck[-1][0] != steps:
+        raise Failed("%s: no checkpoint of step %d (found %s)" % (run_dir, steps,
+                                                                [s for s, _ in ck]))
+    step, problems, arrays = lib.verify_checkpoint(ck[-1][1])
+    if problems:
+        raise Failed("%s: %s" % (ck[-1][1], "; ".join(problems)))
+    h = hashlib.sha256()
+    names = sorted(k for k in arrays if k.startswith("model/"))
+    for k in names:
+        h.update(k.encode() + b"\0" + arrays[k].tobytes())
+    return h.hexdigest()[:16]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mpiexec")
+    ap.add_argument("trainer")
+    ap.add_argument("work")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--np", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--modes", default="tuning,reproducible,resume")
+    a = ap.parse_args()
+    lib.require_h5py()
+    modes = a.modes.split(",")
+    for m in modes:
+        if m not in ("tuning", "reproducible", "resume", "none"):
+            ap.error("unknown mode " + m)
+    if a.steps < 2:
+        ap.error("--steps must be at least 2")
+    shutil.rmtree(a.work, ignore_errors=True)
+    os.makedirs(a.work)
+    data = os.path.join(a.work, "data.h5")
+    lib.make_data(data, a.np * 16 * a.steps + 64, 96)
+    tuning = os.path.join(a.work, "tuning.txt")
+    base = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    for k in CLEAN:
+        base.pop(k, None)
+    envs = {"none": base, "tuning": dict(base, DTRAIN_TUNING_FILE=tuning),
+            "reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1"),
+            "resume": dict(base, DTRAIN_TUNING_FILE=tuning)}
+
+    def opts(run_dir, extra=()):
+        return ["--data", data, "--run-dir", run_dir, "--hidden", "32", "--batch", "16",
+                "--epochs", "1", "--max-steps", str(a.steps), "--target", "0", "--seed", "3",
+                "--log-every", str(a.steps), "--no-plot"] + list(extra)
+
+    digests = {}
+    t0 = time.monotonic()
+    try:
+        for m in modes:
+            digests[m] = []
+            if m == "resume" and not os.path.exists(tuning):
+                # The uninterrupted reference, which also writes the tuning file.
+                run_dir = os.path.join(a.work, "resume-reference")
+                run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m], "reference run")
+                digests["tuning"] = [final_digest(run_dir, a.steps)]
+            for i in range(a.runs):
+                run_dir = os.path.join(a.work, "%s-%02d" % (m, i))
+                if m == "resume":
+                    half = a.steps // 2
+                    run_job(a.mpiexec, a.trainer, a.np, opts(run_dir, ["--stop-after", str(half)]),
+                            envs[m], "resume run %d, first part" % i)
+                    out, _ = run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m],
+                                     "resume run %d, second part" % i)
+                    if "resuming from step %d" % half not in out:
+                        raise Failed("resume run %d did not resume from step %d:\n%s" %
+                                     (i, half, out))
+                else:
+                    run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m],
+                            "%s run %d" % (m, i))
+                    if m == "tuning" and i == 0 and not os.path.exists(tuning):
+                        raise Failed("the first run did not write the tuning file " + tuning)
+                digests[m].append(final_digest(run_dir, a.steps))
+                shutil.rmtree(run_dir)
+            print("%-12s %d runs, %d distinct parameter sets: %s" %
+                  (m, a.runs, len(set(digests[m])), " ".join(digests[m])), flush=True)
+    except Failed as e:
+        print("FAIL: %s" % e)
+        return 1
+    print("%d ranks, %d steps, %.0f s" % (a.np, a.steps, time.monotonic() - t0))
+    bad = [m for m in modes if m != "none" and len(set(digests[m])) != 1]
+    if "resume" in modes and "tuning" in digests and digests["tuning"] and \
+            set(digests["resume"]) != {digests["tuning"][0]}:
+        print("FAIL: the resumed runs' parameters differ from the uninterrupted runs' (%s)" %
+              digests["tuning"][0])
+        bad.append("resume vs tuning")
+    if bad:
+        print("FAIL: more than one parameter set in: " + ", ".join(bad))
+        return 1
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
