@@ -124,6 +124,16 @@ def rank_pids(tag, rank):
     return pids
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds used so far by process `pid` (None once it is gone)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class Job:
     """An mpiexec job in its own session whose merged stdout/stderr is collected by a thread, so
     that a caller can wait for a line while the job runs."""
