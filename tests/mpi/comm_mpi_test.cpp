@@ -170,7 +170,8 @@ TEST_CASE("hier and hier_leader agree with MPI_Allreduce on the node grouping") 
   Communicator comm(transport, cfg());
   const int p = comm.size(), r = comm.rank();
   const SharedSegmentConfig seg = SharedSegmentConfig::from_env();
-  const int k = seg.ranks_per_node > 0 ? seg.ranks_per_node : p;  // all ranks share this node
+  const int k =
+      seg.ranks_per_node.every > 0 ? seg.ranks_per_node.every : p;  // all ranks share this node
   CHECK(transport.node_map().nodes() == (p + k - 1) / k);
   CHECK(comm.topology().max_ranks_per_node == std::min(k, p));
   CHECK((transport.shared_segments() != nullptr) == (seg.enabled && k >= p && p > 1));

@@ -134,6 +134,47 @@ TEST_CASE("DTRAIN_RANKS_PER_NODE makes fake nodes of the loopback world, strictl
   CHECK(one.node_map().nodes() == 1);
 }
 
+TEST_CASE("DTRAIN_RANKS_PER_NODE as a list of node sizes: uneven fake nodes, strictly parsed") {
+  ::setenv("DTRAIN_RANKS_PER_NODE", "3,1", 1);
+  {
+    LoopbackWorld w(4);
+    CHECK(w.node_map().describe() == "3+1");
+    CHECK(w.node_map().members(0) == std::vector<int>{0, 1, 2});
+    run_loopback(w, [&](LoopbackTransport& t) {
+      Communicator comm(t, CommConfig{});
+      CHECK(comm.topology().nodes == 2);
+      CHECK(comm.topology().max_ranks_per_node == 3);
+      CHECK(comm.topology().min_ranks_per_node == 1);
+      CHECK((node_segments_of(t) == nullptr) == (t.rank() == 3));
+    });
+  }
+  ::setenv("DTRAIN_RANKS_PER_NODE", "1,2,2", 1);
+  CHECK(LoopbackWorld(5).node_map().describe() == "1+2+2");
+  CHECK(SharedSegmentConfig::from_env().ranks_per_node.sizes == std::vector<int>{1, 2, 2});
+  CHECK(SharedSegmentConfig::from_env().ranks_per_node.every == 0);
+  // Every rank's transport checks the sum against the group size, naming the variable.
+  for (const char* bad : {"3,1", "2,2,2", "3,", ",3", "3,,1", "3,0", "3;1", "3, 1", "a,b"}) {
+    ::setenv("DTRAIN_RANKS_PER_NODE", bad, 1);
+    INFO(bad);
+    bool named = false;
+    try {
+      LoopbackWorld w(5);
+    } catch (const InvalidArgument& e) {
+      named = std::string(e.what()).find("DTRAIN_RANKS_PER_NODE") != std::string::npos;
+    }
+    CHECK(named);
+  }
+  ::unsetenv("DTRAIN_RANKS_PER_NODE");
+  // A listed node that spans two nodes of the system map is split there.
+  RanksPerNode rpn;
+  rpn.sizes = {3, 1};
+  const NodeMap split = NodeMap::subdivided({0, 0, 1, 1}, rpn);
+  CHECK(split.describe() == "2+1+1");
+  CHECK(split.node_of(1) == 0);
+  CHECK(split.node_of(2) == 1);
+  CHECK(split.node_of(3) == 2);
+}
+
 TEST_CASE("hier and hier_leader: one node, one rank per node, 1-3 ranks") {
   for (bool shm : {true, false}) {
     hier_matrix({0}, shm, {0, 5}, {DType::f32}, {ReduceOp::sum});

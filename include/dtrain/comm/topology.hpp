@@ -9,8 +9,8 @@
 // A transport without them counts as one node when it has whole-group shared segments and as
 // one node per rank otherwise. MpiTransport groups by MPI_COMM_TYPE_SHARED, LoopbackTransport
 // puts every thread on one node unless its world was given a map; both subdivide their nodes
-// into consecutive blocks of DTRAIN_RANKS_PER_NODE ranks when that is set
-// (SharedSegmentConfig::ranks_per_node), so multi-node paths run on one machine.
+// as DTRAIN_RANKS_PER_NODE says when it is set (SharedSegmentConfig::ranks_per_node: blocks of
+// that many ranks, or a list of node sizes such as 3,1), so multi-node paths run on one machine.
 #pragma once
 
 #include <algorithm>
@@ -79,6 +79,32 @@ class NodeMap {
     std::vector<int> v(node_label.size());
     for (std::size_t r = 0; r < v.size(); ++r)
       v[r] = base.node_of_[r] * static_cast<int>(v.size()) + base.local_[r] / ranks_per_node;
+    return NodeMap(v);
+  }
+
+  /// `node_label` cut as DTRAIN_RANKS_PER_NODE says (RanksPerNode): into blocks of `rpn.every`
+  /// ranks per node, or into consecutive nodes of the listed sizes in rank order, each split
+  /// where it would span two nodes of `node_label`. Throws InvalidArgument naming the variable
+  /// when the listed sizes do not add up to the number of ranks.
+  static NodeMap subdivided(const std::vector<int>& node_label, const RanksPerNode& rpn) {
+    if (rpn.sizes.empty()) return subdivided(node_label, rpn.every);
+    long long sum = 0;
+    std::string list;
+    for (int n : rpn.sizes) {
+      sum += n;
+      list += (list.empty() ? "" : ",") + std::to_string(n);
+    }
+    if (sum != static_cast<long long>(node_label.size()))
+      raise<InvalidArgument>(
+          "environment",
+          detail::concat("DTRAIN_RANKS_PER_NODE='", list, "' lists nodes of ", sum,
+                         " ranks in all, but the group has ", node_label.size(), " ranks"));
+    NodeMap base(node_label);
+    std::vector<int> v(node_label.size());
+    std::size_t r = 0;
+    for (std::size_t k = 0; k < rpn.sizes.size(); ++k)
+      for (int i = 0; i < rpn.sizes[k]; ++i, ++r)
+        v[r] = base.node_of_[r] * static_cast<int>(rpn.sizes.size()) + static_cast<int>(k);
     return NodeMap(v);
   }
 

@@ -60,6 +60,7 @@
 #include <new>
 #include <type_traits>
 #include <utility>
+#include <string>
 #include <vector>
 
 #include <dtrain/core/env.hpp>
@@ -84,7 +85,9 @@ struct MemoryRegion {
 /// node); the `shm` all-reduce then exchanges data by loads and stores instead of messages.
 /// Rank q's segment holds `slots` slots of `slot_bytes` bytes; its counters are monotonically
 /// increasing chunk numbers (3 per slot: input copied in, part reduced, slot read out), each on
-/// its own cache line. The view is local to one rank; the memory is shared.
+/// its own cache line; the line's second word counts the ranks blocked in the kernel on that
+/// counter (comm/detail/futex_wait.hpp), so raise and wait through counter_publish and
+/// counter_wait. The view is local to one rank; the memory is shared.
 struct SharedSegments {
   int rank = 0;
   int size = 1;
@@ -95,6 +98,7 @@ struct SharedSegments {
   std::uint64_t next_chunk = 0;                    ///< chunks this rank has processed so far
 
   static constexpr std::size_t kFlagStride = 8;  // uint64 per counter: one 64-byte line each
+  static_assert(kFlagStride >= 2, "a counter's line also holds its waiters word");
   static std::size_t flag_bytes(int slots) noexcept {
     return 3 * static_cast<std::size_t>(slots) * kFlagStride * sizeof(std::uint64_t);
   }
@@ -113,6 +117,43 @@ struct SharedSegments {
       new (&f[i]) std::atomic<std::uint64_t>(0);
   }
 };
+/// How DTRAIN_RANKS_PER_NODE cuts the system's nodes into fake nodes, so that one machine can
+/// stand in for several: every node into consecutive blocks of `every` ranks ("2"), or the
+/// group in rank order into consecutive nodes of the listed sizes ("3,1": ranks 0-2 and rank 3;
+/// the sizes must add up to the group's size, which every rank checks when its transport maps
+/// the nodes; a listed node that would span two system nodes is split there). Neither set = as
+/// the system groups them. Plain value type.
+struct RanksPerNode {
+  int every = 0;           ///< block size; 0 = not set
+  std::vector<int> sizes;  ///< list form: node sizes in rank order
+  RanksPerNode() = default;
+  RanksPerNode(int n) : every(n) {}  // NOLINT(google-explicit-constructor): `= 2` reads well
+  bool is_set() const noexcept { return every > 0 || !sizes.empty(); }
+  /// Parses the value `v` of variable `name` strictly: an integer in [1, 65536], or a
+  /// comma-separated list of such integers with at least two entries.
+  static RanksPerNode parse(const char* name, const std::string& v) {
+    RanksPerNode r;
+    if (v.find(',') == std::string::npos) {
+      r.every = static_cast<int>(env::parse_int(name, v, 1, 65536));
+      return r;
+    }
+    std::size_t at = 0;
+    while (true) {
+      const std::size_t comma = v.find(',', at);
+      const std::string item =
+          v.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+      if (item.empty())
+        env::detail::bad_value(name, v,
+                               "an integer in [1, 65536] or a comma-separated list of node sizes "
+                               "in rank order (e.g. 3,1)");
+      r.sizes.push_back(static_cast<int>(env::parse_int(name, item, 1, 65536)));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+    return r;
+  }
+};
+
 /// Shared-segment sizing: whether the capability is on (DTRAIN_SHM, boolean), the pipelining
 /// chunk (DTRAIN_SHM_SLOT_BYTES, 256 B .. 1 GiB, rounded down to 64 B; default 256 KiB) and how
 /// many chunks may be in flight (DTRAIN_SHM_SLOTS, 2..64, default 4). Transports take one in
@@ -121,16 +162,16 @@ struct SharedSegmentConfig {
   bool enabled = true;
   std::size_t slot_bytes = 256 * 1024;
   int slots = 4;
-  /// Ranks per node for the hierarchical algorithms (DTRAIN_RANKS_PER_NODE, 1..65536; 0 = as the
-  /// system groups them): every node is cut into consecutive blocks of this many ranks, so one
-  /// machine can stand in for several nodes (<dtrain/comm/topology.hpp>).
-  int ranks_per_node = 0;
+  /// Fake nodes for the hierarchical algorithms (DTRAIN_RANKS_PER_NODE: a block size, 1..65536,
+  /// or a list of node sizes such as 3,1; unset = as the system groups them), see RanksPerNode
+  /// and NodeMap::subdivided (<dtrain/comm/topology.hpp>).
+  RanksPerNode ranks_per_node;
   /// The defaults overridden by the variables above, parsed strictly (<dtrain/core/env.hpp>).
   static SharedSegmentConfig from_env() {
     SharedSegmentConfig c;
     c.enabled = env::get_bool("DTRAIN_SHM", c.enabled);
-    c.ranks_per_node =
-        static_cast<int>(env::get_int("DTRAIN_RANKS_PER_NODE", c.ranks_per_node, 1, 65536));
+    if (const auto v = env::get("DTRAIN_RANKS_PER_NODE"))
+      c.ranks_per_node = RanksPerNode::parse("DTRAIN_RANKS_PER_NODE", *v);
     c.slot_bytes =
         static_cast<std::size_t>(env::get_int(
             "DTRAIN_SHM_SLOT_BYTES", static_cast<long long>(c.slot_bytes), 256, 1ll << 30)) /
