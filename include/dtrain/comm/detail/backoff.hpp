@@ -1,11 +1,31 @@
 // dtrain: the one way every polling wait in the communication layer gives the core away.
 //
-// A wait that polls (a transport's wait_until, the shm algorithm's counters, a cancel that waits
-// for a copy in progress) first spins for a few microseconds, since a partner running on another
-// core answers within that; then yields the core between polls, since a partner sharing this core
-// (more ranks than free cores) needs it and a yield with nothing else runnable returns at once;
-// and after 2 ms sleeps between polls, the sleep doubling up to 1 ms, so that a stalled wait (a
-// late or stopped rank) costs about a thousandth of a core instead of a whole one for minutes.
+// A wait that polls (a transport's wait_until, a cancel that waits for a copy in progress) first
+// spins for a few microseconds, since a partner running on another core answers within that. What
+// it does next depends on whether anything else wants this core:
+// - Nothing else runnable: a yield returns at once, so yielding between polls is as fast as
+//   spinning (the quiet all-reduce keeps its bandwidth) while still letting a thread that wakes
+//   up have the core.
+// - Something else runnable (the rank's own compute thread next to its progress thread, another
+//   rank when ranks outnumber cores, another job on a shared node): every yield hands the core
+//   over and the poller takes it back at the next scheduling decision. Measured on 2 ranks on 2
+//   cores training the 784-1024-1024-10 model, about a quarter of the CPU samples were then in
+//   sched_yield and the scheduler, with the compute thread preempted by its own rank's progress
+//   thread (benchmarks/RESULTS.md). To the scheduler a thread that always yields looks CPU-bound,
+//   so under a competing load it also gets no priority when its message arrives.
+// So a yield that took long enough to show that another thread ran (kYieldGaveAwaySeconds) ends
+// the yield phase: the wait sleeps between polls from then on (20 us, doubling up to 1 ms), which
+// frees the core for whole stretches and makes the poller a sleeper that the scheduler runs soon
+// after its timer fires. That finding is carried across waits: the calling thread remembers for
+// kContendedSeconds that its core is contended, and its next waits (the following messages of
+// the same collective, the next bucket) go from the spin straight to the sleeps instead of
+// restarting a yield storm per message. A wait that yields for kYieldSeconds (2 ms) without
+// finding contention also moves on to sleeping, so a stalled wait (a late or stopped rank) costs
+// about a thousandth of a core instead of a whole one for minutes.
+//
+// MPI point-to-point in MPICH needs polling for progress (no asynchronous progress thread), so
+// MPI channels are paced this way. Waits on counters in node-shared memory (the shm algorithms)
+// block in the kernel instead, woken by the writer (futex_wait.hpp).
 //
 // The spin phase can be lengthened by a wait that knows its partner is running on another core
 // and answers within a known time (the shm algorithm: one chunk copy). On a machine where other
@@ -23,42 +43,101 @@
 
 namespace dtrain::detail {
 
+/// Tells the CPU that this is a spin loop (saves power, frees the sibling hyperthread). Local.
+inline void wait_pause() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+/// Per-thread memory of the waits that came before: until when this thread's core counts as
+/// contended (a yield handed it to another thread), and whether the thread is a communicator's
+/// progress thread (whose rank computes meanwhile). Thread-local; read and written by Backoff.
+struct WaitHistory {
+  double contended_until = -1;
+  bool progress_thread = false;
+};
+inline WaitHistory& wait_history() noexcept {
+  thread_local WaitHistory h;
+  return h;
+}
+
+/// Longest spin of a wait on a progress thread: its rank's compute thread is usually runnable
+/// and would lose the core to a longer one.
+inline constexpr double kProgressSpinSeconds = 20e-6;
+
+/// The spin a wait that asks for `requested` seconds gets on the calling thread: at least
+/// kSpinSeconds (below), at most kProgressSpinSeconds on a progress thread. Local.
+double spin_budget(double requested) noexcept;
+
 /// State of one polling wait. Local object; call pause() after each unsuccessful poll.
 class Backoff {
  public:
   static constexpr double kSpinSeconds = 5e-6;
-  /// Spins for `spin_seconds` (at least kSpinSeconds) before yielding.
+  /// Spins for `spin_seconds` (at least kSpinSeconds) before yielding or sleeping.
   explicit Backoff(double spin_seconds = kSpinSeconds) noexcept
-      : spin_(spin_seconds > kSpinSeconds ? spin_seconds : kSpinSeconds) {}
+      : spin_(spin_budget(spin_seconds)) {}
+  /// Longest yield phase of a wait that finds its core uncontended.
   static constexpr double kYieldSeconds = 2e-3;
+  static constexpr double kMinSleepSeconds = 20e-6;
   static constexpr double kMaxSleepSeconds = 1e-3;
+  /// A yield that lasted this long let another thread run: the core is contended.
+  static constexpr double kYieldGaveAwaySeconds = 20e-6;
+  /// How long a thread remembers that its core was contended.
+  static constexpr double kContendedSeconds = 0.05;
 
-  /// Gives the core away as much as the time already waited calls for.
+  /// Gives the core away as much as the time already waited and the core's contention call for.
   void pause() noexcept {
-    if (++polls_ < 16) return;  // the first polls are too cheap to be worth a clock read
+    if (++polls_ < 16) {  // the first polls are too cheap to be worth a clock read
+      wait_pause();
+      return;
+    }
     const double t = now_seconds();
     if (start_ < 0) start_ = t;
     const double waited = t - start_;
-    if (waited < spin_) return;
-    if (waited < spin_ + kYieldSeconds) {
-      std::this_thread::yield();
+    if (waited < spin_) {
+      wait_pause();
       return;
     }
-    sleep_ = sleep_ <= 0 ? 20e-6 : (sleep_ * 2 > kMaxSleepSeconds ? kMaxSleepSeconds : sleep_ * 2);
+    if (!sleeping_) {
+      WaitHistory& h = wait_history();
+      if (t < h.contended_until) {
+        contended_ = true;
+      } else if (waited < spin_ + kYieldSeconds) {
+        std::this_thread::yield();
+        const double after = now_seconds();
+        if (after - t < kYieldGaveAwaySeconds) return;
+        h.contended_until = after + kContendedSeconds;
+        contended_ = true;
+      }
+      sleeping_ = true;
+    }
+    sleep_ = sleep_ <= 0 ? kMinSleepSeconds
+                         : (sleep_ * 2 > kMaxSleepSeconds ? kMaxSleepSeconds : sleep_ * 2);
     std::this_thread::sleep_for(std::chrono::duration<double>(sleep_));
+    // A wait that sleeps because of contention keeps the memory of it fresh while it lasts.
+    if (contended_) wait_history().contended_until = now_seconds() + kContendedSeconds;
   }
   /// True once the wait has passed the spin and yield phases (a caller that can block on a
   /// condition variable instead should do so from here on).
-  bool past_yield() const noexcept {
-    return start_ >= 0 && now_seconds() - start_ >= spin_ + kYieldSeconds;
-  }
+  bool past_yield() const noexcept { return sleeping_; }
 
  private:
   double spin_;
   unsigned polls_ = 0;
   double start_ = -1;
   double sleep_ = 0;
+  bool sleeping_ = false;
+  bool contended_ = false;
 };
+
+inline double spin_budget(double requested) noexcept {
+  double s = requested > Backoff::kSpinSeconds ? requested : Backoff::kSpinSeconds;
+  if (wait_history().progress_thread && s > kProgressSpinSeconds) s = kProgressSpinSeconds;
+  return s;
+}
 
 /// Polls `done()` with a Backoff (spinning `spin_seconds` before yielding) until it returns true
 /// (true) or `deadline` passes (false).

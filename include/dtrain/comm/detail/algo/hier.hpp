@@ -33,6 +33,7 @@
 #include <dtrain/comm/detail/algo/rd.hpp>
 #include <dtrain/comm/detail/algo/ring.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/detail/futex_wait.hpp>
 #include <dtrain/comm/topology.hpp>
 
 namespace dtrain::detail {
@@ -100,9 +101,7 @@ class HierBase : public Algorithm {
   // counters in step for shm, 2: it has read what it needs of the other slots), so the counters
   // only grow and stay consistent with the shm algorithm's use of the same segments.
   void wait_counter(int q, int kind, int slot, std::uint64_t target) const {
-    const auto& f = seg_->flag(q, kind, slot);
-    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline(),
-                    spin_))
+    if (!counter_wait(seg_->flag(q, kind, slot), target, ctx_.deadline(), spin_))
       ctx_.timeout(member(q));
   }
   /// Waits until every rank of the node has read chunk g - slots (whose slot chunk g reuses).
@@ -114,7 +113,7 @@ class HierBase : public Algorithm {
   }
   void raise_counter(int kind, std::uint64_t g) const {
     const int slot = static_cast<int>(g % static_cast<std::uint64_t>(seg_->slots));
-    seg_->flag(l_, kind, slot).store(g + 1, std::memory_order_release);
+    counter_publish(seg_->flag(l_, kind, slot), g + 1);
   }
   /// Runs body(g, slot, c0, c1) for each slot-sized chunk [c0, c1) of the vector, chunk number
   /// g, then counts the chunks as used; with `finish` every counter of each chunk is raised after

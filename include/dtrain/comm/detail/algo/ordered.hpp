@@ -30,6 +30,7 @@
 
 #include <dtrain/comm/detail/algo/context.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/detail/futex_wait.hpp>
 
 namespace dtrain::detail {
 
@@ -207,7 +208,7 @@ class OrderedShmAlgorithm : public Algorithm {
       if (b0) std::memcpy(mine, in, b0 * es);
       if (cl > b0 + bl)
         std::memcpy(mine + (b0 + bl) * es, in + (b0 + bl) * es, (cl - b0 - bl) * es);
-      w.flag(r, 0, s).store(g + 1, std::memory_order_release);
+      counter_publish(w.flag(r, 0, s), g + 1);
       // As in OrderedAlgorithm: the result itself accumulates when this rank comes first, else
       // its own slot part does until the last addition (in place, `out` is this rank's input).
       uchar* dst = out_ + (c0 + b0) * es;
@@ -224,23 +225,21 @@ class OrderedShmAlgorithm : public Algorithm {
         ctx_.finish_avg(dst, bl);
         std::memcpy(mine + b0 * es, dst, bl * es);
       }
-      w.flag(r, 1, s).store(g + 1, std::memory_order_release);
+      counter_publish(w.flag(r, 1, s), g + 1);
       for (int i = 1; i < p; ++i) {
         const int q = (r + i) % p;
         wait_counter(q, 1, s, g + 1);
         const std::size_t q0 = block_begin(cl, p, q), ql = block_begin(cl, p, q + 1) - q0;
         if (ql) std::memcpy(out_ + (c0 + q0) * es, w.slot(q, s) + q0 * es, ql * es);
       }
-      w.flag(r, 2, s).store(g + 1, std::memory_order_release);
+      counter_publish(w.flag(r, 2, s), g + 1);
     }
     w.next_chunk += nchunks;
   }
 
  private:
   void wait_counter(int q, int kind, int s, std::uint64_t target) {
-    const auto& f = seg_->flag(q, kind, s);
-    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline()))
-      ctx_.timeout(q);
+    if (!counter_wait(seg_->flag(q, kind, s), target, ctx_.deadline())) ctx_.timeout(q);
   }
 
   PlanContext<Transport>& ctx_;

@@ -10,10 +10,12 @@
 // chunks are in flight and the copies of one chunk overlap the reduction of another.
 //
 // Waits for a partner's counter spin for about the time the partner needs for one chunk before
-// they yield (detail/backoff.hpp), as long as the ranks do not outnumber the cores: every rank
-// then has a core, the partner answers within that time, and a yield would hand the core to
-// another process for a time slice once per chunk (the cause of shm's bandwidth collapsing on a
-// loaded machine, benchmarks/RESULTS.md).
+// they sleep in the kernel until the partner's raise wakes them (detail/futex_wait.hpp), as long
+// as the ranks do not outnumber the cores: every rank then has a core and the partner answers
+// within that time. On a progress thread, whose rank computes meanwhile, the spin is cut to
+// kProgressSpinSeconds (detail/backoff.hpp). Before the kernel waits, these waits yielded, and a
+// yield hands the core to another process for a time slice once per chunk (the cause of shm's
+// bandwidth collapsing on a loaded machine, benchmarks/RESULTS.md).
 #pragma once
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 
 #include <dtrain/comm/detail/algo/context.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/detail/futex_wait.hpp>
 
 namespace dtrain::detail {
 
@@ -64,7 +67,7 @@ class ShmAlgorithm : public Algorithm {
       // Everything but this rank's own part, which it reduces from `in` directly.
       if (b0) std::memcpy(my_slot, in + c0 * es, b0 * es);
       if (cl > b1) std::memcpy(my_slot + b1 * es, in + (c0 + b1) * es, (cl - b1) * es);
-      w.flag(r, 0, slot).store(g + 1, std::memory_order_release);
+      counter_publish(w.flag(r, 0, slot), g + 1);
       const std::size_t bl = b1 - b0;
       uchar* dst = out + (c0 + b0) * es;
       const uchar* first = in + (c0 + b0) * es;
@@ -75,24 +78,21 @@ class ShmAlgorithm : public Algorithm {
       }
       if (bl) ctx_.finish_avg(dst, bl);
       if (bl) std::memcpy(my_slot + b0 * es, dst, bl * es);
-      w.flag(r, 1, slot).store(g + 1, std::memory_order_release);
+      counter_publish(w.flag(r, 1, slot), g + 1);
       for (int i = 1; i < p; ++i) {
         const int q = (r + i) % p;
         wait_counter(w, q, 1, slot, g + 1);
         const std::size_t q0 = block_begin(cl, p, q), ql = block_begin(cl, p, q + 1) - q0;
         if (ql) std::memcpy(out + (c0 + q0) * es, w.slot(q, slot) + q0 * es, ql * es);
       }
-      w.flag(r, 2, slot).store(g + 1, std::memory_order_release);
+      counter_publish(w.flag(r, 2, slot), g + 1);
     }
     w.next_chunk += nchunks;
   }
 
  private:
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
-    const auto& f = w.flag(q, kind, s);
-    if (!poll_until([&] { return f.load(std::memory_order_acquire) >= target; }, ctx_.deadline(),
-                    spin_))
-      ctx_.timeout(q);
+    if (!counter_wait(w.flag(q, kind, s), target, ctx_.deadline(), spin_)) ctx_.timeout(q);
   }
 
   // Spin budget per byte of a slot: a partner copying a chunk at 1 GB/s or better answers in time.

@@ -1,0 +1,264 @@
+// Waits of the communication layer that do not burn a core: the futex wait on a shared-segment
+// counter (blocked in the kernel, woken by the writer, ended by its deadline, no lost wake-up
+// under many hand-offs and several waiters), the shm all-reduce over many chunks with those
+// waits, its timeout message, and the polling backoff's memory of a contended core.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cstdint>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/detail/futex_wait.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+#if defined(__linux__)
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+
+using namespace dtrain;
+using detail::counter_publish;
+using detail::counter_wait;
+using detail::counter_waiters;
+
+namespace {
+
+// One counter per 64-byte line, as in SharedSegments (word 1 of each line: its waiters).
+struct alignas(64) CounterLine {
+  std::atomic<std::uint64_t> w[8] = {};
+  std::atomic<std::uint64_t>& counter() { return w[0]; }
+};
+
+#if defined(__linux__)
+// The scheduler state of thread `tid` of this process ('R' running, 'S' asleep, ...).
+char thread_state(long tid) {
+  std::ifstream f("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string s((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const auto close = s.rfind(')');
+  return close == std::string::npos || close + 2 >= s.size() ? '?' : s[close + 2];
+}
+#endif
+
+}  // namespace
+
+#if DTRAIN_HAVE_FUTEX
+TEST_CASE("a counter waiter sleeps in the kernel and the writer's publish wakes it") {
+  CounterLine line;
+  std::atomic<long> tid{0};
+  std::atomic<bool> ok{false};
+  std::atomic<double> woke{0};
+  // A slice far longer than the test: only the writer's wake (not a slice timeout) ends the wait.
+  std::thread waiter([&] {
+    tid = static_cast<long>(syscall(SYS_gettid));
+    ok = counter_wait(line.counter(), 1, Deadline(60), 0, 30.0);
+    woke = now_seconds();
+  });
+  const Deadline setup(20);
+  while (counter_waiters(line.counter()).load() == 0 && !setup.expired())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(counter_waiters(line.counter()).load() == 1);
+  // Announced: it is now in (or about to enter) the kernel wait, asleep rather than spinning.
+  char state = '?';
+  while (!setup.expired()) {
+    state = thread_state(tid.load());
+    if (state == 'S') break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  CHECK(state == 'S');
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(!ok.load());
+  const double published = now_seconds();
+  counter_publish(line.counter(), 1);
+  waiter.join();
+  CHECK(ok.load());
+  CHECK(woke.load() - published < 10.0);  // a lost wake-up would sleep out the 30 s slice
+  CHECK(counter_waiters(line.counter()).load() == 0);
+}
+#endif
+
+TEST_CASE("a counter wait whose writer never comes ends at its deadline") {
+  CounterLine line;
+  line.counter().store(6);
+  const double t0 = now_seconds();
+  CHECK(!counter_wait(line.counter(), 7, Deadline(0.2), 0));
+  const double took = now_seconds() - t0;
+  CHECK(took >= 0.2);
+  CHECK(took < 5.0);
+  CHECK(counter_waiters(line.counter()).load() == 0);
+  CHECK(counter_wait(line.counter(), 6, Deadline(0.2), 0));  // already reached: at once
+}
+
+TEST_CASE("no lost wake-up: many hand-offs between two threads and one writer to three waiters") {
+  // Minimal spin, so most waits go to the kernel. Each wait's slice is longer than its deadline:
+  // a lost wake-up fails the wait instead of being rescued by a slice timeout.
+  SUBCASE("ping-pong") {
+    CounterLine a, b;
+    constexpr std::uint64_t kRounds = 5000;
+    std::atomic<int> failed{0};
+    std::thread pong([&] {
+      for (std::uint64_t i = 1; i <= kRounds; ++i) {
+        if (!counter_wait(a.counter(), i, Deadline(20), 0, 60)) {
+          ++failed;
+          return;
+        }
+        counter_publish(b.counter(), i);
+      }
+    });
+    for (std::uint64_t i = 1; i <= kRounds; ++i) {
+      counter_publish(a.counter(), i);
+      if (!counter_wait(b.counter(), i, Deadline(20), 0, 60)) {
+        ++failed;
+        break;
+      }
+    }
+    pong.join();
+    CHECK(failed.load() == 0);
+    CHECK(b.counter().load() == kRounds);
+  }
+  SUBCASE("one writer, three waiters on the same counter") {
+    CounterLine go;
+    std::vector<CounterLine> ack(3);
+    constexpr std::uint64_t kRounds = 1500;
+    std::atomic<int> failed{0};
+    std::vector<std::thread> waiters;
+    for (int k = 0; k < 3; ++k)
+      waiters.emplace_back([&, k] {
+        for (std::uint64_t i = 1; i <= kRounds; ++i) {
+          if (!counter_wait(go.counter(), i, Deadline(20), 0, 60)) {
+            ++failed;
+            return;
+          }
+          counter_publish(ack[static_cast<std::size_t>(k)].counter(), i);
+        }
+      });
+    for (std::uint64_t i = 1; i <= kRounds && failed.load() == 0; ++i) {
+      counter_publish(go.counter(), i);
+      for (auto& l : ack)
+        if (!counter_wait(l.counter(), i, Deadline(20), 0, 60)) ++failed;
+    }
+    for (auto& t : waiters) t.join();
+    CHECK(failed.load() == 0);
+    CHECK(counter_waiters(go.counter()).load() == 0);
+  }
+}
+
+TEST_CASE("shm all-reduce over thousands of chunks with kernel waits matches the exact sum") {
+  SharedSegmentConfig seg;
+  seg.slot_bytes = 256;  // 64 floats per chunk
+  seg.slots = 2;
+  for (int p : {2, 3}) {
+    CAPTURE(p);
+    LoopbackWorld world(p, seg);
+    std::mutex m;
+    std::vector<std::string> failures;
+    run_loopback(world, [&](LoopbackTransport& t) {
+      CommConfig c;
+      c.timeout_s = 60;
+      Communicator comm(t, c);
+      const std::size_t n = 40000;  // about 625 chunks per call
+      for (int call = 0; call < 4; ++call) {
+        std::vector<float> x(n), y(n, -1.0f);
+        // Small integers: every order of summation gives the exact value.
+        for (std::size_t i = 0; i < n; ++i)
+          x[i] = static_cast<float>(
+              (i * 7 + static_cast<std::size_t>(t.rank()) * 13 + static_cast<std::size_t>(call)) %
+              101);
+        comm.allreduce(BufferView(span<const float>(x)), BufferView(span<float>(y)), ReduceOp::sum,
+                       AllreduceAlgorithm::shm);
+        for (std::size_t i = 0; i < n; ++i) {
+          float want = 0;
+          for (int q = 0; q < p; ++q)
+            want += static_cast<float>(
+                (i * 7 + static_cast<std::size_t>(q) * 13 + static_cast<std::size_t>(call)) % 101);
+          if (y[i] != want) {
+            std::lock_guard<std::mutex> lock(m);
+            failures.push_back("rank " + std::to_string(t.rank()) + " call " +
+                               std::to_string(call) + " element " + std::to_string(i) + ": " +
+                               std::to_string(y[i]) + " != " + std::to_string(want));
+            return;
+          }
+        }
+      }
+    });
+    for (const auto& f : failures) FAIL_CHECK(f);
+  }
+}
+
+TEST_CASE("an shm wait whose partner never arrives raises TimeoutError naming rank, op and peer") {
+  SharedSegmentConfig seg;
+  seg.slot_bytes = 256;
+  seg.slots = 2;
+  LoopbackWorld world(2, seg);
+  std::mutex m;
+  std::vector<std::string> messages;
+  const double t0 = now_seconds();
+  run_loopback(world, [&](LoopbackTransport& t) {
+    if (t.rank() == 1) return;  // never calls
+    CommConfig c;
+    c.timeout_s = 0.3;
+    c.check_fingerprints = false;  // straight into the algorithm's counter waits
+    Communicator comm(t, c);
+    std::vector<float> x(1000, 1.0f);
+    try {
+      comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::shm);
+    } catch (const TimeoutError& e) {
+      std::lock_guard<std::mutex> lock(m);
+      messages.push_back(e.what());
+    }
+  });
+  CHECK(now_seconds() - t0 < 10);
+  REQUIRE(messages.size() == 1);
+  CAPTURE(messages[0]);
+  CHECK(messages[0].find("rank 0") != std::string::npos);
+  CHECK(messages[0].find("allreduce #0 (shm") != std::string::npos);
+  CHECK(messages[0].find("wait for rank 1 timed out") != std::string::npos);
+}
+
+#if defined(__linux__)
+TEST_CASE("a polling wait that shares its core with a busy thread stops yielding and remembers") {
+  // Both threads on one CPU: a yield of the waiter hands the core to the busy thread.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  cpu_set_t mine;
+  REQUIRE(sched_getaffinity(0, sizeof(mine), &mine) == 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &mine)) ++cpu;
+  REQUIRE(cpu < CPU_SETSIZE);
+  CPU_SET(cpu, &one);
+  std::atomic<bool> stop{false}, busy_started{false};
+  std::atomic<std::uint64_t> spins{0};
+  std::thread busy([&] {
+    sched_setaffinity(0, sizeof(one), &one);
+    busy_started = true;
+    while (!stop.load(std::memory_order_relaxed)) spins.fetch_add(1, std::memory_order_relaxed);
+  });
+  double remembered = 0, waited = 0;
+  std::thread waiter([&] {
+    sched_setaffinity(0, sizeof(one), &one);
+    while (!busy_started.load()) std::this_thread::yield();
+    detail::wait_history() = detail::WaitHistory{};
+    const double t0 = now_seconds();
+    CHECK(detail::poll_until([&] { return now_seconds() - t0 > 0.1; }, Deadline(10)));
+    waited = now_seconds() - t0;
+    remembered = detail::wait_history().contended_until - now_seconds();
+    // The next wait starts out sleeping instead of yielding: a short one is paced by the sleeps.
+    detail::Backoff b;
+    for (int i = 0; i < 200 && !b.past_yield(); ++i) b.pause();
+    CHECK(b.past_yield());
+  });
+  waiter.join();
+  stop = true;
+  busy.join();
+  CHECK(waited >= 0.1);
+  CHECK(remembered > 0);
+  CHECK(remembered <= detail::Backoff::kContendedSeconds);
+  CHECK(spins.load() > 0);
+}
+#endif
