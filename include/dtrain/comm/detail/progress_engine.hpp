@@ -4,8 +4,10 @@
 // transport allows one: loopback always, MPI at MPI_THREAD_MULTIPLE), a started collective is
 // queued and a dedicated thread runs the whole algorithm while the caller computes. Cost: one
 // thread per communicator, asleep on a condition variable while nothing is queued; while a
-// collective runs it competes for a core with the caller (its transport waits spin for at most
-// tens of microseconds before yielding and then sleeping), and each start/finish costs a
+// collective runs it competes for a core with the caller, so the thread marks itself as a
+// progress thread (detail::wait_history()): its waits spin for at most kProgressSpinSeconds,
+// then shared-segment waits block in the kernel and message waits poll with sleeps as soon as a
+// yield shows the core contended (detail/backoff.hpp). Each start/finish costs a
 // condition-variable hand-off (a few microseconds), which is why blocking calls with nothing
 // queued run inline on the caller's thread instead.
 // Without a progress thread (MPI below MPI_THREAD_MULTIPLE, or CommConfig::progress_thread off),
@@ -23,6 +25,7 @@
 #include <string>
 #include <thread>
 
+#include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/timer.hpp>
@@ -168,6 +171,7 @@ class ProgressEngine {
 
   void worker_loop() {
     RankScope scope(rank_);
+    wait_history().progress_thread = true;
     std::unique_lock<std::mutex> lock(m_);
     for (;;) {
       cv_work_.wait(lock, [&] { return stop_ || head_ != tail_; });
