@@ -4,7 +4,7 @@ compares the final parameters bit for bit (the model datasets of each run's last
 read with h5py, every CRC32C checked).
 
 usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--np P] [--steps S]
-                        [--modes tuning,reproducible,resume[,none]]
+                        [--modes tuning,reproducible,resume[,resume_reproducible][,none]]
 
 Modes (each N runs from scratch, each in its own run directory):
   tuning        DTRAIN_TUNING_FILE shared by the runs; the first run finds no file, calibrates
@@ -13,6 +13,8 @@ Modes (each N runs from scratch, each in its own run directory):
   resume        with the tuning mode's file: each run stops after S/2 steps (--stop-after,
                 checkpoint) and a second invocation continues to S; the result must equal the
                 tuning mode's uninterrupted runs
+  resume_reproducible
+                the same in reproducible mode; must equal the reproducible mode's runs
   none          neither (the automatic choice calibrates in every run): for contrast, not asserted
 Exit 0 when every asserted mode gave one parameter set; prints how many distinct sets each mode
 gave.
@@ -71,7 +73,7 @@ def main():
     lib.require_h5py()
     modes = a.modes.split(",")
     for m in modes:
-        if m not in ("tuning", "reproducible", "resume", "none"):
+        if m not in ("tuning", "reproducible", "resume", "resume_reproducible", "none"):
             ap.error("unknown mode " + m)
     if a.steps < 2:
         ap.error("--steps must be at least 2")
@@ -85,7 +87,10 @@ def main():
         base.pop(k, None)
     envs = {"none": base, "tuning": dict(base, DTRAIN_TUNING_FILE=tuning),
             "reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1"),
-            "resume": dict(base, DTRAIN_TUNING_FILE=tuning)}
+            "resume": dict(base, DTRAIN_TUNING_FILE=tuning),
+            "resume_reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1")}
+    # A resumed mode and the uninterrupted mode whose parameters it must give.
+    resumes = {"resume": "tuning", "resume_reproducible": "reproducible"}
 
     def opts(run_dir, extra=()):
         return ["--data", data, "--run-dir", run_dir, "--hidden", "32", "--batch", "16",
@@ -97,14 +102,14 @@ def main():
     try:
         for m in modes:
             digests[m] = []
-            if m == "resume" and not os.path.exists(tuning):
-                # The uninterrupted reference, which also writes the tuning file.
-                run_dir = os.path.join(a.work, "resume-reference")
+            if m in resumes and not digests.get(resumes[m]):
+                # The uninterrupted reference (which also writes the tuning file).
+                run_dir = os.path.join(a.work, m + "-reference")
                 run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m], "reference run")
-                digests["tuning"] = [final_digest(run_dir, a.steps)]
+                digests[resumes[m]] = [final_digest(run_dir, a.steps)]
             for i in range(a.runs):
                 run_dir = os.path.join(a.work, "%s-%02d" % (m, i))
-                if m == "resume":
+                if m in resumes:
                     half = a.steps // 2
                     run_job(a.mpiexec, a.trainer, a.np, opts(run_dir, ["--stop-after", str(half)]),
                             envs[m], "resume run %d, first part" % i)
@@ -127,11 +132,11 @@ def main():
         return 1
     print("%d ranks, %d steps, %.0f s" % (a.np, a.steps, time.monotonic() - t0))
     bad = [m for m in modes if m != "none" and len(set(digests[m])) != 1]
-    if "resume" in modes and "tuning" in digests and digests["tuning"] and \
-            set(digests["resume"]) != {digests["tuning"][0]}:
-        print("FAIL: the resumed runs' parameters differ from the uninterrupted runs' (%s)" %
-              digests["tuning"][0])
-        bad.append("resume vs tuning")
+    for m, ref in resumes.items():
+        if m in modes and set(digests[m]) != {digests[ref][0]}:
+            print("FAIL: %s: the resumed runs' parameters differ from the uninterrupted runs' (%s)"
+                  % (m, digests[ref][0]))
+            bad.append(m + " vs " + ref)
     if bad:
         print("FAIL: more than one parameter set in: " + ", ".join(bad))
         return 1
