@@ -44,7 +44,8 @@ CASES = {
                  manager=r"BAD TERMINATION.*\n=\s+PID \d+ RUNNING AT .*\n=\s+EXIT CODE: 9",
                  others_blame=r"rank 1\b"),
     "stop": dict(np=3, fault="stop", rank=1, step=5, max_s=DEADLINE_S + MARGIN_S,
-                 first=r"^dtrain: rank [02]: allreduce #\d+ .*: wait for rank 1 timed out"),
+                 first=r"^dtrain: rank [02]: allreduce #\d+ .*rank 1 \(pid \d+ on this node\) "
+                       r"is stopped"),
     "mismatch": dict(np=2, fault="mismatch", rank=1, step=5, max_s=DEADLINE_S + MARGIN_S,
                      first=r"^dtrain: rank [01]: .*(broadcast|allreduce)"),
 }

@@ -1,10 +1,12 @@
 // dtrain: the handle a non-blocking collective returns.
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <utility>
 
 #include <dtrain/comm/detail/progress_engine.hpp>
+#include <dtrain/core/failure.hpp>
 #include <dtrain/core/log.hpp>
 
 namespace dtrain {
@@ -12,7 +14,12 @@ namespace dtrain {
 /// Completion handle of a started collective. Local object of the rank that started it; not
 /// thread-safe (use it from the thread that started the collective). Move-only. Destroying a
 /// handle whose collective is still running waits for it (errors are then logged, not thrown),
-/// because the collective reads and writes the caller's buffers until it completes.
+/// because the collective reads and writes the caller's buffers until it completes. While an
+/// exception unwinds the stack (or the job is failing, job_failing()) the destructor abandons
+/// the communicator instead of waiting out its deadline: the collective's waits end at once, its
+/// transfers are cancelled (or, where MPI cannot cancel them, quarantined by the transport), the
+/// communicator becomes unusable, and nothing is logged, so the error being unwound stays the
+/// first one reported.
 class CollectiveHandle {
  public:
   CollectiveHandle() = default;
@@ -64,10 +71,17 @@ class CollectiveHandle {
   }
   void finish_quietly() noexcept {
     if (!job_) return;
+    const bool unwinding = std::uncaught_exceptions() > 0 || job_failing();
+    if (unwinding) job_->engine->abandon();
     try {
       job_->engine->wait(*job_);
     } catch (const std::exception& e) {
-      DTRAIN_LOG(error, "collective handle dropped while its collective failed: " << e.what());
+      // While unwinding, this failure is a consequence of the error in flight (or of the
+      // abandonment itself): reporting it would put a secondary line before the root cause.
+      if (unwinding)
+        DTRAIN_LOG(debug, "collective abandoned while an error unwinds: " << e.what());
+      else
+        DTRAIN_LOG(error, "collective handle dropped while its collective failed: " << e.what());
     } catch (...) {
     }
     release();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <dtrain/comm/detail/backoff.hpp>
+#include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
@@ -131,7 +132,10 @@ class MpiTransport {
     if (unwind_.failing()) return;
     if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
     if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
-    if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    // After an abandoned operation, late messages of peers may still arrive on this
+    // communicator; freeing it would let MPI hand its context id to the next MPI_Comm_dup, where
+    // they would match the receives of an unrelated collective. It is kept until MPI_Finalize.
+    if (comm_ != MPI_COMM_NULL && !cancelled_) MPI_Comm_free(&comm_);
   }
 
   /// Node-shared segments (an MPI-3 shared-memory window over the ranks of this communicator)
@@ -222,13 +226,17 @@ class MpiTransport {
     return detail::poll_until([&] { return test(r); }, deadline);
   }
   /// Abandons an active request (error paths): MPI_Cancel, then up to kCancelSeconds for the
-  /// operation to complete (cancelled or finished) so that its buffer may be freed; only an
-  /// operation still active after that is released to complete on its own. Never throws.
+  /// operation to complete (cancelled or finished) so that its buffer may be freed. An operation
+  /// still active after that (a send already matched by a stalled peer, a receive whose data
+  /// is arriving) is counted in abandoned(): MPI may still read or write its buffer until the
+  /// operation ends or the job does, so the caller must keep that buffer allocated (a plan
+  /// quarantines its own memory, see PlanContext::cancel_all). Never throws.
   void cancel(Request& r) noexcept {
     const bool persistent = r.bound != nullptr;
     MPI_Request* q = persistent ? r.bound : &r.req;
     r.bound = nullptr;
     if (*q == MPI_REQUEST_NULL) return;
+    cancelled_ = true;
     MPI_Cancel(q);
     // Give the cancelled (or meanwhile finished) operation a bounded time to complete, so that
     // in the usual case its buffer is out of MPI's hands before the caller frees it; an operation
@@ -239,8 +247,19 @@ class MpiTransport {
     int flag = 0;
     while (MPI_Test(q, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && !flag && !limit.expired())
       backoff.pause();
+    if (!flag) ++abandoned_;
     if (!persistent && !flag) MPI_Request_free(q);  // the persistent one is freed by unbind
     if (!persistent) *q = MPI_REQUEST_NULL;
+  }
+  /// Local. How many operations cancel() had to release while still active (their buffers may
+  /// still be read or written by MPI until the job ends).
+  std::size_t abandoned() const noexcept { return abandoned_; }
+  /// Local, never throws. What Linux reports about the process of `peer` when it runs on this
+  /// node (running, stopped, exited; its pid and start time were exchanged by the constructor);
+  /// PeerState::unknown for a rank on another node. Timeout messages use it to say who stopped.
+  detail::PeerStatus peer_status(int peer) const noexcept {
+    if (peer < 0 || peer >= size_ || peer == rank_ || peers_.empty()) return {};
+    return detail::process_status(peers_[static_cast<std::size_t>(peer)]);
   }
   /// MPI needs no registration: returns the range unchanged.
   MemoryRegion register_memory(void* data, std::size_t bytes, Space space) {
@@ -275,9 +294,23 @@ class MpiTransport {
     const int rc_min = MPI_Allreduce(&rank_, &lowest, 1, MPI_INT, MPI_MIN, system_node);
     MPI_Comm_free(&system_node);
     DTRAIN_CHECK_MPI(rc_min, "MpiTransport");
-    std::vector<int> labels(static_cast<std::size_t>(size_));
-    DTRAIN_CHECK_MPI(MPI_Allgather(&lowest, 1, MPI_INT, labels.data(), 1, MPI_INT, comm_),
+    // With the node label, every rank publishes its process (pid, start time), so that a timeout
+    // can tell whether a peer on the same node is stopped or gone (detail/peer_liveness.hpp).
+    const detail::ProcessId self = detail::self_process_id();
+    const long long mine[3] = {lowest, self.pid, self.start};
+    std::vector<long long> all(3 * static_cast<std::size_t>(size_));
+    DTRAIN_CHECK_MPI(MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, comm_),
                      "MpiTransport");
+    std::vector<int> labels(static_cast<std::size_t>(size_));
+    peers_.assign(static_cast<std::size_t>(size_), detail::ProcessId{});
+    for (std::size_t q = 0; q < labels.size(); ++q) {
+      labels[q] = static_cast<int>(all[3 * q]);
+      // Only a process this rank can see as the same one (same node, same pid namespace).
+      const detail::ProcessId id{all[3 * q + 1], all[3 * q + 2]};
+      if (labels[q] == lowest && static_cast<int>(q) != rank_ &&
+          detail::process_status(id).state == detail::PeerState::running)
+        peers_[q] = id;
+    }
     node_map_ = NodeMap::subdivided(labels, cfg.ranks_per_node);
     const int node = node_map_.node_of(rank_);
     if (!cfg.enabled || node_map_.nodes() == size_) return;  // no node with two ranks
@@ -325,6 +358,9 @@ class MpiTransport {
   MPI_Win win_ = MPI_WIN_NULL;
   SharedSegments segments_;
   NodeMap node_map_;
+  std::vector<detail::ProcessId> peers_;  // same-node peers' processes; pid 0 elsewhere
+  std::size_t abandoned_ = 0;
+  bool cancelled_ = false;  // an active operation was abandoned: comm_ is never freed
   int rank_ = 0;
   int size_ = 1;
   int tag_ub_ = 32767;

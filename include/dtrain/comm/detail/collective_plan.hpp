@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 
@@ -32,6 +33,7 @@
 #include <dtrain/comm/detail/progress_engine.hpp>
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/failure.hpp>
 
 namespace dtrain::detail {
 
@@ -108,9 +110,11 @@ class PlanImpl final : public Job {
   }
 
   ~PlanImpl() override {
-    // A started plan must finish before its buffers go away.
+    // A started plan must finish before its buffers go away; dropped by an unwinding error, it
+    // is abandoned rather than waited for (as CollectiveHandle does).
     const int st = status.load();
     if ((st == queued || st == running) && engine) {
+      if (std::uncaught_exceptions() > 0 || job_failing()) engine->abandon();
       try {
         engine->wait(*this);
       } catch (...) {
@@ -129,7 +133,7 @@ class PlanImpl final : public Job {
   /// Executes the collective once (blocking, on the calling thread).
   void run() override {
     const Spec& s = ctx_.spec();
-    comm_->check_usable(name_of(s.kind));
+    comm_->check_usable(name_of(s.kind));  // also refuses to start on an abandoned engine
     seq_ = comm_->seq.fetch_add(1);
     ctx_.begin(seq_);
     if (ctx_.size() == 1) {
@@ -143,8 +147,9 @@ class PlanImpl final : public Job {
       algo_->run();
       if (wide_out_) host::narrow(s.dtype, wide_out_, s.out, out_count());
     } catch (const std::exception& e) {
-      ctx_.cancel_all();
+      const std::size_t stuck = ctx_.cancel_all();
       comm_->mark_broken(e.what());
+      if (stuck) rethrow_with_note(e, stuck);
       throw;
     }
   }
@@ -179,6 +184,20 @@ class PlanImpl final : public Job {
     const std::size_t bytes = out_bytes();
     const void* in = s.kind == CollectiveKind::broadcast ? s.out : s.in;
     if (bytes && in != s.out) std::memcpy(s.out, in, bytes);
+  }
+
+  // The same error, saying that transfers outlive it: the caller's buffers of this collective
+  // may still be read or written by MPI, so they must stay allocated until the job ends.
+  [[noreturn]] static void rethrow_with_note(const std::exception& e, std::size_t stuck) {
+    const std::string what =
+        concat(e.what(), " [", stuck,
+               " transfer(s) could not be cancelled: MPI may still access this collective's "
+               "buffers, keep them allocated until the job ends (FailurePolicy::abort_job ends "
+               "it at once)]");
+    if (dynamic_cast<const TimeoutError*>(&e)) throw TimeoutError(what);
+    if (dynamic_cast<const RemoteError*>(&e)) throw RemoteError(what);
+    if (dynamic_cast<const TransportError*>(&e)) throw TransportError(what);
+    throw;
   }
 
   // The fingerprint exchange (also the barrier): channel pairs 0.. of the plan, one per round.

@@ -35,14 +35,21 @@ struct CommState {
   std::mutex broken_mutex;
   std::string broken;  // first failure; non-empty = unusable
 
+  // Also abandons the engine: collectives queued behind the failed one fail at once instead of
+  // waiting for peers that are leaving.
   void mark_broken(const std::string& why) {
     std::lock_guard<std::mutex> lock(broken_mutex);
     if (broken.empty()) broken = why;
+    engine.abandon();
   }
   void check_usable(const std::string& op) {
     std::lock_guard<std::mutex> lock(broken_mutex);
     if (!broken.empty())
       raise<RemoteError>(op, "communicator unusable after an earlier failure (" + broken + ")");
+    if (engine.abandoned())
+      raise<RemoteError>(op,
+                         "communicator abandoned: a collective handle was dropped while an error "
+                         "unwound the stack");
   }
 };
 

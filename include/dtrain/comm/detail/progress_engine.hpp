@@ -62,6 +62,14 @@ class ProgressEngine {
   ProgressEngine& operator=(const ProgressEngine&) = delete;
 
   bool threaded() const noexcept { return threaded_; }
+  /// Local, thread-safe, permanent. Abandons this engine's collectives: every wait bounded by a
+  /// deadline that watches abandon_flag() (all waits of the plans) ends at once, and a collective
+  /// not yet started fails at its start. Called when a collective fails and when a handle or
+  /// plan is dropped while an error unwinds the stack, so that no one waits out a deadline for
+  /// work nobody needs any more.
+  void abandon() noexcept { abandon_.store(true, std::memory_order_release); }
+  bool abandoned() const noexcept { return abandon_.load(std::memory_order_acquire); }
+  const std::atomic<bool>& abandon_flag() const noexcept { return abandon_; }
   void set_timeout(double s) noexcept { timeout_s_ = s; }
   /// True when nothing is queued or running (a blocking collective may then run inline).
   bool idle() const noexcept { return outstanding_.load(std::memory_order_acquire) == 0; }
@@ -211,6 +219,7 @@ class ProgressEngine {
   bool running_ = false;
   bool stop_ = false;
   std::atomic<int> outstanding_{0};
+  std::atomic<bool> abandon_{false};
   std::thread worker_;
 };
 

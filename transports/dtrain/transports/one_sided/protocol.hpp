@@ -358,12 +358,18 @@ class OneSidedTransport {
   }
 
   /// Abandons an active request (error paths). A zero-copy receive's token is retired, so a
-  /// late notification for it is ignored. Never throws.
+  /// late notification for it is ignored. A zero-copy receive whose clear-to-send already went
+  /// out (the peer knows the buffer's address and may still write into it) and a write still in
+  /// flight (the backend may still read its source) are counted in abandoned(): their memory
+  /// must stay allocated (a plan quarantines its own). Never throws.
   void cancel(Request& r) noexcept {
     if (r.st == Request::St::idle || r.st == Request::St::done) {
       r.st = Request::St::idle;
       return;
     }
+    const bool cts_sent =
+        r.recv && r.bytes > eager_limit_ && r.st == Request::St::waiting && r.list != kEagerRecvs;
+    if (cts_sent || r.st == Request::St::inflight) ++abandoned_;
     Peer& P = peers_[static_cast<std::size_t>(r.peer)];
     switch (r.list) {
       case kOutq: P.outq.unlink(&r); break;
@@ -379,6 +385,9 @@ class OneSidedTransport {
     drop_temp(r);
     r.st = Request::St::idle;
   }
+
+  /// Local. How many cancelled operations may still have their memory accessed (see cancel).
+  std::size_t abandoned() const noexcept { return abandoned_; }
 
   /// Records a range the caller will send from or receive into (a plan's buffers), so the hot
   /// path finds it registered: registered for local access now, for remote writes on the first
@@ -801,6 +810,7 @@ class OneSidedTransport {
   OneSidedConfig cfg_;
   int p_ = 1, r_ = 0;
   std::size_t C_ = 16, eager_limit_ = 0;
+  std::size_t abandoned_ = 0;  // see cancel()
   std::unique_ptr<unsigned char, FreeDeleter> inbox_mem_, staging_mem_, credit_mem_;
   Region inbox_reg_, staging_reg_, credit_reg_;
   std::vector<Peer> peers_;

@@ -14,13 +14,17 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <new>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
 #include <dtrain/comm/detail/fingerprint.hpp>
+#include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/dtype.hpp>
@@ -117,6 +121,7 @@ class PlanContext {
     if constexpr (has_channels<Transport>::value)
       for (std::size_t i = 0; i < bound_.size(); ++i)
         if (channels_[i].bytes) comm_->transport->unbind(bound_[i]);
+    if (quarantined_) return;  // registrations stay: a late transfer may still use them
     for (auto& r : regions_)
       if (r.registered) comm_->transport->deregister_memory(r.region);
   }
@@ -227,11 +232,20 @@ class PlanContext {
     if (!c.bytes) return;
     if (!comm_->transport->wait_until(requests_[i], deadline_)) timeout(c.peer);
   }
-  /// Abandons every channel (error paths). Never throws.
-  void cancel_all() noexcept {
+  /// Abandons every channel (error paths). Returns how many transfers the transport had to
+  /// release while still active (MpiTransport::abandoned): MPI may still read or write their
+  /// memory, so the plan's own memory (scratch) is then quarantined for the rest of the process
+  /// (moved to a list that is never freed, its registrations kept) instead of going back to the
+  /// heap where a late peer's data would land in reused memory. Never throws.
+  std::size_t cancel_all() noexcept {
     if (root_) return root_->cancel_all();
-    if (!requests_) return;
-    for (std::size_t i = 0; i < channels_.size(); ++i) comm_->transport->cancel(requests_[i]);
+    if (!requests_) return 0;
+    Transport& t = *comm_->transport;
+    const std::size_t before = abandoned_transfers(t);
+    for (std::size_t i = 0; i < channels_.size(); ++i) t.cancel(requests_[i]);
+    const std::size_t stuck = abandoned_transfers(t) - before;
+    if (stuck) quarantine();
+    return stuck;
   }
   std::size_t channel_count() const noexcept {
     return root_ ? root_->channel_count() : channels_.size();
@@ -241,15 +255,25 @@ class PlanContext {
   void begin(std::uint64_t seq) {
     fp_ = make_fingerprint(spec_.kind, seq, spec_.count, spec_.dtype, spec_.op, spec_.algo,
                            spec_.root);
-    deadline_ = Deadline(comm_->config.timeout_s);
+    // Polled: the waits of a collective check it often, so a long gap between two checks means
+    // this rank was descheduled (the timeout says so); it ends at once when the communicator is
+    // abandoned (a failed collective, a handle dropped while an error unwinds the stack).
+    deadline_ = Deadline::polled(comm_->config.timeout_s, &comm_->engine.abandon_flag());
   }
   const Fingerprint& fingerprint() const noexcept { return root_ ? root_->fp_ : fp_; }
   const Deadline& deadline() const noexcept { return root_ ? root_->deadline_ : deadline_; }
-  /// TimeoutError for a wait on transport rank `peer`.
+  /// The error for a wait on transport rank `peer` that ended unsuccessfully: RemoteError when
+  /// the communicator was abandoned (the wait was cut short on purpose), else TimeoutError
+  /// naming the peer, what is known of its process, and this rank's own descheduling
+  /// (detail/peer_liveness.hpp).
   [[noreturn]] void timeout(int peer) const {
     if (root_) root_->timeout(peer);
-    raise<TimeoutError>(operation_label(fp_), concat("wait for rank ", peer, " timed out after ",
-                                                     deadline_.budget(), " s"));
+    if (deadline_.abandoned())
+      raise<RemoteError>(operation_label(fp_),
+                         concat("wait for rank ", peer,
+                                " abandoned: an earlier collective of this communicator failed "
+                                "or an error is unwinding this rank"));
+    raise<TimeoutError>(operation_label(fp_), timeout_detail(*comm_->transport, peer, deadline_));
   }
   /// The transport rank of this context's rank `g` (the identity outside a group view).
   int transport_rank(int g) const noexcept {
@@ -283,6 +307,33 @@ class PlanContext {
     MemoryRegion region;
     bool registered = false;
   };
+
+  template <class T, class = void>
+  struct counts_abandoned : std::false_type {};
+  template <class T>
+  struct counts_abandoned<T, std::void_t<decltype(std::declval<const T&>().abandoned())>>
+      : std::true_type {};
+  static std::size_t abandoned_transfers(const Transport& t) noexcept {
+    if constexpr (counts_abandoned<Transport>::value)
+      return t.abandoned();
+    else
+      return 0;
+  }
+  // Moves the scratch buffers to a process-lifetime list (the data keeps its address: a vector
+  // moves its heap block); where the list cannot grow, each block is leaked on its own.
+  void quarantine() noexcept {
+    quarantined_ = true;
+    static std::mutex m;
+    static auto* kept = new std::vector<std::vector<uchar>>();  // never freed, on purpose
+    std::lock_guard<std::mutex> lock(m);
+    for (auto& b : buffers_) {
+      try {
+        kept->push_back(std::move(b));
+      } catch (...) {
+        if (auto* leak = new (std::nothrow) std::vector<uchar>()) leak->swap(b);
+      }
+    }
+  }
 
   std::size_t add(int peer, int id, bool send, void* data, std::size_t bytes) {
     if (root_) {
@@ -334,6 +385,7 @@ class PlanContext {
   PlanContext* root_ = nullptr;  // the plan's own context, for a group view
   std::vector<int> group_;       // group rank -> transport rank, for a group view
   int id_offset_ = 0, id_span_ = 0;
+  bool quarantined_ = false;
 };
 
 /// One collective algorithm bound to a plan: the schedule is built by the constructor, run()

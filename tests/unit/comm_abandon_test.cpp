@@ -1,0 +1,127 @@
+// Abandonment over loopback: the polled Deadline's descheduling and abandon flag, a collective
+// handle dropped while an error unwinds (ends at once instead of waiting out the deadline), and
+// a timed-out collective whose late peer arrives after the buffers were freed (run under ASan in
+// CI: a use after free there is a failure).
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+using namespace dtrain;
+
+namespace {
+void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+CommConfig quick(double timeout_s, bool progress_thread) {
+  CommConfig c;
+  c.timeout_s = timeout_s;
+  c.segment_bytes = 256;
+  c.progress_thread = progress_thread;
+  return c;
+}
+}  // namespace
+
+TEST_CASE("a polled deadline moves back by a gap in which its thread did not run") {
+  const double t0 = now_seconds();
+  Deadline d = Deadline::polled(0.5);
+  CHECK_FALSE(d.expired());
+  sleep_s(1.3);  // as if the process had been stopped in the middle of its wait
+  CHECK_FALSE(d.expired());
+  CHECK(d.descheduled_seconds() >= 1.2);
+  CHECK(d.longest_gap() >= 1.2);
+  while (!d.expired()) sleep_s(1e-3);
+  const double waited = now_seconds() - t0;
+  CHECK(waited >= 1.7);  // 0.5 s of its own plus the 1.3 s lost
+  CHECK(waited < 3.0);
+
+  // A plain deadline does not track gaps (its waits may block for the whole remaining time).
+  Deadline plain(0.5);
+  sleep_s(0.7);
+  CHECK(plain.expired());
+  CHECK(plain.descheduled_seconds() == 0);
+
+  // The extension is bounded (kMaxExtensionBudgets budgets: 0.8 s here).
+  Deadline capped = Deadline::polled(0.2);
+  sleep_s(1.2);
+  CHECK(capped.expired());
+  CHECK(capped.descheduled_seconds() >= 1.1);
+}
+
+TEST_CASE("a polled deadline ends at once when its abandon flag is set") {
+  std::atomic<bool> flag{false};
+  Deadline d = Deadline::polled(30, &flag);
+  CHECK_FALSE(d.expired());
+  CHECK(d.remaining() > 29);
+  flag = true;
+  CHECK(d.abandoned());
+  CHECK(d.expired());
+  CHECK(d.remaining() == 0);
+}
+
+TEST_CASE("a collective handle dropped while an error unwinds does not wait out the deadline") {
+  for (const bool threaded : {true, false}) {
+    CAPTURE(threaded);
+    std::atomic<double> unwind_s{-1};
+    std::atomic<bool> refused{false};
+    run_loopback(2, [&](LoopbackTransport& t) {
+      Communicator comm(t, quick(20, threaded));
+      if (t.rank() == 1) return;  // never joins: rank 0's collective cannot complete
+      std::vector<float> x(1000, 1.0f);
+      const double t0 = now_seconds();
+      try {
+        CollectiveHandle h =
+            comm.iallreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+        throw std::runtime_error("local failure");
+      } catch (const std::runtime_error& e) {
+        CHECK(std::string(e.what()) == "local failure");
+      }
+      unwind_s = now_seconds() - t0;
+      // The abandoned communicator refuses further work.
+      try {
+        comm.barrier();
+      } catch (const RemoteError&) {
+        refused = true;
+      }
+    });
+    CHECK(unwind_s.load() >= 0);
+    CHECK(unwind_s.load() < 5);  // not the 20 s deadline
+    CHECK(refused.load());
+  }
+}
+
+TEST_CASE("a late peer arriving after a timeout finds no freed buffer of the rank that gave up") {
+  // Rank 0 times out, frees its buffers and the communicator, and reuses the heap while rank 1,
+  // late, runs the same collective against it; rank 1 then times out too. Under ASan any write
+  // into rank 0's freed memory fails the test.
+  std::atomic<int> timeouts{0};
+  run_loopback(2, [&](LoopbackTransport& t) {
+    {
+      Communicator comm(t, quick(0.4, true));
+      std::vector<float> x(20000, 1.0f);
+      if (t.rank() == 1) sleep_s(0.8);  // past rank 0's deadline
+      try {
+        comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+      } catch (const TimeoutError& e) {
+        ++timeouts;
+        CHECK(std::string(e.what()).find("wait for rank " + std::to_string(1 - t.rank())) !=
+              std::string::npos);
+      } catch (const RemoteError&) {
+        ++timeouts;  // rank 1 may meet rank 0's fingerprint and fail in the data phase instead
+      }
+    }
+    if (t.rank() == 0) {
+      std::vector<std::vector<float>> reuse;
+      for (int k = 0; k < 8; ++k) reuse.emplace_back(20000, 2.0f);
+      sleep_s(1.0);  // while rank 1 runs its late collective
+      for (const auto& v : reuse) CHECK(v[v.size() / 2] == 2.0f);
+    }
+  });
+  CHECK(timeouts.load() == 2);
+}
