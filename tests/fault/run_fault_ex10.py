@@ -18,6 +18,11 @@ Cases (the failures a user met with this binary):
   stop_cont_noshm
                as stop with DTRAIN_SHM=0 (messages only), and rank 1 is resumed (SIGCONT) as soon
                as the first error line appears: no crash of a late rank (no 'Bad address')
+  truncated    the data file is truncated to 64 KiB while 3 ranks train (after the start-up
+               check passed; labels are cached, images are read per batch): the loaders throw
+               mid-step and the job ends at once (the fail-fast path, no collective file close
+               on the way out); the first error line names a rank, the read, the file,
+               'train/images' and the rows
   diskfull     2 ranks; once a checkpoint is saved, every rank's file size is limited to 64 KiB
                (prlimit --pid: RLIMIT_FSIZE, with SIGXFSZ ignored from the start, so write()
                fails with EFBIG as on a full disk; set while running because MPI's start-up
@@ -70,6 +75,10 @@ CASES = {
     "stop_cont_noshm": dict(np=3, fault=signal.SIGSTOP, rank=1, wait_deadline=True, cont=True,
                             env={"DTRAIN_SHM": "0"},
                             first=r"^dtrain: rank [02]: .*\brank 1\b.*(timed out|did not arrive)"),
+    # Every rank reads rows past the new end soon; whichever does first is named first.
+    "truncated": dict(np=3, fault="truncated",
+                      first=r"^dtrain: rank [012]: Hdf5Dataset::read: '[^']*data\.h5' dataset "
+                            r"'train/images': reading rows \d+\.\.\d+: file truncated"),
     "diskfull": dict(np=2, fault="diskfull",
                      first=r"^dtrain: rank [01]: checkpoint (save|write): ",
                      # HDF5's error text carries a newline: the cause is in the continuation.
@@ -87,7 +96,8 @@ class Failed(Exception):
 def trainer_args(data, run_dir, extra=()):
     # Long enough (2000 steps) that the fault always lands while training runs.
     return ["--data", data, "--run-dir", run_dir, "--hidden", "32", "--batch", "16", "--epochs",
-            "20", "--target", "0", "--ckpt-every", "5", "--log-every", "5", "--no-plot"] + list(extra)
+            "20", "--target", "0", "--ckpt-every", "5", "--log-every", "5",
+            "--no-plot"] + list(extra)
 
 
 def check_intact(run_dir, min_step, out):
@@ -158,6 +168,10 @@ def inject(c, job, tag, run_dir):
     else:
         raise Failed("no checkpoint of step >= 10 appeared:\n" + job.output())
     seen = ck[-1][0]
+    if c["fault"] == "truncated":
+        os.truncate(os.path.join(os.path.dirname(run_dir), "data.h5"), 65536)
+        print("data file truncated to 64 KiB after checkpoint step %d" % seen)
+        return seen, time.monotonic()
     if c["fault"] == "diskfull":
         # A checkpoint of this model is about 320 KiB; the CSV files stay far below 64 KiB.
         for r in range(c["np"]):
