@@ -700,7 +700,8 @@ int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
   t_opt += i_opt;
   samples += i_samples;
   const double train_s = train_time.seconds();
-  if (ckpt && step > first_step)
+  // The last step, unless maybe_save has just written it (--ckpt-every dividing the step).
+  if (ckpt && step > first_step && ckpt->last_step() != step)
     ckpt->save(step, dtrain::named("model", model), dtrain::named("optimizer", opt),
                dtrain::named("sampler", sampler), dtrain::named("run", record));
 
