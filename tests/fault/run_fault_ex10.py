@@ -23,6 +23,9 @@ Cases (the failures a user met with this binary):
                mid-step and the job ends at once (the fail-fast path, no collective file close
                on the way out); the first error line names a rank, the read, the file,
                'train/images' and the rows
+  enospc       2 ranks with the run directory on a 2 MiB tmpfs of its own (mounted here: needs
+               root, else skipped), which is filled up once a checkpoint is saved: a later save
+               fails with ENOSPC, the first error line is a rank's checkpoint error
   diskfull     2 ranks; once a checkpoint is saved, every rank's file size is limited to 64 KiB
                (prlimit --pid: RLIMIT_FSIZE, with SIGXFSZ ignored from the start, so write()
                fails with EFBIG as on a full disk; set while running because MPI's start-up
@@ -36,6 +39,7 @@ matches) and not older than the newest one seen before the fault.
 KNOWN_FAILING lists cases that fail because of a library limitation: ctest does not register
 them; --all runs them too and reports what they print.
 """
+import errno
 import os
 import re
 import shutil
@@ -79,6 +83,10 @@ CASES = {
     "truncated": dict(np=3, fault="truncated",
                       first=r"^dtrain: rank [012]: Hdf5Dataset::read: '[^']*data\.h5' dataset "
                             r"'train/images': reading rows \d+\.\.\d+: file truncated"),
+    "enospc": dict(np=2, fault="enospc", tmpfs=True,
+                   first=r"^dtrain: rank [01]: checkpoint (save|write): ",
+                   message=r"ckpt-\d{12}\.h5\.tmp.*errno = 28, error message = 'No space left "
+                           r"on device'"),
     "diskfull": dict(np=2, fault="diskfull",
                      first=r"^dtrain: rank [01]: checkpoint (save|write): ",
                      # HDF5's error text carries a newline: the cause is in the continuation.
@@ -90,6 +98,10 @@ CRASH = r"Bad address|process_vm_readv|Segmentation fault|signal 11|core dumped|
 
 
 class Failed(Exception):
+    pass
+
+
+class Skipped(Exception):
     pass
 
 
@@ -172,6 +184,18 @@ def inject(c, job, tag, run_dir):
         os.truncate(os.path.join(os.path.dirname(run_dir), "data.h5"), 65536)
         print("data file truncated to 64 KiB after checkpoint step %d" % seen)
         return seen, time.monotonic()
+    if c["fault"] == "enospc":
+        filler = os.path.join(os.path.dirname(run_dir), "filler")
+        try:
+            with open(filler, "wb") as f:
+                while True:
+                    f.write(b"\0" * 65536)
+                    f.flush()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+        print("run directory's file system filled after checkpoint step %d" % seen)
+        return seen, time.monotonic()
     if c["fault"] == "diskfull":
         # A checkpoint of this model is about 320 KiB; the CSV files stay far below 64 KiB.
         for r in range(c["np"]):
@@ -203,8 +227,25 @@ def run_case(mpiexec, trainer, case, work):
     c = CASES[case]
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    if not c.get("tmpfs"):
+        return run_in(mpiexec, trainer, case, work, os.path.join(work, "run"))
+    # A file system of its own that can really fill up: a 2 MiB tmpfs (needs root).
+    mnt = os.path.join(work, "fs")
+    os.makedirs(mnt)
+    m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt],
+                       capture_output=True, text=True)
+    if m.returncode != 0:
+        raise Skipped("cannot mount a 2 MiB tmpfs for the run directory (needs root): " +
+                      (m.stderr.strip() or "mount exit code %d" % m.returncode))
+    try:
+        return run_in(mpiexec, trainer, case, work, os.path.join(mnt, "run"))
+    finally:
+        subprocess.run(["umount", "-l", mnt])
+
+
+def run_in(mpiexec, trainer, case, work, run_dir):
+    c = CASES[case]
     data = os.path.join(work, "data.h5")
-    run_dir = os.path.join(work, "run")
     lib.make_data(data, N_TRAIN, N_TEST)
     tag = uuid.uuid4().hex
     env = dict(os.environ, DTRAIN_COMM_TIMEOUT_S=str(DEADLINE_S), OPENBLAS_NUM_THREADS="1",
@@ -297,6 +338,10 @@ def main():
         try:
             run_case(mpiexec, trainer, name, os.path.join(work, name) if case == "--all" else work)
             print("PASS %s" % name)
+        except Skipped as e:
+            print("SKIPPED %s: %s" % (name, e))
+            if case != "--all":
+                return lib.SKIP
         except Failed as e:
             print("FAIL %s: %s" % (name, e))
             failed.append(name)

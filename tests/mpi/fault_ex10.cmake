@@ -2,9 +2,10 @@
 # - fault_ex10_<case> (tests/fault/run_fault_ex10.py): a bad label in one rank's shard; the data
 #   file truncated while the ranks train (they throw mid-step); a SIGKILLed rank (also under
 #   mpiexec -disable-auto-cleanup); a SIGSTOPped rank (also with DTRAIN_SHM=0 and resumed after
-#   the others timed out); a file size limit that fails a save. Each checks that the job ends
-#   within the short communicator deadline plus a margin, what the first error line says and that
-#   the newest checkpoint is intact (h5py, every CRC32C). About 2-9 s each.
+#   the others timed out); a full file system (a 2 MiB tmpfs mounted by the test: skipped unless
+#   root) and a file size limit, each failing a save. Each checks that the job ends within the
+#   short communicator deadline plus a margin, what the first error line says and that the newest
+#   checkpoint is intact (h5py, every CRC32C). About 2-9 s each.
 # - ex10_bitident (tests/fault/ex10_bitident.py): 3 runs at 3 ranks each with a shared tuning file,
 #   in reproducible mode and interrupted/resumed give one parameter set per mode (about 20 s).
 # Label mpi;fault; skipped (77) without h5py. Registered once the examples are known (they are
@@ -17,7 +18,7 @@ if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUIL
       return()
     endif()
     set(_dir ${PROJECT_SOURCE_DIR}/tests/fault)
-    foreach(_case bad_label truncated kill kill_nocleanup stop stop_cont_noshm diskfull)
+    foreach(_case bad_label truncated kill kill_nocleanup stop stop_cont_noshm enospc diskfull)
       add_test(NAME fault_ex10_${_case}
         COMMAND ${DTRAIN_SYSTEM_PYTHON3} ${_dir}/run_fault_ex10.py ${MPIEXEC_EXECUTABLE}
                 $<TARGET_FILE:train_fashion_mnist> ${_case}
