@@ -225,12 +225,14 @@ def inject(c, job, tag, run_dir):
 
 def run_case(mpiexec, trainer, case, work):
     c = CASES[case]
+    mnt = os.path.join(work, "fs")
+    if os.path.ismount(mnt):  # left by a run that was killed
+        subprocess.run(["umount", "-l", mnt])
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
     if not c.get("tmpfs"):
         return run_in(mpiexec, trainer, case, work, os.path.join(work, "run"))
     # A file system of its own that can really fill up: a 2 MiB tmpfs (needs root).
-    mnt = os.path.join(work, "fs")
     os.makedirs(mnt)
     m = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", mnt],
                        capture_output=True, text=True)
