@@ -1,40 +1,105 @@
 #!/usr/bin/env bash
 # dtrain's train_bench next to PyTorch DDP (ddp_bench.py) on the same machine in one run: the three
 # configurations of benchmarks/RESULTS.md, each framework in turn, 2 ranks, one thread per rank.
-#   benchmarks/compare/side_by_side.sh BUILD_DIR OUT_DIR [STEPS]
+#   benchmarks/compare/side_by_side.sh [--load N] [--configs "H B OPT;H B OPT..."] BUILD_DIR OUT_DIR [STEPS]
 # Needs BUILD_DIR/benchmarks/train_bench and Debian's python3-torch. Writes one JSON per run into
 # OUT_DIR and prints the table with the ratios dtrain / PyTorch.
+# --load N: after the quiet pair of runs of a configuration, start N CPU-bound busy loops (one
+# process each), run both frameworks again under that load, then stop the loops; the second table
+# compares each framework's loaded throughput with its own quiet one, so "dtrain's slowdown under
+# load is no worse than PyTorch's" is read off one run (last column >= 1).
+# --configs: the configurations to run (default "256 64 adamw;1024 128 sgd;1024 128 adamw").
 set -euo pipefail
+LOAD=0
+CONFIGS="256 64 adamw;1024 128 sgd;1024 128 adamw"
+while [[ $# -gt 0 && $1 == --* ]]; do
+  case "$1" in
+    --load)
+      LOAD=${2:?--load needs a count}
+      [[ $LOAD =~ ^[0-9]+$ ]] || { echo "side_by_side.sh: --load wants a count, got '$LOAD'" >&2; exit 2; }
+      shift 2 ;;
+    --configs) CONFIGS=${2:?--configs needs a list}; shift 2 ;;
+    *) echo "side_by_side.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
 BUILD=${1:?build directory}
 OUT=${2:?output directory}
 STEPS=${3:-300}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-configs=("256 64 adamw" "1024 128 sgd" "1024 128 adamw")
+IFS=';' read -r -a configs <<<"$CONFIGS"
+
+load_pids=()
+stop_load() {
+  local pid
+  for pid in "${load_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${load_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  load_pids=()
+}
+start_load() {
+  local i
+  for ((i = 0; i < LOAD; ++i)); do
+    bash -c 'while :; do :; done' &
+    load_pids+=($!)
+  done
+}
+trap stop_load EXIT
+
+# run_pair TAG SUFFIX: dtrain then PyTorch for one configuration, results as *-TAG-SUFFIX.json.
+run_pair() {
+  local tag=$1 suffix=$2
+  echo "== $tag ($suffix): dtrain train_bench"
+  mpiexec.mpich -n 2 "$BUILD/benchmarks/train_bench" --hidden "$hidden" --batch "$batch" \
+    --optimizer "$opt" --steps "$STEPS" --json "$OUT/dtrain-$tag-$suffix.json"
+  echo "== $tag ($suffix): PyTorch DDP"
+  /usr/bin/python3 "$HERE/ddp_bench.py" --hidden "$hidden" --batch "$batch" --optimizer "$opt" \
+    --steps "$STEPS" --json "$OUT/torch-$tag-$suffix.json"
+}
+
 for c in "${configs[@]}"; do
   read -r hidden batch opt <<<"$c"
   tag="h${hidden}-b${batch}-${opt}"
-  echo "== $tag: dtrain train_bench"
-  mpiexec.mpich -n 2 "$BUILD/benchmarks/train_bench" --hidden "$hidden" --batch "$batch" \
-    --optimizer "$opt" --steps "$STEPS" --json "$OUT/dtrain-$tag.json"
-  echo "== $tag: PyTorch DDP"
-  /usr/bin/python3 "$HERE/ddp_bench.py" --hidden "$hidden" --batch "$batch" --optimizer "$opt" \
-    --steps "$STEPS" --json "$OUT/torch-$tag.json"
+  run_pair "$tag" quiet
+  if ((LOAD > 0)); then
+    start_load
+    echo "== load: $LOAD busy loops (pids ${load_pids[*]}), load average $(cut -d' ' -f1-3 /proc/loadavg)"
+    run_pair "$tag" "load$LOAD"
+    stop_load
+  fi
 done
-/usr/bin/python3 - "$OUT" "${configs[@]}" <<'PY'
+
+/usr/bin/python3 - "$OUT" "$LOAD" "${configs[@]}" <<'PY'
 import json, sys
-out = sys.argv[1]
+out, load = sys.argv[1], int(sys.argv[2])
+configs = [c.split() for c in sys.argv[3:]]
+def get(fw, tag, suffix):
+    return json.load(open(f"{out}/{fw}-{tag}-{suffix}.json"))
 print("| model | optimizer | batch/rank | dtrain 1 rank | dtrain 2 ranks | dtrain eff. | "
       "PyTorch 1 rank | PyTorch 2 ranks | PyTorch eff. | 2-rank ratio | dtrain optimizer share |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
-for c in sys.argv[2:]:
-    h, b, o = c.split()
+for h, b, o in configs:
     tag = f"h{h}-b{b}-{o}"
-    d = json.load(open(f"{out}/dtrain-{tag}.json"))
-    t = json.load(open(f"{out}/torch-{tag}.json"))
+    d, t = get("dtrain", tag, "quiet"), get("torch", tag, "quiet")
     print(f"| 784-{h}-{h}-10 | {o} | {b} | {d['samples_per_s_1']:.0f} | {d['samples_per_s_2']:.0f} | "
           f"{d['scaling_efficiency']:.3f} | {t['samples_per_s_1']:.0f} | {t['samples_per_s_2']:.0f} | "
           f"{t['scaling_efficiency']:.3f} | {d['samples_per_s_2'] / t['samples_per_s_2']:.2f}x | "
           f"{100 * d['phase_split_2']['optimizer']:.1f}% |")
+if load:
+    print()
+    print(f"Under load ({load} busy loops), 2-rank samples/s; kept = loaded / quiet of the same framework:")
+    print("| model | optimizer | batch/rank | dtrain quiet | dtrain loaded | dtrain kept | "
+          "PyTorch quiet | PyTorch loaded | PyTorch kept | loaded ratio dtrain / PyTorch | "
+          "dtrain kept / PyTorch kept |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for h, b, o in configs:
+        tag = f"h{h}-b{b}-{o}"
+        dq, dl = get("dtrain", tag, "quiet"), get("dtrain", tag, f"load{load}")
+        tq, tl = get("torch", tag, "quiet"), get("torch", tag, f"load{load}")
+        dk = dl["samples_per_s_2"] / dq["samples_per_s_2"]
+        tk = tl["samples_per_s_2"] / tq["samples_per_s_2"]
+        print(f"| 784-{h}-{h}-10 | {o} | {b} | {dq['samples_per_s_2']:.0f} | "
+              f"{dl['samples_per_s_2']:.0f} | {dk:.2f} | {tq['samples_per_s_2']:.0f} | "
+              f"{tl['samples_per_s_2']:.0f} | {tk:.2f} | "
+              f"{dl['samples_per_s_2'] / tl['samples_per_s_2']:.2f}x | {dk / tk:.2f} |")
 PY
