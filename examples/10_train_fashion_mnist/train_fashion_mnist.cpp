@@ -333,6 +333,20 @@ bool replicas_identical(Comm& comm, Model& model) {
   return lo == hi;
 }
 
+// What `automatic` all-reduce runs per message size, as "min_bytes:algorithm" rows ("0:rd
+// 256:ring"; one row when DTRAIN_ALLREDUCE_ALGO pins it). Runs that choose differently add in
+// different orders and end on different bits (README: "Which all-reduce runs, and bit-identical
+// runs"). Collective the first time (it may calibrate): every rank calls it at the same point.
+template <class Comm>
+std::string allreduce_choice(Comm& comm) {
+  if (comm.size() == 1) return "none (1 rank)";
+  if (comm.config().reproducible) return "reproducible (every algorithm adds in rank order)";
+  std::string rows;
+  for (const auto& d : comm.allreduce_decisions())
+    rows += (rows.empty() ? "" : " ") + std::to_string(d.min_bytes) + ":" + dtrain::name_of(d.algo);
+  return rows;
+}
+
 // What the run was started with, stored in every checkpoint next to the model ("run/..."), so that
 // a restart can tell whether its options continue the same schedule.
 struct RunRecord {
@@ -707,6 +721,8 @@ int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
 
   if (std::isnan(test_acc)) test_acc = evaluate(comm, model, test, norm, test.size());
   const bool same = replicas_identical(comm, model);
+  // The gradient sync has fixed the choice by now: nothing is measured here.
+  const std::string choice = step > first_step ? allreduce_choice(comm) : std::string();
   if (rank == 0) {
     progress.end_line();
     if (already_complete)
@@ -726,6 +742,7 @@ int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
             "rank 0 time split: data %.0f%%, forward+backward %.0f%%, gradient sync wait %.0f%%, "
             "optimizer %.0f%%\n",
             100 * t_data / tot, 100 * t_compute / tot, 100 * t_sync / tot, 100 * t_opt / tot);
+      std::printf("all-reduce per message size (bytes:algorithm): %s\n", choice.c_str());
     }
     if (step < total_steps)
       std::printf(
@@ -772,6 +789,7 @@ int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
           .add("world_size", world)
           .add("batch_per_rank", cfg.batch)
           .add("schedule", record.schedule)
+          .add("allreduce_choice", choice)
           .add("replicas_identical", same)
           .add("target", cfg.target)
           .add("complete", step >= total_steps)
