@@ -21,6 +21,7 @@ gave.
 """
 import argparse
 import hashlib
+import json
 import os
 import shutil
 import sys
@@ -60,6 +61,15 @@ def final_digest(run_dir, steps):
     return h.hexdigest()[:16]
 
 
+def allreduce_choice(summary):
+    """The all-reduce choice example 10 reports in its --json-summary file ("?" when absent)."""
+    try:
+        with open(summary) as f:
+            return json.load(f).get("allreduce_choice", "?") or "?"
+    except (OSError, ValueError):
+        return "?"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("mpiexec")
@@ -93,11 +103,12 @@ def main():
     resumes = {"resume": "tuning", "resume_reproducible": "reproducible"}
 
     def opts(run_dir, extra=()):
-        return ["--data", data, "--run-dir", run_dir, "--hidden", "32", "--batch", "16",
+        return ["--data", data, "--run-dir", run_dir, "--json-summary", run_dir + ".json", "--hidden", "32", "--batch", "16",
                 "--epochs", "1", "--max-steps", str(a.steps), "--target", "0", "--seed", "3",
                 "--log-every", str(a.steps), "--no-plot"] + list(extra)
 
     digests = {}
+    choices = {}
     t0 = time.monotonic()
     try:
         for m in modes:
@@ -113,20 +124,30 @@ def main():
                     half = a.steps // 2
                     run_job(a.mpiexec, a.trainer, a.np, opts(run_dir, ["--stop-after", str(half)]),
                             envs[m], "resume run %d, first part" % i)
+                    first_choice = allreduce_choice(run_dir + ".json")
                     out, _ = run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m],
                                      "resume run %d, second part" % i)
                     if "resuming from step %d" % half not in out:
                         raise Failed("resume run %d did not resume from step %d:\n%s" %
                                      (i, half, out))
+                    choice = allreduce_choice(run_dir + ".json")
+                    if choice != first_choice:
+                        choice = first_choice + " then " + choice
                 else:
                     run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m],
                             "%s run %d" % (m, i))
                     if m == "tuning" and i == 0 and not os.path.exists(tuning):
                         raise Failed("the first run did not write the tuning file " + tuning)
+                    choice = allreduce_choice(run_dir + ".json")
                 digests[m].append(final_digest(run_dir, a.steps))
+                choices.setdefault(m, []).append(choice)
                 shutil.rmtree(run_dir)
             print("%-12s %d runs, %d distinct parameter sets: %s" %
                   (m, a.runs, len(set(digests[m])), " ".join(digests[m])), flush=True)
+            # Which parameter set each all-reduce choice gave.
+            for ch in sorted(set(choices[m])):
+                sets = sorted({d for d, c in zip(digests[m], choices[m]) if c == ch})
+                print("    %d runs chose %s -> %s" % (choices[m].count(ch), ch, " ".join(sets)))
     except Failed as e:
         print("FAIL: %s" % e)
         return 1
