@@ -4,6 +4,11 @@
 // CI: a use after free there is a failure).
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <stdexcept>
@@ -12,12 +17,26 @@
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/transports/loopback.hpp>
 
 using namespace dtrain;
 
 namespace {
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
+
+// A transport stand-in whose ranks' processes are given: what timeout_detail reads.
+struct FakeNode {
+  int me = 0;
+  std::vector<detail::PeerStatus> status;
+  int rank() const { return me; }
+  int size() const { return static_cast<int>(status.size()); }
+  detail::PeerStatus peer_status(int q) const { return status[static_cast<std::size_t>(q)]; }
+};
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 CommConfig quick(double timeout_s, bool progress_thread) {
   CommConfig c;
@@ -124,4 +143,73 @@ TEST_CASE("a late peer arriving after a timeout finds no freed buffer of the ran
     }
   });
   CHECK(timeouts.load() == 2);
+}
+
+TEST_CASE("process_status tells a running, a stopped and an exited process apart") {
+  const detail::ProcessId self = detail::self_process_id();
+  REQUIRE(self.pid == static_cast<long long>(getpid()));
+  CHECK(detail::process_status(self).state == detail::PeerState::running);
+  CHECK(detail::process_status(detail::ProcessId{}).state == detail::PeerState::unknown);
+  // The same pid with another start time is another process (pid reuse): gone.
+  CHECK(detail::process_status({self.pid, self.start + 1}).state == detail::PeerState::gone);
+
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    for (;;) pause();
+  }
+  detail::ProcessId id{};
+  const double t0 = now_seconds();
+  char state = 0;
+  while (!detail::read_proc_stat(child, state, id.start) && now_seconds() - t0 < 5) sleep_s(0.01);
+  id.pid = child;
+  CHECK(detail::process_status(id).state == detail::PeerState::running);
+  kill(child, SIGSTOP);
+  int wst = 0;
+  waitpid(child, &wst, WUNTRACED);
+  const detail::PeerStatus stopped = detail::process_status(id);
+  CHECK(stopped.state == detail::PeerState::stopped);
+  CHECK(has(detail::describe_peer(3, stopped),
+            "rank 3 (pid " + std::to_string(child) + " on this node) is stopped (state T"));
+  kill(child, SIGCONT);
+  kill(child, SIGKILL);
+  waitpid(child, &wst, 0);
+  const detail::PeerStatus gone = detail::process_status(id);
+  CHECK(gone.state == detail::PeerState::gone);
+  CHECK(has(detail::describe_peer(3, gone),
+            "rank 3 (pid " + std::to_string(child) + " on this node) has exited"));
+}
+
+TEST_CASE("a timeout message puts the root cause first") {
+  using detail::PeerState;
+  using detail::PeerStatus;
+  const Deadline d = Deadline::polled(6);
+  FakeNode node;
+  node.me = 0;
+  node.status = {PeerStatus{}, PeerStatus{PeerState::running, 101, 'S'},
+                 PeerStatus{PeerState::stopped, 102, 'T'}};
+  // Waiting for the stopped rank itself.
+  std::string m = detail::timeout_detail(node, 2, d);
+  CAPTURE(m);
+  CHECK(m.rfind("wait for rank 2 timed out after 6 s: rank 2 (pid 102 on this node) is stopped",
+                0) == 0);
+  // Waiting for a live rank that waits for the stopped one: the stopped one comes first.
+  m = detail::timeout_detail(node, 1, d);
+  CHECK(m.rfind("rank 2 (pid 102 on this node) is stopped", 0) == 0);
+  CHECK(has(m,
+            "; wait for rank 1 timed out after 6 s (rank 1 is alive, probably waiting for "
+            "rank 2)"));
+  // A rank on another node: nothing is claimed beyond the missing progress.
+  node.status[2] = PeerStatus{};
+  m = detail::timeout_detail(node, 2, d);
+  CHECK(m ==
+        "wait for rank 2 timed out after 6 s: no progress from rank 2 (it runs on another "
+        "node, or its process is not known here)");
+  // This rank's own descheduling comes before anything said about the peer.
+  Deadline late = Deadline::polled(0.5);
+  sleep_s(1.2);
+  CHECK_FALSE(late.expired());
+  m = detail::timeout_detail(node, 1, late);
+  CHECK(m.rfind("this rank itself did not run for 1.", 0) == 0);
+  CHECK(has(m, "so rank 1 is not known to be at fault; wait for rank 1 timed out"));
 }
