@@ -273,6 +273,11 @@ CostModel cost_model_from(const Json& doc, const std::string& path) {
   if (cmj->find("shm_chunk")) cm.shm_chunk = number_in(*cmj, "shm_chunk", path);
   if (cmj->find("inter_alpha")) cm.inter_alpha = number_in(*cmj, "inter_alpha", path);
   if (cmj->find("inter_beta")) cm.inter_beta = number_in(*cmj, "inter_beta", path);
+  if (cmj->find("call")) cm.call = number_in(*cmj, "call", path);
+  if (cmj->find("cache_bytes")) cm.cache_bytes = number_in(*cmj, "cache_bytes", path);
+  if (cmj->find("mem_factor")) cm.mem_factor = number_in(*cmj, "mem_factor", path);
+  if (cmj->find("cache_ranks"))
+    cm.cache_ranks = static_cast<int>(number_in(*cmj, "cache_ranks", path));
   if (!cm.valid() || cm.shm_alpha < 0 || cm.shm_beta < 0 || cm.shm_chunk < 1 ||
       cm.inter_alpha < 0 || cm.inter_beta < 0)
     throw dtrain::InvalidArgument("allreduce_model: " + path +

@@ -58,6 +58,9 @@ double synthetic(const CalibrationSample& s, int p) {
     case CalibrationQuantity::shm_beta: return m.predict(AllreduceAlgorithm::shm, 4 << 20, p);
     case CalibrationQuantity::inter_alpha: return 5 * m.alpha;
     case CalibrationQuantity::inter_beta: return 5 * m.alpha + big * 4 * m.beta;
+    case CalibrationQuantity::call: return m.predict(AllreduceAlgorithm::rd, s.bytes, p);
+    case CalibrationQuantity::copy_cache: return 0.1e-9;
+    case CalibrationQuantity::copy_memory: return 0.3e-9;
     case CalibrationQuantity::probe: return m.predict(s.algo, s.bytes, p);
   }
   return s.seconds;
@@ -98,7 +101,10 @@ std::vector<Outcome> calibrate_all(int p) {
 
 bool same_model(const CostModel& a, const CostModel& b) {
   return a.alpha == b.alpha && a.beta == b.beta && a.gamma == b.gamma &&
-         a.shm_alpha == b.shm_alpha && a.shm_beta == b.shm_beta && a.shm_chunk == b.shm_chunk;
+         a.shm_alpha == b.shm_alpha && a.shm_beta == b.shm_beta && a.shm_chunk == b.shm_chunk &&
+         a.inter_alpha == b.inter_alpha && a.inter_beta == b.inter_beta && a.call == b.call &&
+         a.cache_bytes == b.cache_bytes && a.mem_factor == b.mem_factor &&
+         a.cache_ranks == b.cache_ranks;
 }
 
 // The synthetic timings, counting how many were taken.
@@ -444,7 +450,7 @@ TEST_CASE("tuning file parser: names the file and line of what is wrong") {
       detail::Tuning{id, truth(), {AllreduceDecision{0, AllreduceAlgorithm::rd}}});
   CHECK_NOTHROW(detail::parse_tuning("f.txt", good));
   CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "alpha 1\n"),
-                       doctest::Contains("f.txt line 14: 'alpha' given twice"), IoError);
+                       doctest::Contains("f.txt line 20: 'alpha' given twice"), IoError);
   CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "colour blue\n"),
                        doctest::Contains("unknown key 'colour'"), IoError);
   CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "decision 10 auto\n"),

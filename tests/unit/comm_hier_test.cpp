@@ -246,3 +246,32 @@ TEST_CASE("cost model: hierarchical algorithms only where nodes have several ran
   // The flat three-argument form still answers for the hierarchical names (one rank per node).
   CHECK(m.predict(AllreduceAlgorithm::hier, big, 8) > 0);
 }
+
+TEST_CASE("cost model: a fixed per-call cost and the cache switch of the per-byte terms") {
+  CostModel m;
+  m.alpha = 1e-6;
+  m.beta = 1e-10;
+  m.gamma = 5e-11;
+  const Topology two_nodes{2, 2, 2};
+  const double ring = m.predict(AllreduceAlgorithm::ring, 4096, 4);
+  const double hier = m.predict(AllreduceAlgorithm::hier, 4096, 4, two_nodes);
+  m.call = 3e-6;  // added once per call, whatever the algorithm, also around hier's parts
+  CHECK(m.predict(AllreduceAlgorithm::ring, 4096, 4) == doctest::Approx(ring + 3e-6));
+  CHECK(m.predict(AllreduceAlgorithm::hier, 4096, 4, two_nodes) == doctest::Approx(hier + 3e-6));
+  CHECK(m.steps(AllreduceAlgorithm::ring, 4096, 4) == doctest::Approx(ring));
+  CHECK(m.predict(AllreduceAlgorithm::ring, 4096, 1) == 0);
+  // Beyond the cache (2 * bytes * cache_ranks > cache_bytes) beta and gamma grow by mem_factor.
+  m.call = 0;
+  m.cache_bytes = 32.0 * (1 << 20);
+  m.cache_ranks = 2;
+  m.mem_factor = 2.5;
+  const std::size_t in_cache = 8u << 20, beyond = (8u << 20) + 4;
+  CHECK(m.predict(AllreduceAlgorithm::ring, in_cache, 2) ==
+        doctest::Approx(m.steps(AllreduceAlgorithm::ring, in_cache, 2)));
+  CostModel slow = m;
+  slow.beta *= 2.5;
+  slow.gamma *= 2.5;
+  CHECK(m.predict(AllreduceAlgorithm::ring, beyond, 2) ==
+        doctest::Approx(slow.steps(AllreduceAlgorithm::ring, beyond, 2)));
+  CHECK(m.best(beyond, 2) == slow.best(beyond, 2));
+}

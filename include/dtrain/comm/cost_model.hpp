@@ -30,12 +30,42 @@ struct CostModel {
   /// alpha and beta then describe messages inside a node. Used by the four-argument predict and
   /// best when the topology has several nodes.
   double inter_alpha = 0, inter_beta = 0;
+  /// Seconds every collective call costs whatever the algorithm and size (plan dispatch and the
+  /// fingerprint exchange); 0 = not measured.
+  double call = 0;
+  /// Per-byte terms (beta, gamma, shm_beta) are measured on vectors that stay in the last-level
+  /// cache; once the node's working set, 2 * bytes * cache_ranks (input and output of every rank
+  /// sharing the cache), exceeds cache_bytes, they are multiplied by mem_factor (the measured
+  /// ratio of a memory-bound to a cache-resident copy). cache_bytes 0 = no such switch.
+  double cache_bytes = 0, mem_factor = 1;
+  int cache_ranks = 1;
 
   bool valid() const noexcept { return alpha > 0 && beta > 0 && gamma >= 0; }
 
   /// Predicted seconds for an all-reduce of `bytes` bytes per rank over `p` ranks with `algo`
-  /// (not automatic). Pure.
+  /// (not automatic): the fixed per-call cost plus the algorithm's steps. Pure.
   double predict(AllreduceAlgorithm algo, std::size_t bytes, int p) const {
+    if (p <= 1) return 0;
+    return call + at_size(bytes).steps(algo, bytes, p);
+  }
+
+  /// This model with the per-byte terms a vector of `bytes` per rank sees (mem_factor applied
+  /// beyond the cache, see cache_bytes). Pure.
+  CostModel at_size(std::size_t bytes) const {
+    CostModel m = *this;
+    if (cache_bytes > 0 && mem_factor > 1 &&
+        2.0 * static_cast<double>(bytes) * std::max(cache_ranks, 1) > cache_bytes) {
+      m.beta *= mem_factor;
+      m.gamma *= mem_factor;
+      m.shm_beta *= mem_factor;
+      m.cache_bytes = 0;
+    }
+    return m;
+  }
+
+  /// The algorithm's message steps over `p` ranks, without the per-call cost or the cache
+  /// switch (what predict adds). Pure.
+  double steps(AllreduceAlgorithm algo, std::size_t bytes, int p) const {
     if (p <= 1) return 0;
     const double n = static_cast<double>(bytes);
     int lg = 0;
@@ -65,10 +95,10 @@ struct CostModel {
         return 3 * std::max(chunks, 1.0) * shm_alpha + n * shm_beta;
       }
       case AllreduceAlgorithm::ordered:  // the ring's bytes and reductions, p-1 messages a step
-        return predict(AllreduceAlgorithm::ring, bytes, p);
-      case AllreduceAlgorithm::ordered_shm: return predict(AllreduceAlgorithm::shm, bytes, p);
+        return steps(AllreduceAlgorithm::ring, bytes, p);
+      case AllreduceAlgorithm::ordered_shm: return steps(AllreduceAlgorithm::shm, bytes, p);
       case AllreduceAlgorithm::hier:
-      case AllreduceAlgorithm::hier_leader: return predict(algo, bytes, p, Topology::flat(p));
+      case AllreduceAlgorithm::hier_leader: return steps(algo, bytes, p, Topology::flat(p));
       case AllreduceAlgorithm::automatic: break;
     }
     raise<InvalidArgument>("CostModel::predict", "automatic is not an algorithm to predict");
@@ -84,6 +114,13 @@ struct CostModel {
   /// model), plus recursive doubling over the nodes at inter_alpha / inter_beta.
   double predict(AllreduceAlgorithm algo, std::size_t bytes, int p, const Topology& topo) const {
     if (p <= 1) return 0;
+    const double t = at_size(bytes).steps(algo, bytes, p, topo);
+    return t >= 1e299 ? t : call + t;
+  }
+
+  /// The four-argument predict without the per-call cost or the cache switch. Pure.
+  double steps(AllreduceAlgorithm algo, std::size_t bytes, int p, const Topology& topo) const {
+    if (p <= 1) return 0;
     const bool multi = topo.nodes > 1;
     CostModel inter = *this;
     if (multi && inter_alpha > 0) inter.alpha = inter_alpha;
@@ -97,18 +134,18 @@ struct CostModel {
         double intra = 0;
         if (L > 1)
           intra = shm_alpha > 0
-                      ? predict(AllreduceAlgorithm::shm, bytes, L)
+                      ? steps(AllreduceAlgorithm::shm, bytes, L)
                       : 2 * alpha + 2 * (fL - 1) / fL * n * beta + (fL - 1) / fL * n * gamma;
         const double parts = std::ceil(fL / Lmin);
         const auto part_bytes = static_cast<std::size_t>(std::ceil(n / fL));
-        return intra + parts * inter.predict(AllreduceAlgorithm::ring, part_bytes, N);
+        return intra + parts * inter.steps(AllreduceAlgorithm::ring, part_bytes, N);
       }
       case AllreduceAlgorithm::hier_leader: {
         double intra = 0;
         if (L > 1)
-          intra = shm_alpha > 0 ? predict(AllreduceAlgorithm::shm, bytes, L)
+          intra = shm_alpha > 0 ? steps(AllreduceAlgorithm::shm, bytes, L)
                                 : 2 * alpha + (fL - 1) * n * (2 * beta + gamma);
-        return intra + inter.predict(AllreduceAlgorithm::rd, bytes, N);
+        return intra + inter.steps(AllreduceAlgorithm::rd, bytes, N);
       }
       case AllreduceAlgorithm::shm:
       case AllreduceAlgorithm::ordered_shm:
@@ -116,7 +153,7 @@ struct CostModel {
         break;
       default: break;
     }
-    return inter.predict(algo, bytes, p);
+    return inter.steps(algo, bytes, p);
   }
 
   /// The algorithm with the smallest predicted time over `p` ranks grouped as `topo`: the

@@ -6,14 +6,18 @@
 //    alpha, a 4 MiB exchange for beta, a local 4 MiB reduction for gamma, a one-chunk and a 4 MiB
 //    shm all-reduce when the transport has node-shared segments, and with several nodes a
 //    ping-pong and a 4 MiB exchange between the first ranks of nodes 2k and 2k+1 for
-//    inter_alpha and inter_beta) are measured once per round,
+//    inter_alpha and inter_beta; a one-element rd all-reduce for the fixed cost of a call; on a
+//    node's first rank, in the first three rounds, a 4 MiB copy in the last-level cache and one
+//    of twice the cache from memory, whose ratio is the factor by which per-byte costs grow once
+//    a node's working set leaves the cache) are measured once per round,
 //    one after the other, for kRounds rounds; each quantity takes the median over the rounds
 //    (a latency sample is the minimum of a short burst), so a burst of load from another process
 //    spoils at most a round or two of each quantity, not the result.
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
 // 3. Validation. The model's table is checked at probe sizes 4 KiB to 4 MiB, a factor 4 apart:
-//    every available algorithm runs kProbeReps times, the order rotated each repetition; each
+//    every available algorithm runs kProbeReps times (each a burst of kProbeBurst calls back to
+//    back), the order rotated each repetition; each
 //    algorithm's median, fastest and slowest repetition are agreed like the model (the slowest
 //    rank's). Each size then follows its nearest probe (bands between geometric middles): where
 //    the model's pick for that size measured more than kSwitchFactor (10%) slower than the
@@ -40,10 +44,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 #include <dtrain/comm/allreduce_decision.hpp>
 #include <dtrain/comm/collective_plan.hpp>
@@ -81,6 +89,9 @@ enum class CalibrationQuantity {
   shm_beta,     // one 4 MiB shm all-reduce
   inter_alpha,  // half a ping-pong between the first ranks of two nodes (minimum of a burst)
   inter_beta,   // one 4 MiB exchange between them
+  call,         // one one-element rd all-reduce (minimum of a burst): the fixed cost of a call
+  copy_cache,   // one local 4 MiB copy that stays in the last-level cache (a node's first rank)
+  copy_memory,  // one local copy twice the last-level cache (a node's first rank), per byte
   probe         // one validation run of `algo` at `bytes`
 };
 
@@ -155,6 +166,12 @@ inline Calibration& last_calibration() {
 
 inline constexpr int kRounds = 5;
 inline constexpr int kProbeReps = 5;
+/// Calls per probe repetition, back to back (the repetition's sample is their mean). A single
+/// call right after another algorithm's starts with the ranks in step; back-to-back calls, as a
+/// training step's buckets and allreduce_bench run them, let a lock-step algorithm (shm) fall
+/// out of step when a rank is descheduled: at 1-16 MiB on a loaded 2-core machine single calls
+/// measured shm level with ring where the bench measured it 3x slower.
+inline constexpr int kProbeBurst = 3;
 inline constexpr double kSwitchFactor = 1.1;
 /// Probe sizes (bytes of f32 per rank), a factor 4 apart from latency- to bandwidth-bound, so
 /// that every crossover lies within a factor 2 of a probe. (No larger probe: at 8 MiB the
@@ -237,6 +254,20 @@ inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& vie
   };
   if (view.p <= 1) return model_decisions(cm, view);
   return decisions_from(pick);
+}
+
+/// The last-level cache in bytes (sysfs index 3, else sysconf), 0 when unknown. Local.
+inline std::size_t last_level_cache_bytes() {
+  if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
+    unsigned long long v = 0;
+    char unit = 0;
+    const int got = std::fscanf(f, "%llu%c", &v, &unit);
+    std::fclose(f);
+    if (got >= 1 && v > 0)
+      return static_cast<std::size_t>(v) * (unit == 'K' ? 1024u : unit == 'M' ? 1u << 20 : 1u);
+  }
+  const long v = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
+  return v > 0 ? static_cast<std::size_t>(v) : 0;
 }
 
 template <class Transport>
@@ -355,6 +386,27 @@ class Calibrator {
     if (multi && nodes.local_rank(r_) == 0 && (nodes.node_of(r_) ^ 1) < nodes.nodes())
       inter = nodes.members(nodes.node_of(r_) ^ 1).front();
 
+    // The fixed cost of a call: a one-element rd all-reduce, whose steps the model prices.
+    float one[1] = {1.0f};
+    std::unique_ptr<Plan> call_plan;
+    {
+      PlanSpec s = spec(CollectiveKind::allreduce);
+      s.dtype = DType::f32;
+      s.algo = AllreduceAlgorithm::rd;
+      s.count = 1;
+      s.in = one;
+      s.out = one;
+      call_plan = std::make_unique<Plan>(st_, s);
+    }
+    // Cache against memory: a node's first rank copies 4 MiB (in the last-level cache) and twice
+    // the last-level cache (from memory), in the first rounds. Skipped when the cache size is
+    // unknown or the probes are limited below 4 MiB (tests).
+    const std::size_t llc = last_level_cache_bytes();
+    const bool copier = nodes.local_rank(r_) == 0 && llc > 0 && calibration_probe_limit() >= big;
+    const std::size_t mem_bytes = copier ? std::min<std::size_t>(2 * llc, 256u << 20) : 0;
+    std::vector<unsigned char> mem_src(mem_bytes, 1), mem_dst(mem_bytes, 0);
+    constexpr int kCopyRounds = 3;
+
     SharedSegments* seg = shared_segments_of(t_);
     std::vector<float> v(seg ? big / sizeof(float) : 0, 1.0f);
     float tiny[8] = {};
@@ -382,13 +434,14 @@ class Calibrator {
       exchange(inter);
     }
     host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
+    execute_in_order(st_, *call_plan);
     if (seg) {
       execute_in_order(st_, *big_plan);
       execute_in_order(st_, *tiny_plan);
     }
 
     std::vector<double> s_alpha, s_beta, s_gamma, s_shm_alpha, s_shm_beta, s_inter_alpha,
-        s_inter_beta;
+        s_inter_beta, s_call, s_copy_cache, s_copy_memory;
     for (int round = 0; round < kRounds; ++round) {
       if (paired)
         pair_round(partner, round, CalibrationQuantity::alpha, CalibrationQuantity::beta, s_alpha,
@@ -400,6 +453,26 @@ class Calibrator {
         const double t0 = now_seconds();
         host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
         s_gamma.push_back(sample(CalibrationQuantity::gamma, round, now_seconds() - t0));
+      }
+      {
+        double best = 1e30;
+        for (int i = 0; i < 12; ++i) {
+          const double t0 = now_seconds();
+          execute_in_order(st_, *call_plan);
+          best = std::min(best, now_seconds() - t0);
+        }
+        s_call.push_back(
+            sample(CalibrationQuantity::call, round, best, AllreduceAlgorithm::rd, sizeof(one)));
+      }
+      if (copier && round < kCopyRounds) {
+        double t0 = now_seconds();
+        std::memcpy(y.data(), x.data(), big);
+        s_copy_cache.push_back(
+            sample(CalibrationQuantity::copy_cache, round, (now_seconds() - t0) / double(big)));
+        t0 = now_seconds();
+        std::memcpy(mem_dst.data(), mem_src.data(), mem_bytes);
+        s_copy_memory.push_back(sample(CalibrationQuantity::copy_memory, round,
+                                       (now_seconds() - t0) / double(mem_bytes)));
       }
       if (seg) {
         double best = 1e30;
@@ -419,41 +492,45 @@ class Calibrator {
       // A pause between rounds spreads them in time, so one burst of load hits few of them.
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    const double alpha = median_of(s_alpha);
-    const double inter_alpha = median_of(s_inter_alpha);
-    double m[7] = {alpha,
-                   paired ? (median_of(s_beta) - alpha) / double(big) : 0.0,
-                   median_of(s_gamma) / double(big),
-                   0,
-                   0,
-                   inter_alpha,
-                   inter >= 0 ? (median_of(s_inter_beta) - inter_alpha) / double(big) : 0.0};
-    if (seg) {
-      // The fingerprint exchange every collective pays (ceil(log2 p) message rounds) is left out
-      // of every algorithm's model alike, so it is taken out of these timings.
-      int rounds = 0;
-      for (int d = 1; d < p_; d <<= 1) ++rounds;
-      const double check = st_.config.check_fingerprints ? rounds * alpha : 0.0;
-      const double tiny_t = median_of(s_shm_alpha), big_t = median_of(s_shm_beta);
-      // A one-chunk shm all-reduce costs three counter hand-offs.
-      m[3] = std::max(tiny_t - check, 0.25 * tiny_t) / 3;
-      // Per byte: the big run without its chunks' counter hand-offs.
-      const double chunks = std::ceil(double(big) / double(seg->slot_bytes));
-      m[4] = std::max(big_t - check - 3 * chunks * m[3], 0.5 * big_t) / double(big);
-    }
-    agree_max(m, 7);
+    // Raw medians, agreed (maximum over ranks), then the fit: every rank fits the same numbers.
+    double m[12] = {median_of(s_alpha),
+                    median_of(s_beta),
+                    median_of(s_gamma),
+                    median_of(s_shm_alpha),
+                    median_of(s_shm_beta),
+                    median_of(s_inter_alpha),
+                    median_of(s_inter_beta),
+                    median_of(s_call),
+                    median_of(s_copy_cache),
+                    median_of(s_copy_memory),
+                    static_cast<double>(nodes.shape().max_ranks_per_node),
+                    static_cast<double>(copier ? llc : 0)};
+    agree_max(m, 12);
     CostModel cm;
-    cm.alpha = std::max(m[0], 1e-9);
-    cm.beta = std::max(m[1], 1e-13);
-    cm.gamma = std::max(m[2], 0.0);
+    const double alpha = m[0];
+    cm.alpha = std::max(alpha, 1e-9);
+    cm.beta = std::max((m[1] - alpha) / double(big), 1e-13);  // agreed: the paired ranks
+    cm.gamma = std::max(m[2] / double(big), 0.0);
     if (multi) {  // measured between the nodes' first ranks
       cm.inter_alpha = std::max(m[5], 1e-9);
-      cm.inter_beta = std::max(m[6], 1e-13);
+      cm.inter_beta = std::max((m[6] - m[5]) / double(big), 1e-13);
     }
+    // The fixed cost of a call: the one-element rd all-reduce less its modelled steps.
+    cm.call = std::max(m[7] - cm.steps(AllreduceAlgorithm::rd, sizeof(one), p_), 0.0);
     if (seg) {
-      cm.shm_alpha = std::max(m[3], 1e-9);
-      cm.shm_beta = std::max(m[4], 1e-13);
+      const double tiny_t = m[3], big_t = m[4];
+      // A one-chunk shm all-reduce costs three counter hand-offs after the fixed cost.
+      cm.shm_alpha = std::max(std::max(tiny_t - cm.call, 0.25 * tiny_t) / 3, 1e-9);
+      // Per byte: the big run without the fixed cost and its chunks' counter hand-offs.
+      const double chunks = std::ceil(double(big) / double(seg->slot_bytes));
+      cm.shm_beta = std::max(
+          std::max(big_t - cm.call - 3 * chunks * cm.shm_alpha, 0.5 * big_t) / double(big), 1e-13);
       cm.shm_chunk = static_cast<double>(seg->slot_bytes);
+    }
+    if (m[8] > 0 && m[9] > 0 && m[11] > 0) {
+      cm.cache_bytes = m[11];
+      cm.cache_ranks = static_cast<int>(m[10]);
+      cm.mem_factor = std::max(m[9] / m[8], 1.0);
     }
     return cm;
   }
@@ -501,9 +578,9 @@ class Calibrator {
         for (std::size_t j = 0; j < n; ++j) {
           const std::size_t k = (static_cast<std::size_t>(rep) + j) % n;  // rotate the order
           const double t0 = now_seconds();
-          execute_in_order(st_, *plans[k]);
-          times[k].push_back(
-              sample(CalibrationQuantity::probe, rep, now_seconds() - t0, q.algos[k], bytes));
+          for (int i = 0; i < kProbeBurst; ++i) execute_in_order(st_, *plans[k]);
+          times[k].push_back(sample(CalibrationQuantity::probe, rep,
+                                    (now_seconds() - t0) / kProbeBurst, q.algos[k], bytes));
         }
       for (const auto& t : times) {
         med.push_back(median_of(t));
