@@ -93,7 +93,7 @@ CASES = {
                            r"on device'"),
     "diskfull": dict(np=2, fault="diskfull",
                      first=r"^dtrain: rank [01]: checkpoint (save|write): ",
-                     # HDF5's error text carries a newline: the cause is in the continuation.
+                     # The cause (errno, file) comes after the checkpoint operation, on the same line.
                      message=r"ckpt-\d{12}\.h5\.tmp'.*errno = 27, error message = 'File too "
                              r"large'"),
 }

@@ -54,7 +54,10 @@ inline std::string h5_error_stack() {
     if (!s.empty()) s += "; ";
     char minor[128] = {0};
     if (H5Eget_msg(e->min_num, nullptr, minor, sizeof minor) < 0) minor[0] = 0;
-    s += e->desc && *e->desc ? e->desc : minor;
+    // Some drivers' descriptions hold a newline (sec2's write error ends its time stamp with
+    // one); the message stays one line.
+    for (const char* c = e->desc && *e->desc ? e->desc : minor; *c; ++c)
+      s += *c == '\n' || *c == '\r' ? ' ' : *c;
     if (minor[0] && e->desc && *e->desc) s += std::string(" [") + minor + "]";
     if (e->func_name) s += std::string(" (") + e->func_name + ")";
     return 0;
