@@ -10,6 +10,8 @@
 #include <dtrain/train/straggler_monitor.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -66,6 +68,43 @@ TEST_CASE("CsvLog keeps earlier rows up to the resumed step and drops the later 
     CsvLog log(path, {"step", "other"}, -1);
     CHECK_THROWS_AS(log.row({1}), InvalidArgument);
   }
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST_CASE("CsvLog::row reports a row it cannot write") {
+  // In a child process: a file size limit (SIGXFSZ ignored) makes the next append fail with
+  // EFBIG, which must be an IoError naming the file, not a silently lost row.
+  const std::string dir = temp_dir(), path = dir + "/m.csv";
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    int code = 1;
+    try {
+      CsvLog log(path, {"step", "loss"}, -1);
+      log.row({1, 0.5});
+      std::signal(SIGXFSZ, SIG_IGN);
+      struct rlimit lim;
+      ::getrlimit(RLIMIT_FSIZE, &lim);
+      struct stat st;
+      ::stat(path.c_str(), &st);
+      lim.rlim_cur = static_cast<rlim_t>(st.st_size);  // the file may not grow
+      ::setrlimit(RLIMIT_FSIZE, &lim);
+      try {
+        log.row({2, 0.25});
+      } catch (const IoError& e) {
+        const std::string what = e.what();
+        code = what.find(path) != std::string::npos && what.find("step 2") != std::string::npos ? 0
+                                                                                                : 2;
+      }
+    } catch (...) {
+      code = 3;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
   std::system(("rm -rf " + dir).c_str());
 }
 

@@ -86,7 +86,9 @@ class CsvLog {
   std::size_t kept_rows() const noexcept { return kept_rows_; }
 
   /// Appends one row (one value per column, the step first) and flushes it, so the file is
-  /// current if the job dies. Throws InvalidArgument on a wrong value count.
+  /// current if the job dies. Throws InvalidArgument on a wrong value count, IoError naming the
+  /// file and errno when the row cannot be written (disk full, file size limit): a lost row is
+  /// never silent.
   void row(const std::vector<double>& values) {
     DTRAIN_REQUIRE(values.size() == columns_.size(), "CsvLog::row",
                    "'" << path_ << "' has " << columns_.size() << " columns, got " << values.size()
@@ -101,8 +103,12 @@ class CsvLog {
       line += b;
     }
     line += '\n';
-    std::fputs(line.c_str(), file_);
-    std::fflush(file_);
+    if (std::fputs(line.c_str(), file_) < 0 || std::fflush(file_) != 0) {
+      const int err = errno;
+      std::clearerr(file_);
+      raise<IoError>("CsvLog::row", "cannot append step " + line.substr(0, line.find(',')) +
+                                        " to '" + path_ + "': " + std::strerror(err));
+    }
   }
 
  private:
