@@ -411,7 +411,13 @@ std::string schedule_differences(const RunRecord& then, const RunRecord& now) {
 template <class Exec>
 int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
   dtrain::MpiTransport transport(MPI_COMM_WORLD);
-  dtrain::Communicator comm(transport);
+  // Without DTRAIN_TUNING_FILE, the run directory keeps the all-reduce calibration: a resumed
+  // run then picks the same algorithm per message size as the run it continues, so it goes on
+  // bit for bit (a resume on another world size finds the file stale and recalibrates).
+  dtrain::CommConfig comm_config = dtrain::CommConfig::from_env();
+  if (comm_config.tuning_file.empty() && !cfg.run_dir.empty())
+    comm_config.tuning_file = cfg.run_dir + "/allreduce_tuning.txt";
+  dtrain::Communicator comm(transport, comm_config);
   const int rank = comm.rank(), world = comm.size();
   dtrain::detail::RankScope scope(rank);
   const dtrain::Timer wall;

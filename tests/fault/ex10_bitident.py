@@ -4,7 +4,8 @@ compares the final parameters bit for bit (the model datasets of each run's last
 read with h5py, every CRC32C checked).
 
 usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--np P] [--steps S]
-                        [--modes tuning,reproducible,resume[,resume_reproducible][,none]]
+                        [--modes tuning,reproducible,resume[,resume_reproducible]
+                                 [,resume_auto][,none]]
 
 Modes (each N runs from scratch, each in its own run directory):
   tuning        DTRAIN_TUNING_FILE shared by the runs; the first run finds no file, calibrates
@@ -15,6 +16,10 @@ Modes (each N runs from scratch, each in its own run directory):
                 tuning mode's uninterrupted runs
   resume_reproducible
                 the same in reproducible mode; must equal the reproducible mode's runs
+  resume_auto   neither, stopped after S/2 steps and resumed: example 10 keeps the calibration
+                in its run directory, so the resumed part must report the same all-reduce
+                choice as the first part (runs are not compared with each other: each
+                calibrates afresh)
   none          neither (the automatic choice calibrates in every run): for contrast, not asserted
 Exit 0 when every asserted mode gave one parameter set; prints how many distinct sets each mode
 gave.
@@ -83,7 +88,8 @@ def main():
     lib.require_h5py()
     modes = a.modes.split(",")
     for m in modes:
-        if m not in ("tuning", "reproducible", "resume", "resume_reproducible", "none"):
+        if m not in ("tuning", "reproducible", "resume", "resume_reproducible", "resume_auto",
+                     "none"):
             ap.error("unknown mode " + m)
     if a.steps < 2:
         ap.error("--steps must be at least 2")
@@ -98,7 +104,8 @@ def main():
     envs = {"none": base, "tuning": dict(base, DTRAIN_TUNING_FILE=tuning),
             "reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1"),
             "resume": dict(base, DTRAIN_TUNING_FILE=tuning),
-            "resume_reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1")}
+            "resume_reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1"),
+            "resume_auto": base}
     # A resumed mode and the uninterrupted mode whose parameters it must give.
     resumes = {"resume": "tuning", "resume_reproducible": "reproducible"}
 
@@ -120,7 +127,7 @@ def main():
                 digests[resumes[m]] = [final_digest(run_dir, a.steps)]
             for i in range(a.runs):
                 run_dir = os.path.join(a.work, "%s-%02d" % (m, i))
-                if m in resumes:
+                if m in resumes or m == "resume_auto":
                     half = a.steps // 2
                     run_job(a.mpiexec, a.trainer, a.np, opts(run_dir, ["--stop-after", str(half)]),
                             envs[m], "resume run %d, first part" % i)
@@ -132,6 +139,10 @@ def main():
                                      (i, half, out))
                     choice = allreduce_choice(run_dir + ".json")
                     if choice != first_choice:
+                        if m == "resume_auto":
+                            raise Failed("resume run %d chose %s before the stop and %s after it"
+                                         " (the run directory's calibration was not reused)" %
+                                         (i, first_choice, choice))
                         choice = first_choice + " then " + choice
                 else:
                     run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m],
@@ -152,7 +163,7 @@ def main():
         print("FAIL: %s" % e)
         return 1
     print("%d ranks, %d steps, %.0f s" % (a.np, a.steps, time.monotonic() - t0))
-    bad = [m for m in modes if m != "none" and len(set(digests[m])) != 1]
+    bad = [m for m in modes if m not in ("none", "resume_auto") and len(set(digests[m])) != 1]
     for m, ref in resumes.items():
         if m in modes and set(digests[m]) != {digests[ref][0]}:
             print("FAIL: %s: the resumed runs' parameters differ from the uninterrupted runs' (%s)"

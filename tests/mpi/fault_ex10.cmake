@@ -29,7 +29,7 @@ if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUIL
     add_test(NAME ex10_bitident
       COMMAND ${DTRAIN_SYSTEM_PYTHON3} ${_dir}/ex10_bitident.py ${MPIEXEC_EXECUTABLE}
               $<TARGET_FILE:train_fashion_mnist> ${PROJECT_BINARY_DIR}/tests/ex10_bitident
-              --runs 3 --np 3 --steps 24 --modes tuning,reproducible,resume)
+              --runs 3 --np 3 --steps 24 --modes tuning,reproducible,resume,resume_auto)
     set_tests_properties(ex10_bitident PROPERTIES TIMEOUT 240 LABELS "mpi;fault" PROCESSORS 2
       SKIP_RETURN_CODE 77)
   endfunction()
