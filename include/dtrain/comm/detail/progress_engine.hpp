@@ -109,7 +109,9 @@ class ProgressEngine {
     } else if (j.status.load(std::memory_order_acquire) != Job::done) {
       std::unique_lock<std::mutex> lock(m_);
       const std::uint64_t ahead = j.ticket >= done_count_ ? j.ticket - done_count_ : 0;
-      const Deadline deadline(timeout_s_ * static_cast<double>(ahead + 1) + 1.0);
+      // Polled (checked every 0.5 s at most): if this process is stopped, the collectives'
+      // own deadlines move back by the lost time, and so must this outer bound.
+      const Deadline deadline = Deadline::polled(timeout_s_ * static_cast<double>(ahead + 1) + 1.0);
       while (j.status.load(std::memory_order_acquire) != Job::done) {
         const double left = deadline.remaining();
         if (left <= 0)
