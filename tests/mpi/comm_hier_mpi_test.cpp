@@ -1,6 +1,7 @@
 // The node grouping over MPI with DTRAIN_RANKS_PER_NODE as a list of node sizes (uneven fake
 // nodes such as 3,1), run by tests/mpi/comm_hier.cmake: the transport's node map is the listed
-// one, hier and hier_leader agree exactly with MPI_Allreduce on it (integer-valued inputs, so
+// one, hier and hier_leader, with each of ring, rhd, rd and tree between the nodes, agree
+// exactly with MPI_Allreduce on it (integer-valued inputs, so
 // every summation order gives the same bits), and a list that does not add up to the world size
 // is refused on every rank with an error naming the variable.
 #include <doctest/doctest.h>
@@ -79,7 +80,14 @@ TEST_CASE("DTRAIN_RANKS_PER_NODE list: the listed nodes, hier and hier_leader ag
     CHECK(comm.topology().nodes == static_cast<int>(seg.ranks_per_node.sizes.size()));
   }
   MESSAGE("p=" << p << " nodes " << transport.node_map().describe());
-  CHECK(compare_with_mpi(comm, {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}) == 0);
+  // Each algorithm between the nodes (set alike on every rank before the plans are made).
+  for (AllreduceAlgorithm inter : {AllreduceAlgorithm::ring, AllreduceAlgorithm::rhd,
+                                   AllreduceAlgorithm::rd, AllreduceAlgorithm::tree}) {
+    INFO("between nodes: " << name_of(inter));
+    detail::hier_inter_algorithm() = inter;
+    CHECK(compare_with_mpi(comm, {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}) == 0);
+  }
+  detail::hier_inter_algorithm() = AllreduceAlgorithm::automatic;
 }
 
 TEST_CASE("DTRAIN_RANKS_PER_NODE list that does not add up: refused on every rank") {

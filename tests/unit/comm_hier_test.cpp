@@ -200,6 +200,52 @@ TEST_CASE("hier and hier_leader: 4-8 ranks in even, uneven and interleaved nodes
   hier_matrix({0, 1, 2, 3, 4, 5, 6, 7}, true, {6, 1000}, {DType::f32}, {ReduceOp::sum});
 }
 
+TEST_CASE("hier and hier_leader with each inter-node algorithm: ring, rhd, rd, tree") {
+  for (AllreduceAlgorithm inter : {AllreduceAlgorithm::ring, AllreduceAlgorithm::rhd,
+                                   AllreduceAlgorithm::rd, AllreduceAlgorithm::tree}) {
+    INFO("between nodes: " << name_of(inter));
+    detail::hier_inter_algorithm() = inter;
+    hier_matrix({0, 0, 1, 1}, true, {1, 7, 1000, 4099}, {DType::f32, DType::i32}, kOps);
+    hier_matrix({0, 0, 0, 1}, false, {3, 1000}, {DType::f32, DType::f16}, {ReduceOp::sum});
+    hier_matrix({0, 1, 2, 2, 2}, true, {5, 1001}, {DType::f64}, {ReduceOp::sum, ReduceOp::avg});
+  }
+  detail::hier_inter_algorithm() = AllreduceAlgorithm::automatic;
+  // Automatic: the model's cheapest between nodes, used by predict as by the algorithm.
+  CostModel m;
+  m.alpha = 1e-6;
+  m.beta = 1e-10;
+  m.gamma = 1e-11;
+  m.inter_alpha = 20e-6;
+  m.inter_beta = 1e-9;
+  const CostModel between = m.between_nodes();
+  CHECK(between.alpha == m.inter_alpha);
+  CHECK(between.best_inter(64, 8) == AllreduceAlgorithm::rd);          // latency-bound
+  CHECK(between.best_inter(64u << 20, 8) == AllreduceAlgorithm::rhd);  // bandwidth-bound
+  // hier_leader at 64 MiB: the leaders' all-reduce is rhd now, where it used to be rd always.
+  const Topology t{8, 4, 4};
+  const std::size_t big = 64u << 20;
+  const double nb = static_cast<double>(big);
+  CHECK(m.predict(AllreduceAlgorithm::hier_leader, big, 32, t) ==
+        doctest::Approx(2 * m.alpha + 3 * nb * (2 * m.beta + m.gamma) +
+                        between.steps(AllreduceAlgorithm::rhd, big, 8)));
+  CHECK(between.steps(AllreduceAlgorithm::rhd, big, 8) <
+        between.steps(AllreduceAlgorithm::rd, big, 8));
+  // With a model on every rank, automatic inter-node choice runs and agrees with the reference.
+  LoopbackWorld world(std::vector<int>{0, 0, 1, 1, 2, 2}, segments(true));
+  run_loopback(world, [&](LoopbackTransport& t) {
+    Communicator comm(t, CommConfig{});
+    CostModel big_latency = m;
+    big_latency.inter_alpha = 1e-3;  // rd among 3 nodes' parts/leaders
+    comm.set_cost_model(big_latency);
+    std::vector<float> x(2000, static_cast<float>(t.rank() + 1));
+    comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::hier);
+    CHECK(x[1999] == 21.0f);
+    std::vector<float> y(5, static_cast<float>(t.rank() + 1));
+    comm.allreduce(BufferView(span<float>(y)), ReduceOp::sum, AllreduceAlgorithm::hier_leader);
+    CHECK(y[4] == 21.0f);
+  });
+}
+
 TEST_CASE("hier through AnyTransport keeps the node map and segments") {
   LoopbackWorld world(std::vector<int>{0, 0, 1, 1}, segments(true));
   run_loopback(world, [&](LoopbackTransport& lt) {

@@ -108,10 +108,11 @@ struct CostModel {
   /// flat algorithms pay inter_alpha / inter_beta on every message (their rings and butterflies
   /// cross nodes) and shm is unavailable. hier: intra-node reduce-scatter and all-gather (the shm
   /// model over the largest node where shm was measured, else one message round each way at
-  /// alpha / beta), plus a ring over the nodes for each of the ceil(Lmax / Lmin) parts of
+  /// alpha / beta), plus an all-reduce over the nodes for each of the ceil(Lmax / Lmin) parts of
   /// bytes / Lmax that a rank of the smallest node owns, at inter_alpha / inter_beta.
   /// hier_leader: the leader receives and reduces L - 1 vectors and sends L - 1 back (or the shm
-  /// model), plus recursive doubling over the nodes at inter_alpha / inter_beta.
+  /// model), plus an all-reduce over the nodes at inter_alpha / inter_beta. Between the nodes
+  /// both run the flat algorithm best_inter picks (ring, rhd, rd or tree), as they do.
   double predict(AllreduceAlgorithm algo, std::size_t bytes, int p, const Topology& topo) const {
     if (p <= 1) return 0;
     const double t = at_size(bytes).steps(algo, bytes, p, topo);
@@ -122,9 +123,7 @@ struct CostModel {
   double steps(AllreduceAlgorithm algo, std::size_t bytes, int p, const Topology& topo) const {
     if (p <= 1) return 0;
     const bool multi = topo.nodes > 1;
-    CostModel inter = *this;
-    if (multi && inter_alpha > 0) inter.alpha = inter_alpha;
-    if (multi && inter_beta > 0) inter.beta = inter_beta;
+    const CostModel inter = multi ? between_nodes() : *this;
     const double n = static_cast<double>(bytes);
     const int N = std::max(topo.nodes, 1), L = std::max(topo.max_ranks_per_node, 1);
     const int Lmin = std::max(std::min(topo.min_ranks_per_node, L), 1);
@@ -138,14 +137,14 @@ struct CostModel {
                       : 2 * alpha + 2 * (fL - 1) / fL * n * beta + (fL - 1) / fL * n * gamma;
         const double parts = std::ceil(fL / Lmin);
         const auto part_bytes = static_cast<std::size_t>(std::ceil(n / fL));
-        return intra + parts * inter.steps(AllreduceAlgorithm::ring, part_bytes, N);
+        return intra + parts * inter.steps(inter.best_inter(part_bytes, N), part_bytes, N);
       }
       case AllreduceAlgorithm::hier_leader: {
         double intra = 0;
         if (L > 1)
           intra = shm_alpha > 0 ? steps(AllreduceAlgorithm::shm, bytes, L)
                                 : 2 * alpha + (fL - 1) * n * (2 * beta + gamma);
-        return intra + inter.steps(AllreduceAlgorithm::rd, bytes, N);
+        return intra + inter.steps(inter.best_inter(bytes, N), bytes, N);
       }
       case AllreduceAlgorithm::shm:
       case AllreduceAlgorithm::ordered_shm:
@@ -169,6 +168,33 @@ struct CostModel {
           !topo.hierarchical())
         continue;
       const double ta = predict(a, bytes, p, topo);
+      if (ta < t) {
+        t = ta;
+        pick = a;
+      }
+    }
+    return pick;
+  }
+
+  /// This model with alpha / beta replaced by inter_alpha / inter_beta where those are set: the
+  /// cost of messages between nodes. Pure.
+  CostModel between_nodes() const {
+    CostModel m = *this;
+    if (inter_alpha > 0) m.alpha = inter_alpha;
+    if (inter_beta > 0) m.beta = inter_beta;
+    return m;
+  }
+
+  /// The flat algorithm (ring, rhd, rd or tree; ties in that order) with the fewest predicted
+  /// steps for `bytes` per rank over `n` ranks, as hier and hier_leader run among nodes: called
+  /// on the model whose alpha / beta are the between-node terms (steps uses them as given).
+  /// Pure.
+  AllreduceAlgorithm best_inter(std::size_t bytes, int n) const {
+    AllreduceAlgorithm pick = AllreduceAlgorithm::ring;
+    double t = steps(pick, bytes, n);
+    for (AllreduceAlgorithm a :
+         {AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd, AllreduceAlgorithm::tree}) {
+      const double ta = steps(a, bytes, n);
       if (ta < t) {
         t = ta;
         pick = a;

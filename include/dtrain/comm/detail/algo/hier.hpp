@@ -6,13 +6,18 @@
 // and uneven nodes still line up. (1) intra-node reduce-scatter: each rank reduces its parts
 // over its node, through the node's shared segments (chunked like shm.hpp, same counters) or,
 // without segments, by direct messages; (2) inter-node all-reduce of each part among its owners
-// (one per node, group rank = node number) with the ring algorithm run on a group view of the
+// (one per node, group rank = node number) with a flat algorithm run on a group view of the
 // plan (PlanContext's group constructor), so it works over any transport; (3) intra-node
 // all-gather. A rank of a small node owns several parts and runs their groups in ascending part
 // order, as every rank does, so the groups cannot wait on each other in a cycle.
 //
-// hier_leader (small messages): intra-node reduce to the node's lowest rank, recursive doubling
+// hier_leader (small messages): intra-node reduce to the node's lowest rank, an all-reduce
 // among those leaders, intra-node broadcast.
+//
+// The inter-node algorithm (ring, rhd, rd or tree) is chosen per plan from the communicator's
+// cost model at the between-node alpha and beta (CostModel::best_inter), the same on every rank
+// since the model is; without a measured or given model it is ring for hier and rd for
+// hier_leader (hier_inter_algorithm() overrides it for tests).
 //
 // Channel ids: the intra-node messages use the first two algorithm ids (they connect ranks of one
 // node, the groups connect ranks of different nodes); group j gets its own id range, sized by a
@@ -31,12 +36,21 @@
 
 #include <dtrain/comm/detail/algo/context.hpp>
 #include <dtrain/comm/detail/algo/rd.hpp>
+#include <dtrain/comm/detail/algo/rhd.hpp>
 #include <dtrain/comm/detail/algo/ring.hpp>
+#include <dtrain/comm/detail/algo/tree.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/detail/futex_wait.hpp>
 #include <dtrain/comm/topology.hpp>
 
 namespace dtrain::detail {
+
+/// Test knob: the inter-node algorithm of every hier / hier_leader plan made while it is not
+/// automatic (set it before the ranks make their plans, the same on every rank).
+inline AllreduceAlgorithm& hier_inter_algorithm() {
+  static AllreduceAlgorithm a = AllreduceAlgorithm::automatic;
+  return a;
+}
 
 /// What both two-level algorithms share: the node grouping, the node's shared segments and the
 /// counter protocol on them, and the construction of inter-node group views.
@@ -76,6 +90,28 @@ class HierBase : public Algorithm {
 
   /// Transport rank of local rank `q` of this node.
   int member(int q) const { return nodes_.members(node_)[static_cast<std::size_t>(q)]; }
+
+  /// The flat algorithm for an all-reduce of `count` elements among `N` nodes' ranks: the test
+  /// knob, else the cost model's cheapest at the between-node terms, else `fallback`.
+  AllreduceAlgorithm inter_choice(std::size_t count, int N, AllreduceAlgorithm fallback) {
+    if (hier_inter_algorithm() != AllreduceAlgorithm::automatic) return hier_inter_algorithm();
+    const CostModel& cm = ctx_.comm().cost;
+    if (!cm.valid() || N <= 1) return fallback;
+    return cm.at_size(n_ * es_).between_nodes().best_inter(count * es_, N);
+  }
+  /// That algorithm on `view`, in place on `data`.
+  static std::unique_ptr<Algorithm> make_inter(AllreduceAlgorithm a, PlanContext<Transport>& view,
+                                               uchar* data) {
+    switch (a) {
+      case AllreduceAlgorithm::rhd:
+        return std::make_unique<RhdAlgorithm<Transport>>(view, data, data);
+      case AllreduceAlgorithm::rd:
+        return std::make_unique<RdAlgorithm<Transport>>(view, data, data);
+      case AllreduceAlgorithm::tree:
+        return std::make_unique<TreeAlgorithm<Transport>>(view, data, data);
+      default: return std::make_unique<RingAlgorithm<Transport>>(view, data, data, true, true);
+    }
+  }
 
   /// An upper bound on the channel ids (beyond kFirstAlgorithmChannel) any flat algorithm uses
   /// for `count` elements over `p` ranks: ring 2(p-1)·segments, rhd / rd 2 + 2·lg p·(segments+1),
@@ -182,7 +218,9 @@ class HierAlgorithm : public HierBase<Transport> {
       g->view = std::make_unique<PlanContext<Transport>>(
           ctx, std::move(members), c1 - c0, this->group_op_, ids, static_cast<int>(span));
       uchar* part = this->out_ + c0 * this->es_;
-      g->algo = std::make_unique<RingAlgorithm<Transport>>(*g->view, part, part, true, true);
+      // Every owner of part j computes the same choice: same model, count and node count.
+      g->algo = Base::make_inter(this->inter_choice(c1 - c0, N, AllreduceAlgorithm::ring), *g->view,
+                                 part);
       groups_.push_back(std::move(g));
     }
     if (this->L_ > 1 && !this->seg_) plan_direct();
@@ -348,7 +386,8 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
       for (int k = 0; k < N; ++k) leaders.push_back(nm.members(k)[0]);
       view_ = std::make_unique<PlanContext<Transport>>(ctx, std::move(leaders), n, this->group_op_,
                                                        ids, static_cast<int>(span));
-      inter_ = std::make_unique<RdAlgorithm<Transport>>(*view_, this->out_, this->out_);
+      inter_ =
+          Base::make_inter(this->inter_choice(n, N, AllreduceAlgorithm::rd), *view_, this->out_);
     }
     if (this->L_ == 1 || this->seg_) return;
     const int L = this->L_;
