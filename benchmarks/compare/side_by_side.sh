@@ -28,6 +28,16 @@ STEPS=${3:-300}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# Under Linux's autogroup scheduling, CPU time is shared between sessions first. MPICH's mpiexec
+# (hydra) starts every rank in a session of its own, while PyTorch's ranks and the busy loops stay
+# in this script's session: a load then weighs differently on the two frameworks (and, with this
+# session reniced, the loops take almost all CPU from dtrain's ranks). Say which regime the run is in.
+AUTOGROUP=$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null || echo absent)
+echo "== scheduler: sched_autogroup_enabled=$AUTOGROUP, this session $(cat /proc/self/autogroup 2>/dev/null || echo '(no autogroup)')"
+if ((LOAD > 0)) && [[ $AUTOGROUP == 1 ]]; then
+  echo "side_by_side.sh: warning: autogroup scheduling is on, so the load does not weigh alike on both" \
+       "frameworks; for a fair loaded comparison run with it off (echo 0 > /proc/sys/kernel/sched_autogroup_enabled)" >&2
+fi
 IFS=';' read -r -a configs <<<"$CONFIGS"
 
 load_pids=()
