@@ -7,6 +7,7 @@
 #include <type_traits>
 #include <utility>
 
+#include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
@@ -18,9 +19,18 @@ namespace dtrain {
 /// one indirect call per operation; each Request allocates its underlying request once, on first
 /// use, so plans (which reuse their requests) still execute without allocating. Satisfies
 /// is_transport_v and forwards shared segments, the progress-thread answer, the capabilities
-/// (capabilities(), run-time values of the wrapped transport's transport_capabilities) and
-/// persistent channels (supports_channels() says whether the wrapped transport has them).
+/// (capabilities(), run-time values of the wrapped transport's transport_capabilities),
+/// persistent channels (supports_channels() says whether the wrapped transport has them), the
+/// count of abandoned operations (abandoned(), 0 where the wrapped transport keeps none) and
+/// what is known of a peer's process (peer_status(), unknown where the wrapped transport cannot
+/// tell).
 class AnyTransport {
+  template <class T, class = void>
+  struct has_abandoned : std::false_type {};
+  template <class T>
+  struct has_abandoned<T, std::void_t<decltype(std::size_t{std::declval<const T&>().abandoned()})>>
+      : std::true_type {};
+
   struct Iface {
     virtual ~Iface() = default;
     virtual int rank() const = 0;
@@ -44,6 +54,8 @@ class AnyTransport {
                        std::size_t bytes) = 0;
     virtual void start(void* r, void* channel) = 0;
     virtual void unbind(void* channel) noexcept = 0;
+    virtual std::size_t abandoned() const noexcept = 0;
+    virtual detail::PeerStatus peer_status(int peer) const noexcept = 0;
   };
 
   template <class T>
@@ -96,6 +108,18 @@ class AnyTransport {
         t_->unbind(*c);
         delete c;
       }
+    }
+    std::size_t abandoned() const noexcept override {
+      if constexpr (has_abandoned<T>::value)
+        return t_->abandoned();
+      else
+        return 0;
+    }
+    detail::PeerStatus peer_status(int peer) const noexcept override {
+      if constexpr (detail::has_peer_status<T>::value)
+        return t_->peer_status(peer);
+      else
+        return {};
     }
     T* t_;
     NodeMap nodes_;  // taken once (node_map_of may build it)
@@ -197,6 +221,12 @@ class AnyTransport {
     if (c.impl_) impl_->unbind(c.impl_);
     c.impl_ = nullptr;
   }
+  /// Local. The wrapped transport's count of operations cancel() had to release while still
+  /// active (their buffers may still be accessed); 0 where it keeps no such count.
+  std::size_t abandoned() const noexcept { return impl_->abandoned(); }
+  /// Local, never throws. The wrapped transport's view of `peer`'s process (stopped, exited,
+  /// running); PeerState::unknown where it cannot tell (detail/peer_liveness.hpp).
+  detail::PeerStatus peer_status(int peer) const noexcept { return impl_->peer_status(peer); }
 
  private:
   std::unique_ptr<Iface> impl_;

@@ -42,7 +42,9 @@
 #include <vector>
 
 #include <dtrain/comm/transport_traits.hpp>
+#include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/failure.hpp>
 #include <dtrain/core/timer.hpp>
 #include <dtrain/transports/one_sided/backend.hpp>
 
@@ -192,10 +194,20 @@ class OneSidedTransport {
     b_.open(cfg.slots);
   }
 
-  /// Collective unless an exception is propagating: the ranks meet (backend close) before any
-  /// deregisters memory that peers might still write into (a late credit return).
+  /// Collective unless failing (an exception propagating, a transport error, an operation
+  /// abandoned with cancel, or the job failing): the ranks meet (backend close) before any
+  /// deregisters memory that peers might still write into (a late credit return). When a failing
+  /// backend says peers or its own writes may still touch this rank's memory (keeps_memory:
+  /// MPI-RMA, where a late put lands whether or not the range is still attached), the slots,
+  /// staging and credit memory and every registration are kept for the rest of the process.
   ~OneSidedTransport() {
-    b_.close(std::uncaught_exceptions() > 0 || error_ != nullptr);
+    b_.close(unwind_.failing() || error_ != nullptr || cancelled_);
+    if (backend_keeps_memory()) {
+      (void)inbox_mem_.release();
+      (void)staging_mem_.release();
+      (void)credit_mem_.release();
+      return;
+    }
     for (auto& e : cache_) release(e.second);
     b_.deregister_memory(credit_reg_);
     b_.deregister_memory(staging_reg_);
@@ -211,6 +223,13 @@ class OneSidedTransport {
   /// Messages up to this many bytes go eager through the slots.
   std::size_t eager_limit() const noexcept { return eager_limit_; }
   bool allows_progress_thread() const { return b_.allows_progress_thread(); }
+  /// Local, never throws; only where the backend knows its peers' processes (MPI-RMA): what
+  /// Linux reports about `peer`'s process when it runs on this node (detail/peer_liveness.hpp).
+  /// Timeout messages use it to name a stopped or exited rank.
+  template <class BB = B, class = decltype(std::declval<const BB&>().peer_status(0))>
+  detail::PeerStatus peer_status(int peer) const noexcept {
+    return b_.peer_status(peer);
+  }
 
   /// Non-blocking send of `bytes` bytes to `peer`; the buffer must stay valid and unchanged
   /// until the request completes. An eager send completes once copied into a staging slot.
@@ -370,6 +389,7 @@ class OneSidedTransport {
     const bool cts_sent =
         r.recv && r.bytes > eager_limit_ && r.st == Request::St::waiting && r.list != kEagerRecvs;
     if (cts_sent || r.st == Request::St::inflight) ++abandoned_;
+    cancelled_ = true;
     Peer& P = peers_[static_cast<std::size_t>(r.peer)];
     switch (r.list) {
       case kOutq: P.outq.unlink(&r); break;
@@ -806,11 +826,25 @@ class OneSidedTransport {
     }
   }
 
+  template <class BB, class = void>
+  struct has_keeps_memory : std::false_type {};
+  template <class BB>
+  struct has_keeps_memory<BB, std::void_t<decltype(std::declval<const BB&>().keeps_memory())>>
+      : std::true_type {};
+  bool backend_keeps_memory() const noexcept {
+    if constexpr (has_keeps_memory<B>::value)
+      return b_.keeps_memory();
+    else
+      return false;
+  }
+
+  UnwindGuard unwind_;  // first member: counts the exceptions in flight at construction
   B b_;
   OneSidedConfig cfg_;
   int p_ = 1, r_ = 0;
   std::size_t C_ = 16, eager_limit_ = 0;
   std::size_t abandoned_ = 0;  // see cancel()
+  bool cancelled_ = false;     // an active request was abandoned: close as failing
   std::unique_ptr<unsigned char, FreeDeleter> inbox_mem_, staging_mem_, credit_mem_;
   Region inbox_reg_, staging_reg_, credit_reg_;
   std::vector<Peer> peers_;

@@ -1,0 +1,216 @@
+// The MPI-RMA transport under a stopped peer (mpiexec -n 2 and -n 3), with a 2 s deadline:
+// - a collective with one rank stopped (SIGSTOP) ends on every live rank within the deadline
+//   plus a margin, with an error naming the operation and the stopped rank, directly and
+//   through AnyTransport (which forwards peer_status and abandoned). MPICH completes a flush to
+//   a dynamic window only through the target's progress, so a write flushed on the waiting
+//   thread would block here until the peer resumes: a rescuer thread resumes it after
+//   kRescueSeconds, which the elapsed-time check then reports instead of a hang;
+// - np 3: the stopped rank resumed after the others gave up, destroyed their transports and
+//   reused the heap runs its late collective (its writes land at the others) into a timeout,
+//   and nobody crashes or finds its reused memory overwritten.
+// The ranks signal each other by pid (all run on this node under mpiexec -n N).
+#include <doctest/doctest.h>
+#include <mpi.h>
+
+#include <signal.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dtrain/comm/any_transport.hpp>
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/transports/mpi_rma.hpp>
+
+using namespace dtrain;
+
+namespace {
+
+constexpr double kDeadlineSeconds = 2;
+constexpr double kMarginSeconds = 4;   // on top of the deadline, for a loaded machine
+constexpr double kRescueSeconds = 15;  // a rank blocked in MPI gets its peer back after this
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int p = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  return p;
+}
+
+std::vector<int> world_pids() {
+  std::vector<int> pids(static_cast<std::size_t>(world_size()));
+  int mine = static_cast<int>(getpid());
+  MPI_Allgather(&mine, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  return pids;
+}
+
+CommConfig cfg() {
+  CommConfig c;
+  c.timeout_s = kDeadlineSeconds;
+  c.segment_bytes = 4096;
+  return c;
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+template <class Comm>
+std::string ring_allreduce_error(Comm& comm, std::vector<float>& x) {
+  try {
+    comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Resumes `pid` (if > 0) after kRescueSeconds unless cancelled first: a rank that blocks in MPI
+// while its peer is stopped then finishes late (and fails its time check) instead of hanging the
+// job.
+class Rescuer {
+ public:
+  explicit Rescuer(int pid)
+      : thread_([this, pid] {
+          std::unique_lock<std::mutex> lock(m_);
+          if (!cv_.wait_for(lock, std::chrono::duration<double>(kRescueSeconds),
+                            [&] { return done_; }))
+            if (pid > 0) kill(pid, SIGCONT);
+        }) {}
+  ~Rescuer() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      done_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// The last rank is stopped before the collective; every other rank checks its error and time,
+// then rank 0 resumes the stopped one once all live ranks are done.
+template <class Comm>
+void stopped_peer_case(Comm& comm, const std::vector<int>& pids) {
+  const int p = world_size(), rank = world_rank(), stopped = p - 1;
+  std::vector<float> x(1000, 1.0f);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == stopped) {
+    raise(SIGSTOP);  // until rank 0 (or its rescuer) sends SIGCONT
+    const std::string msg = ring_allreduce_error(comm, x);
+    CAPTURE(msg);
+    CHECK_FALSE(msg.empty());  // the others are gone: times out
+  } else {
+    std::string msg;
+    double took = 0;
+    {
+      Rescuer rescue(rank == 0 ? pids[static_cast<std::size_t>(stopped)] : 0);
+      const double t0 = now_seconds();
+      msg = ring_allreduce_error(comm, x);
+      took = now_seconds() - t0;
+    }
+    CAPTURE(msg);
+    CAPTURE(took);
+    CHECK(took < kDeadlineSeconds + kMarginSeconds);
+    CHECK(contains(msg, "allreduce #"));
+    CHECK(contains(msg, "timed out after 2 s"));
+    CHECK(contains(msg, "rank " + std::to_string(stopped) + " (pid " +
+                            std::to_string(pids[static_cast<std::size_t>(stopped)]) +
+                            " on this node) is stopped"));
+    // Every live rank is done before the stopped one resumes.
+    int token = 0;
+    if (rank != 0) MPI_Send(&token, 1, MPI_INT, 0, 77, MPI_COMM_WORLD);
+    if (rank == 0) {
+      for (int q = 1; q < stopped; ++q)
+        MPI_Recv(&token, 1, MPI_INT, q, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      kill(pids[static_cast<std::size_t>(stopped)], SIGCONT);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("mpi-rma: a stopped peer ends the collective within the deadline, named") {
+  if (world_size() < 2 || world_size() > 3) return;
+  const std::vector<int> pids = world_pids();
+  SUBCASE("MpiRmaTransport") {
+    {
+      MpiRmaTransport t(MPI_COMM_WORLD);
+      REQUIRE_MESSAGE(t.backend().asynchronous(), "the MPI test main asks MPI_THREAD_MULTIPLE");
+      Communicator comm(t, cfg());
+      stopped_peer_case(comm, pids);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  SUBCASE("through AnyTransport") {
+    {
+      MpiRmaTransport t(MPI_COMM_WORLD);
+      AnyTransport any(t);
+      Communicator<AnyTransport> comm(any, cfg());
+      stopped_peer_case(comm, pids);
+      CHECK(any.abandoned() == t.abandoned());
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+}
+
+TEST_CASE("mpi-rma: a late peer waking up after the others gave up crashes nobody") {
+  if (world_size() != 3) return;
+  const std::vector<int> pids = world_pids();
+  const int rank = world_rank();
+  std::vector<std::vector<float>> kept;
+  {
+    MpiRmaTransport t(MPI_COMM_WORLD);
+    Communicator comm(t, cfg());
+    // 4 MiB: zero-copy writes straight into the receivers' buffers, besides eager slots.
+    std::vector<float> x(1 << 20, 1.0f);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 2) raise(SIGSTOP);  // until rank 0 sends SIGCONT after the others gave up
+    const std::string msg = ring_allreduce_error(comm, x);
+    CAPTURE(msg);
+    CHECK_FALSE(msg.empty());
+    if (rank != 2) CHECK(contains(msg, "rank 2"));
+    // The documented contract: when transfers could not be cancelled, the buffers stay.
+    if (contains(msg, "could not be cancelled")) kept.push_back(std::move(x));
+  }
+  if (rank != 2) {
+    // Reuse the heap that held the transport's and the collective's memory, then let the late
+    // rank run: its puts and notifications land here while this rank progresses MPI.
+    std::vector<std::vector<float>> reuse;
+    for (int k = 0; k < 6; ++k) reuse.emplace_back(1 << 20, 7.0f);
+    std::vector<std::vector<unsigned char>> small;
+    for (int k = 0; k < 256; ++k) small.emplace_back(4096, static_cast<unsigned char>(k));
+    int token = 0;
+    if (rank == 1) MPI_Send(&token, 1, MPI_INT, 0, 77, MPI_COMM_WORLD);
+    if (rank == 0) {
+      MPI_Recv(&token, 1, MPI_INT, 1, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      kill(pids[2], SIGCONT);
+    }
+    // Progress MPI (rank 2's puts are applied here) until rank 2 finished its late collective.
+    MPI_Barrier(MPI_COMM_WORLD);
+    bool intact = true;
+    for (const auto& v : reuse)
+      for (float f : v) intact = intact && f == 7.0f;
+    for (int k = 0; k < 256; ++k)
+      for (unsigned char c : small[static_cast<std::size_t>(k)])
+        intact = intact && c == static_cast<unsigned char>(k);
+    CHECK(intact);
+  } else {
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
