@@ -4,16 +4,40 @@
 // the one tested over loopback RMA and MPI RMA; this backend only maps it onto verbs.
 #pragma once
 
+#include <mpi.h>
+
+#include <cstddef>
+#include <vector>
+
+#include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/transports/one_sided/ibverbs_backend.hpp>
+#include <dtrain/transports/one_sided/mpi_backend.hpp>
 #include <dtrain/transports/one_sided/protocol.hpp>
 
 namespace dtrain {
 
 /// `IbverbsTransport t(comm)` or `IbverbsTransport t(OneSidedConfig{...}, comm)`: collective
 /// over `comm` (duplicated), which carries only the start-up exchange of queue-pair numbers,
-/// LIDs/GIDs, PSNs, addresses and keys. Throws TransportError when no RDMA device or active port
-/// is found. Satisfies is_transport_v; used by one thread at a time.
-using IbverbsTransport = OneSidedTransport<detail::IbverbsBackend>;
+/// LIDs/GIDs, PSNs, addresses and keys, and of the processes of the ranks on this node. Throws
+/// TransportError when no RDMA device or active port is found. Satisfies is_transport_v; used
+/// by one thread at a time.
+class IbverbsTransport : public OneSidedTransport<detail::IbverbsBackend> {
+ public:
+  explicit IbverbsTransport(MPI_Comm comm) : IbverbsTransport(OneSidedConfig{}, comm) {}
+  IbverbsTransport(const OneSidedConfig& cfg, MPI_Comm comm)
+      : OneSidedTransport<detail::IbverbsBackend>(cfg, comm),
+        peers_(detail::mpi_node_processes(comm, "IbverbsTransport")) {}
+
+  /// Local, never throws: what Linux reports about `peer`'s process when it runs on this node;
+  /// PeerState::unknown otherwise. Timeout messages use it to name a stopped or exited rank.
+  detail::PeerStatus peer_status(int peer) const noexcept {
+    if (peer < 0 || peer >= size() || peer == rank()) return {};
+    return detail::process_status(peers_[static_cast<std::size_t>(peer)]);
+  }
+
+ private:
+  std::vector<detail::ProcessId> peers_;  // same-node peers' processes; pid 0 elsewhere
+};
 
 static_assert(detail::check_transport<IbverbsTransport>(), "");
 
