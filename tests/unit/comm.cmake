@@ -25,3 +25,8 @@ dtrain_add_unit_test(NAME unit_comm_noalloc
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_noalloc_test.cpp
   LINK dtrain::loopback
   TIMEOUT 60)
+# Scratch memory shared by a communicator's plans.
+dtrain_add_unit_test(NAME unit_comm_scratch
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_scratch_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 120)

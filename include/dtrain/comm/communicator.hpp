@@ -89,6 +89,12 @@ class Communicator {
   std::uint64_t sequence() const noexcept { return state_->seq.load(); }
   /// Whether non-blocking collectives progress on a thread of their own.
   bool has_progress_thread() const noexcept { return state_->engine.threaded(); }
+  /// Local: bytes of the scratch block this communicator's plans share (they run one at a time,
+  /// so e.g. every bucket plan of a GradientSync works in the same block); 0 before the first
+  /// plan that needs scratch, and on transports that register memory, whose plans each keep
+  /// their own. Blocks made so far: scratch_blocks().
+  std::size_t scratch_bytes() const { return state_->scratch_pool.bytes(); }
+  std::size_t scratch_blocks() const { return state_->scratch_pool.blocks_made(); }
 
   // ---- blocking collectives ----------------------------------------------------------------
 

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include <dtrain/comm/allreduce_decision.hpp>
 #include <dtrain/comm/comm_config.hpp>
@@ -15,6 +17,43 @@
 #include <dtrain/core/error.hpp>
 
 namespace dtrain::detail {
+
+/// Scratch memory shared by the plans of one communicator. Its collectives run one at a time
+/// (issue order), and every algorithm writes its scratch before it reads it within one execution,
+/// so all plans can work in the same block instead of each holding its own: a training step's
+/// bucket plans then cost one bucket's scratch, not the whole gradient's. A plan keeps every block
+/// it carved from alive (shared ownership); a plan that needs more than the current block gets a
+/// new, larger one, which later plans use, and the old one is freed with the last plan using it.
+/// Only for transports that need no registration of the memory (the one-sided and verbs
+/// transports register each plan's scratch with the hardware: those plans keep their own).
+class ScratchPool {
+ public:
+  using Block = std::shared_ptr<std::vector<unsigned char>>;
+  /// A block of at least `bytes` (zeroed when new). Thread-safe.
+  Block acquire(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (!block_ || block_->size() < bytes) {
+      block_ = std::make_shared<std::vector<unsigned char>>(bytes);
+      ++blocks_made_;
+    }
+    return block_;
+  }
+  /// Bytes of the current block (what a new plan shares), 0 before the first plan.
+  std::size_t bytes() const {
+    std::lock_guard<std::mutex> lock(m_);
+    return block_ ? block_->size() : 0;
+  }
+  /// Blocks allocated so far (for tests and diagnostics).
+  std::size_t blocks_made() const {
+    std::lock_guard<std::mutex> lock(m_);
+    return blocks_made_;
+  }
+
+ private:
+  mutable std::mutex m_;
+  Block block_;
+  std::size_t blocks_made_ = 0;
+};
 
 template <class Transport>
 struct CommState {
@@ -30,6 +69,7 @@ struct CommState {
   // only because the progress thread and the caller take turns.
   std::atomic<std::uint64_t> seq{0};
   CostModel cost{};
+  ScratchPool scratch_pool;
   // What `automatic` all-reduce runs per size; set together with `cost`.
   AllreduceDecisions decisions;
   std::mutex broken_mutex;

@@ -146,11 +146,26 @@ class PlanContext {
   }
 
   // ---- scratch memory ------------------------------------------------------------------------
-  /// A zeroed host buffer of `bytes` owned by the plan (registered like the caller's buffers).
+  /// A host buffer of `bytes` for the plan's executions (registered like the caller's buffers).
+  /// Its content at the start of an execution is unspecified: on transports without memory
+  /// registration it lies in the communicator's ScratchPool, shared with the other plans (which
+  /// never run at the same time); elsewhere it is the plan's own, zeroed. Distinct calls of one
+  /// plan never overlap.
   uchar* scratch(std::size_t bytes) {
     if (root_) return root_->scratch(bytes);
-    buffers_.emplace_back(bytes);
-    uchar* p = buffers_.back().data();
+    uchar* p = nullptr;
+    if (!caps_.requires_registration && !caps_.one_sided) {
+      const std::size_t at = (pool_used_ + 63) / 64 * 64;
+      ScratchPool::Block b = comm_->scratch_pool.acquire(at + bytes);
+      // A new, larger block holds none of this plan's earlier pieces, so any offset would do;
+      // keeping `at` keeps the rule simple: pieces of one plan are disjoint in every block.
+      if (pool_blocks_.empty() || pool_blocks_.back() != b) pool_blocks_.push_back(b);
+      p = b->data() + at;
+      pool_used_ = at + bytes;
+    } else {
+      buffers_.emplace_back(bytes);
+      p = buffers_.back().data();
+    }
     register_range(p, bytes, Space::host);
     return p;
   }
@@ -333,6 +348,15 @@ class PlanContext {
         if (auto* leak = new (std::nothrow) std::vector<uchar>()) leak->swap(b);
       }
     }
+    // Pool blocks: one more owner that is never released keeps each alive.
+    static auto* kept_blocks = new std::vector<ScratchPool::Block>();  // never freed, on purpose
+    for (auto& b : pool_blocks_) {
+      try {
+        kept_blocks->push_back(b);
+      } catch (...) {
+        if (auto* leak = new (std::nothrow) ScratchPool::Block()) *leak = b;
+      }
+    }
   }
 
   std::size_t add(int peer, int id, bool send, void* data, std::size_t bytes) {
@@ -379,6 +403,8 @@ class PlanContext {
   std::unique_ptr<Request[]> requests_;
   std::vector<typename channel_type_of<Transport>::type> bound_;
   std::vector<std::vector<uchar>> buffers_;
+  std::vector<ScratchPool::Block> pool_blocks_;  // the pool blocks this plan's scratch lies in
+  std::size_t pool_used_ = 0;                    // end of this plan's last piece in the pool
   std::vector<Range> regions_;
   Fingerprint fp_{};
   Deadline deadline_{-1};
