@@ -6,3 +6,13 @@ dtrain_add_mpi_test(NAME mpi_rma_deadline
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/rma_deadline_test.cpp
   NP 2 3
   TIMEOUT 90)
+# Below MPI_THREAD_MULTIPLE (its own main initialises MPI_THREAD_FUNNELED): the writes flush on
+# the caller's thread; all-reduces against MPI_Allreduce.
+if(DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)
+  add_executable(mpi_rma_funneled ${CMAKE_CURRENT_LIST_DIR}/rma_funneled_test.cpp)
+  target_link_libraries(mpi_rma_funneled PRIVATE dtrain::mpi dtrain_project_flags)
+  add_test(NAME mpi_rma_funneled_np2
+    COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
+            $<TARGET_FILE:mpi_rma_funneled> ${MPIEXEC_POSTFLAGS})
+  set_tests_properties(mpi_rma_funneled_np2 PROPERTIES TIMEOUT 60 PROCESSORS 2 LABELS "mpi")
+endif()
