@@ -14,6 +14,10 @@
 //   no-overlap  backward first, then all buckets (ready_all), wait, opt.step()
 //   fused       as overlap, but each bucket is updated by the optimizer as soon as its average
 //               has arrived (sync.wait(opt)); the optimizer time is then inside the sync wait
+// A last figure has both ranks train alone at once (a communicator each, no communication, overlap
+// mode): the 2-rank figure over it is the cost of communication alone, where the scaling
+// efficiency above also counts what two ranks lose by sharing the machine (the 1-rank run had the
+// other core free for its loader and progress threads).
 // Per mode: samples/s, and rank 0's split of the step (data wait, forward, backward, sync wait,
 // optimizer). Forward is timed on separate forward-only passes of the same batches (the fused
 // forward_backward cannot be split), backward is the remainder. Peak resident memory per rank
@@ -308,6 +312,21 @@ int main(int argc, char** argv) {
       }
       two[m] = run(world_comm, modes[m]);
     }
+    // Both ranks alone at once (each on a communicator of its own, no communication): what the
+    // machine gives two independent trainings sharing it (cores, memory bandwidth, the helper
+    // threads). The 2-rank figure over this one is the cost of communication alone; the 1-rank
+    // figure above also had the other core free for its loader and progress threads.
+    double pair_sps = 0;
+    {
+      MPI_Comm own = MPI_COMM_NULL;
+      MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &own);
+      dtrain::MpiTransport t(own);
+      dtrain::Communicator c(t);
+      MPI_Barrier(MPI_COMM_WORLD);
+      const double mine_sps = run(c, Mode::overlap).samples_per_s;
+      MPI_Allreduce(&mine_sps, &pair_sps, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+      MPI_Comm_free(&own);
+    }
     double rss[2] = {0, 0};
     double mine = peak_rss_mib();
     MPI_Gather(&mine, 1, MPI_DOUBLE, rss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -342,6 +361,10 @@ int main(int argc, char** argv) {
             1e3 * t);
       }
       std::printf(
+          "# both ranks training alone at once (no communication): %.0f samples/s together; "
+          "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
+          pair_sps, two[0].samples_per_s / pair_sps);
+      std::printf(
           "# peak RSS: rank 0 %.1f MiB, rank 1 %.1f MiB; training state %.1f MiB "
           "(parameters, gradients, optimizer state, activations, prefetch)\n",
           rss[0], rss[1], state_mib);
@@ -358,6 +381,8 @@ int main(int argc, char** argv) {
             .add("samples_per_s_1", one[0].samples_per_s)
             .add("samples_per_s_2", two[0].samples_per_s)
             .add("scaling_efficiency", two[0].samples_per_s / (2 * one[0].samples_per_s))
+            .add("samples_per_s_solo_pair", pair_sps)
+            .add("efficiency_vs_solo_pair", two[0].samples_per_s / pair_sps)
             .add_raw("phase_split_2", split_json(two[0].split))
             .add_raw("phase_split_1", split_json(one[0].split));
         std::string modes_json = "{";
