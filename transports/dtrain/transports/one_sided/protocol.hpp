@@ -199,14 +199,17 @@ class OneSidedTransport {
   /// deregisters memory that peers might still write into (a late credit return). When a failing
   /// backend says peers or its own writes may still touch this rank's memory (keeps_memory:
   /// MPI-RMA, where a late put lands whether or not the range is still attached), the slots,
-  /// staging and credit memory and every registration are kept for the rest of the process.
+  /// staging and credit memory (handed to the backend's keep) and every registration are kept
+  /// for the rest of the process.
   ~OneSidedTransport() {
     b_.close(unwind_.failing() || error_ != nullptr || cancelled_);
-    if (backend_keeps_memory()) {
-      (void)inbox_mem_.release();
-      (void)staging_mem_.release();
-      (void)credit_mem_.release();
-      return;
+    if constexpr (has_keeps_memory<B>::value) {
+      if (b_.keeps_memory()) {
+        b_.keep(inbox_mem_.release());
+        b_.keep(staging_mem_.release());
+        b_.keep(credit_mem_.release());
+        return;
+      }
     }
     for (auto& e : cache_) release(e.second);
     b_.deregister_memory(credit_reg_);
@@ -826,17 +829,13 @@ class OneSidedTransport {
     }
   }
 
+  // A backend that may leave this rank's memory exposed after a failing close: bool
+  // keeps_memory() and static void keep(void*) noexcept (see ~OneSidedTransport).
   template <class BB, class = void>
   struct has_keeps_memory : std::false_type {};
   template <class BB>
   struct has_keeps_memory<BB, std::void_t<decltype(std::declval<const BB&>().keeps_memory())>>
       : std::true_type {};
-  bool backend_keeps_memory() const noexcept {
-    if constexpr (has_keeps_memory<B>::value)
-      return b_.keeps_memory();
-    else
-      return false;
-  }
 
   UnwindGuard unwind_;  // first member: counts the exceptions in flight at construction
   B b_;
