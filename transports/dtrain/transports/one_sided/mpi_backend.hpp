@@ -287,10 +287,9 @@ class MpiRmaBackend {
     const Deadline limit(close_timeout_s_);
     if (writer_) {
       if (!failing_ && !writer_->finish(limit)) {
-        DTRAIN_LOG(warn, "one-sided mpi-rma close: writes still unfinished after "
-                             << close_timeout_s_
-                             << " s; leaving them to a detached thread and keeping the memory");
         failing_ = true;
+        warn("writes still unfinished after ", close_timeout_s_,
+             " s; leaving them to a detached thread and keeping the memory");
       }
       if (writer_->stop_now())
         ++stuck_, thread_.detach();
@@ -309,9 +308,9 @@ class MpiRmaBackend {
       backoff.pause();
     if (!done) {
       // The request stays active (MPI forbids freeing a non-blocking collective's request).
-      DTRAIN_LOG(warn, "one-sided mpi-rma close: not every rank arrived within "
-                           << close_timeout_s_ << " s; keeping the window and its memory");
       failing_ = true;
+      warn("not every rank arrived within ", close_timeout_s_,
+           " s; keeping the window and its memory");
     }
   }
   void check_alive() const noexcept {}
@@ -456,6 +455,14 @@ class MpiRmaBackend {
       return busy;
     }
   };
+
+  template <class... A>
+  static void warn(const A&... parts) noexcept {
+    try {
+      DTRAIN_LOG(warn, "one-sided mpi-rma close: " << concat(parts...));
+    } catch (...) {  // close() never throws
+    }
+  }
 
   bool submit(const Op& op) {
     if (writer_) return writer_->push(op);
