@@ -95,6 +95,55 @@ TEST_CASE("different counts or a skipped call are mismatches too") {
   CHECK(seq_errors.load() == 2);
 }
 
+TEST_CASE(
+    "a plan made without the fingerprint check skips it; GradientSync checks its first bucket") {
+  // Same sizes, different ops: only the fingerprint tells them apart. Checked plans raise on both
+  // ranks; unchecked ones run (the result is meaningless, which is why only a group's later plans
+  // skip the check).
+  std::atomic<int> checked_errors{0}, unchecked_errors{0};
+  run_loopback(2, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick(20));
+    std::vector<float> x(64, 1.0f);
+    const ReduceOp op = t.rank() == 0 ? ReduceOp::sum : ReduceOp::max;
+    const BufferView v{span<float>(x)};
+    auto unchecked = comm.plan_allreduce(v, v, op, AllreduceAlgorithm::ring, false);
+    auto checked = comm.plan_allreduce(v, v, op, AllreduceAlgorithm::ring, true);
+    try {
+      unchecked.execute();
+    } catch (const RemoteError&) {
+      ++unchecked_errors;
+    }
+    try {
+      checked.execute();
+    } catch (const RemoteError& e) {
+      if (std::string(e.what()).find("mismatched collective calls") != std::string::npos)
+        ++checked_errors;
+    }
+  });
+  CHECK(unchecked_errors.load() == 0);
+  CHECK(checked_errors.load() == 2);
+
+  // A rank one collective ahead of the other is caught at the first bucket of the step.
+  std::atomic<int> step_errors{0};
+  run_loopback(2, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick(20));
+    std::vector<float> grads(1000, 1.0f);
+    GradientSync sync(comm, BufferView(span<float>(grads)), 256 * sizeof(float),
+                      AllreduceAlgorithm::ring);
+    REQUIRE(sync.bucket_count() == 4);
+    sync.sync_all();  // a correct step
+    std::vector<float> extra(8, 1.0f);
+    try {
+      if (t.rank() == 1) comm.allreduce(BufferView(span<float>(extra)), ReduceOp::sum);
+      sync.sync_all();
+    } catch (const RemoteError& e) {
+      if (std::string(e.what()).find("mismatched collective calls") != std::string::npos)
+        ++step_errors;
+    }
+  });
+  CHECK(step_errors.load() == 2);
+}
+
 TEST_CASE("a rank that never calls produces TimeoutError naming rank, collective, seq and peer") {
   std::mutex m;
   std::vector<std::string> messages;

@@ -155,6 +155,16 @@ class Communicator {
                       AllreduceAlgorithm algo = AllreduceAlgorithm::automatic) {
     return Plan(make_plan(allreduce_spec(in, out, op, algo)));
   }
+  /// As above, for one plan of a group that every rank always executes together and in the same
+  /// order (a GradientSync's buckets in one step). With `check_fingerprints` false the plan skips
+  /// the call-fingerprint exchange (a latency round before each execution); the group's first
+  /// plan keeps it, so a rank out of step or with other sizes is still caught once per group.
+  Plan plan_allreduce(BufferView in, BufferView out, ReduceOp op, AllreduceAlgorithm algo,
+                      bool check_fingerprints) {
+    Spec s = allreduce_spec(in, out, op, algo);
+    s.check = check_fingerprints;
+    return Plan(make_plan(s));
+  }
   Plan plan_broadcast(BufferView buf, int root) {
     return Plan(make_plan(broadcast_spec(buf, root)));
   }

@@ -69,7 +69,11 @@ bool reduces_device_memory(const C& comm) {
 /// reduces, are handed over directly.
 ///
 /// Buckets always start in the same order (a bucket that completes early waits for the ones
-/// before it), so every rank issues the same collectives in the same order. With a communicator in
+/// before it), so every rank issues the same collectives in the same order. Only the first
+/// bucket of a step exchanges call fingerprints (when the communicator checks them), one latency
+/// round per step instead of one per bucket: it catches a rank out of step (a collective missing
+/// or extra) and a first bucket of another size; a layout that differs only in later buckets
+/// shows at the next step's check, or earlier as a failed transfer. With a communicator in
 /// reproducible mode (CommConfig::reproducible) each element's average is the rank-order sum
 /// divided by p, so the bits do not depend on bucket_bytes or `algo` either. wait() completes
 /// every bucket and resets for the next step; wait(optimizer) also applies the optimizer to each
@@ -113,7 +117,10 @@ class BasicGradientSync {
       const std::size_t begin = end > per_bucket_ ? end - per_bucket_ : 0;
       ranges_.emplace_back(begin, end - begin);
       BufferView v = target.slice(begin, end - begin);
-      launcher->plans.push_back(comm.plan_allreduce(v, v, ReduceOp::avg, algo));
+      // The buckets run in a fixed order every step: the first checks the call fingerprints
+      // for the step (every rank at the same collective, same sizes), the others skip that
+      // latency round.
+      launcher->plans.push_back(comm.plan_allreduce(v, v, ReduceOp::avg, algo, i == 0));
       ready_events_.emplace_back(exec);
       if (staged_) {
         copied_events_.emplace_back(exec);

@@ -141,7 +141,8 @@ class PlanImpl final : public Job {
       return;
     }
     try {
-      if (comm_->config.check_fingerprints || s.kind == CollectiveKind::barrier) check();
+      if ((comm_->config.check_fingerprints && s.check) || s.kind == CollectiveKind::barrier)
+        check();
       if (!algo_) return;
       if (wide_in_) host::widen(s.dtype, s.in, wide_in_, s.count);
       algo_->run();

@@ -46,6 +46,9 @@ struct PlanSpec {
   void* out = nullptr;
   int root = 0;
   Space space = Space::host;  // of the caller's buffers (device only where the transport can)
+  // Exchange call fingerprints before each execution (when the communicator checks at all);
+  // off for the later plans of a group that always runs together in a fixed order.
+  bool check = true;
 };
 
 /// Elements [begin, end) of block `i` when `count` elements are split into `parts` blocks whose
