@@ -13,6 +13,7 @@
 #
 #   benchmarks/auto_check.sh build /tmp/auto_check
 #   REPS=2 ROUNDS=3 benchmarks/auto_check.sh build-calib /tmp/ac   # a short validation
+#   LAUNCHES="p2 2x2" benchmarks/auto_check.sh build /tmp/ac        # some launches only
 #
 # About 6-9 minutes at the defaults on an idle 2-core machine (4 ranks busy-poll on 2 cores).
 set -euo pipefail
@@ -25,6 +26,7 @@ BUILD=$1
 OUT=$2
 REPS=${REPS:-5}
 ROUNDS=${ROUNDS:-7}
+LAUNCHES=${LAUNCHES:-p2 p4 2x2}
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}
 BENCH=$BUILD/benchmarks/allreduce_bench
 [[ -x $BENCH ]] || { echo "auto_check.sh: $BENCH not built" >&2; exit 2; }
@@ -42,6 +44,7 @@ start=$(date -u +%H:%M)
 load0=$(cut -d' ' -f1 /proc/loadavg)
 for cfg in "${CONFIGS[@]}"; do
   read -r name np rpn max iters algos <<<"$cfg"
+  [[ " $LAUNCHES " == *" $name "* ]] || continue
   for ((i = 1; i <= REPS; ++i)); do
     env_rpn=()
     [[ $rpn != 0 ]] && env_rpn=(env DTRAIN_RANKS_PER_NODE="$rpn")
@@ -57,11 +60,12 @@ done
 end=$(date -u +%H:%M)
 load1=$(cut -d' ' -f1 /proc/loadavg)
 
-python3 - "$OUT" "$REPS" "$ROUNDS" "$start" "$end" "$load0" "$load1" <<'EOF'
+python3 - "$OUT" "$REPS" "$ROUNDS" "$start" "$end" "$load0" "$load1" "$LAUNCHES" <<'EOF'
 import json, re, sys
-out, reps, rounds, start, end, load0, load1 = sys.argv[1:8]
+out, reps, rounds, start, end, load0, load1, launches = sys.argv[1:9]
 reps = int(reps)
-configs = [("p2", "2 ranks"), ("p4", "4 ranks"), ("2x2", "2x2 fake nodes")]
+configs = [(k, v) for k, v in (("p2", "2 ranks"), ("p4", "4 ranks"), ("2x2", "2x2 fake nodes"))
+           if k in launches.split()]
 def kib(b):
     return f"{b >> 20}M" if b >= 1 << 20 else f"{b >> 10}K"
 print(f"Runs {start}-{end} UTC, load average {load0} at the start, {load1} at the end; "
