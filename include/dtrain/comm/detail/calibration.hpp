@@ -538,7 +538,16 @@ class Calibrator {
   void validate(Calibration& c) {
     const std::size_t max_bytes =
         std::min(kProbeBytes[std::size(kProbeBytes) - 1], calibration_probe_limit());
-    std::vector<float> in(max_bytes / sizeof(float), 1.0f), out(in.size(), 0.0f);
+    // Input and output at the same offset within a page, as two buffers from one allocator (or
+    // one buffer in place) usually are: shm places its chunks by the output's offset
+    // (algo/shm.hpp), so a probe on buffers a few bytes apart modulo a page would time shm's copy
+    // into its slots at a destination offset a few bytes above its source, which the usual case
+    // does not see.
+    const std::size_t probe_count = max_bytes / sizeof(float);
+    constexpr std::size_t kPageFloats = 4096 / sizeof(float);
+    std::vector<float> probe_mem(2 * probe_count + kPageFloats, 1.0f);
+    float* const probe_in = probe_mem.data();
+    float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
     std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes
     double spent = 0;                     // the previous probe's wall time, agreed (slowest rank)
     std::size_t spent_bytes = 0;
@@ -567,8 +576,8 @@ class Calibrator {
         PlanSpec s = spec(CollectiveKind::allreduce);
         s.dtype = DType::f32;
         s.count = bytes / sizeof(float);
-        s.in = in.data();
-        s.out = out.data();
+        s.in = probe_in;
+        s.out = probe_out;
         s.algo = a;
         plans.push_back(std::make_unique<Plan>(st_, s));
         execute_in_order(st_, *plans.back());  // warm-up
