@@ -8,11 +8,11 @@
 //    ping-pong and a 4 MiB exchange between the first ranks of nodes 2k and 2k+1 for
 //    inter_alpha and inter_beta; a one-element rd all-reduce for the fixed cost of a call; on a
 //    node's first rank, in the first three rounds, a 4 MiB copy in the last-level cache and one
-//    of twice the cache from memory, whose ratio is the factor by which per-byte costs grow once
-//    a node's working set leaves the cache) are measured once per round,
-//    one after the other, for kRounds rounds; each quantity takes the median over the rounds
-//    (a latency sample is the minimum of a short burst), so a burst of load from another process
-//    spoils at most a round or two of each quantity, not the result.
+//    of the cache's size from memory (source and destination twice the cache), whose ratio is the
+//    factor by which per-byte costs grow once a node's working set leaves the cache) are measured
+//    once per round, one after the other, for kRounds rounds; each quantity takes the median over
+//    the rounds (a latency sample is the minimum of a short burst), so a burst of load from another
+//    process spoils at most a round or two of each quantity, not the result.
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
 // 3. Validation. The model's table is checked at probe sizes 4 KiB to 4 MiB, a factor 4 apart:
@@ -91,7 +91,7 @@ enum class CalibrationQuantity {
   inter_beta,   // one 4 MiB exchange between them
   call,         // one one-element rd all-reduce (minimum of a burst): the fixed cost of a call
   copy_cache,   // one local 4 MiB copy that stays in the last-level cache (a node's first rank)
-  copy_memory,  // one local copy twice the last-level cache (a node's first rank), per byte
+  copy_memory,  // one local copy of one last-level cache's size (a node's first rank), per byte
   probe         // one validation run of `algo` at `bytes`
 };
 
@@ -398,12 +398,15 @@ class Calibrator {
       s.out = one;
       call_plan = std::make_unique<Plan>(st_, s);
     }
-    // Cache against memory: a node's first rank copies 4 MiB (in the last-level cache) and twice
-    // the last-level cache (from memory), in the first rounds. Skipped when the cache size is
-    // unknown or the probes are limited below 4 MiB (tests).
+    // Cache against memory: a node's first rank copies 4 MiB (in the last-level cache) and one
+    // last-level cache's worth (from memory: source and destination together are twice the
+    // cache), in the first rounds. Skipped when the cache size is unknown or the probes are
+    // limited below 4 MiB (tests). The two buffers are the calibration's largest allocation, made
+    // while the model and optimizer state already exist: each is one cache's size, at most
+    // 128 MiB, so a rank's peak memory grows by twice that at most.
     const std::size_t llc = last_level_cache_bytes();
     const bool copier = nodes.local_rank(r_) == 0 && llc > 0 && calibration_probe_limit() >= big;
-    const std::size_t mem_bytes = copier ? std::min<std::size_t>(2 * llc, 256u << 20) : 0;
+    const std::size_t mem_bytes = copier ? std::min<std::size_t>(llc, 128u << 20) : 0;
     std::vector<unsigned char> mem_src(mem_bytes, 1), mem_dst(mem_bytes, 0);
     constexpr int kCopyRounds = 3;
 
