@@ -22,25 +22,14 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/transports/mpi.hpp>
 
+#include "stopped_peer_util.hpp"
+
 using namespace dtrain;
+using namespace dtrain::test;
 
 namespace {
 
 void sleep_s(double s) { std::this_thread::sleep_for(std::chrono::duration<double>(s)); }
-
-int world_size() {
-  int p = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  return p;
-}
-
-std::vector<int> world_pids() {
-  int p = world_size();
-  std::vector<int> pids(static_cast<std::size_t>(p));
-  int mine = static_cast<int>(getpid());
-  MPI_Allgather(&mine, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  return pids;
-}
 
 CommConfig cfg(double timeout_s) {
   CommConfig c;
@@ -57,22 +46,6 @@ void resume_rank2_after_both(int rank, int pid2) {
     MPI_Recv(&token, 1, MPI_INT, 1, 77, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
     kill(pid2, SIGCONT);
   }
-}
-
-// Runs a ring all-reduce of `x` and returns the message of the dtrain error it raised ("" if
-// none).
-template <class Comm>
-std::string ring_allreduce_error(Comm& comm, std::vector<float>& x) {
-  try {
-    comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
 }
 
 }  // namespace

@@ -30,7 +30,10 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/transports/mpi_rma.hpp>
 
+#include "stopped_peer_util.hpp"
+
 using namespace dtrain;
+using namespace dtrain::test;
 
 namespace {
 
@@ -38,43 +41,11 @@ constexpr double kDeadlineSeconds = 2;
 constexpr double kMarginSeconds = 4;   // on top of the deadline, for a loaded machine
 constexpr double kRescueSeconds = 15;  // a rank blocked in MPI gets its peer back after this
 
-int world_rank() {
-  int r = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-int world_size() {
-  int p = 0;
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  return p;
-}
-
-std::vector<int> world_pids() {
-  std::vector<int> pids(static_cast<std::size_t>(world_size()));
-  int mine = static_cast<int>(getpid());
-  MPI_Allgather(&mine, 1, MPI_INT, pids.data(), 1, MPI_INT, MPI_COMM_WORLD);
-  return pids;
-}
-
 CommConfig cfg() {
   CommConfig c;
   c.timeout_s = kDeadlineSeconds;
   c.segment_bytes = 4096;
   return c;
-}
-
-bool contains(const std::string& s, const std::string& part) {
-  return s.find(part) != std::string::npos;
-}
-
-template <class Comm>
-std::string ring_allreduce_error(Comm& comm, std::vector<float>& x) {
-  try {
-    comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 // Resumes `pid` (if > 0) after kRescueSeconds unless cancelled first: a rank that blocks in MPI
