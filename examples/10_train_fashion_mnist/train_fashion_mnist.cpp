@@ -852,6 +852,6 @@ int main(int argc, char** argv) {
   }
   // No catch-all: any other error finds no handler, so std::terminate runs without unwinding and
   // the handler installed above prints it and aborts the job.
-  MPI_Finalize();
+  dtrain::finalize_mpi();  // skipped if this rank failed: MPI_Finalize would wait for peers
   return code;
 }

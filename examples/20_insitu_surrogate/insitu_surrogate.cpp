@@ -913,6 +913,6 @@ int main(int argc, char** argv) {
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
-  MPI_Finalize();
+  dtrain::finalize_mpi();  // skipped if this rank failed: MPI_Finalize would wait for peers
   return code;
 }

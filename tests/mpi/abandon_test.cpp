@@ -60,7 +60,12 @@ TEST_CASE("a stopped peer on this node is named as stopped") {
     MPI_Barrier(MPI_COMM_WORLD);
     if (t.rank() == 2) {
       raise(SIGSTOP);  // until rank 0 sends SIGCONT after its timeout
-      CHECK_FALSE(ring_allreduce_error(comm, x).empty());  // the others are gone: times out
+      // The others are gone: it times out, and says that it was the late one.
+      const std::string msg = ring_allreduce_error(comm, x);
+      CAPTURE(msg);
+      CHECK(contains(msg, "timed out after 2 s"));
+      CHECK(contains(msg, "this rank itself did not run for "));
+      CHECK(contains(msg, "probably arrived after its peers had given up waiting for it"));
     } else {
       const std::string msg = ring_allreduce_error(comm, x);
       CAPTURE(msg);

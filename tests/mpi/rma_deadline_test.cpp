@@ -21,6 +21,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -195,6 +196,44 @@ TEST_CASE("mpi-rma: a late peer waking up after the others gave up crashes nobod
     CHECK(intact);
   } else {
     MPI_Barrier(MPI_COMM_WORLD);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+TEST_CASE("mpi-rma: a rank reaching the close after the others gave up on it does not hang") {
+  // The others' closing barrier times out (1 s) while the last rank is stopped; resumed, that
+  // rank finds the barrier complete (every rank posted it) and must not then free the window,
+  // which would wait forever for ranks that never call MPI_Win_free.
+  if (world_size() < 2 || world_size() > 3) return;
+  const std::vector<int> pids = world_pids();
+  const int rank = world_rank(), late = world_size() - 1;
+  constexpr double kCloseSeconds = 1;
+  double took = 0;
+  auto t = std::make_unique<MpiRmaTransport>(MPI_COMM_WORLD, kCloseSeconds);
+  {
+    Communicator comm(*t, cfg());
+    std::vector<float> x(1000, 1.0f);
+    CHECK(ring_allreduce_error(comm, x).empty());
+    CHECK(x[0] == static_cast<float>(world_size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == late) raise(SIGSTOP);  // until rank 0 sends SIGCONT after the others closed
+  {
+    Rescuer rescue(rank == 0 ? pids[static_cast<std::size_t>(late)] : 0);
+    const double t0 = now_seconds();
+    t.reset();  // the orderly close
+    took = now_seconds() - t0;
+  }
+  CAPTURE(took);
+  CHECK(took < kCloseSeconds + kMarginSeconds);
+  if (rank != late) {
+    int token = 0;
+    if (rank != 0) MPI_Send(&token, 1, MPI_INT, 0, 78, MPI_COMM_WORLD);
+    if (rank == 0) {
+      for (int q = 1; q < late; ++q)
+        MPI_Recv(&token, 1, MPI_INT, q, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+      kill(pids[static_cast<std::size_t>(late)], SIGCONT);
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -213,3 +213,55 @@ TEST_CASE("a timeout message puts the root cause first") {
   CHECK(m.rfind("this rank itself did not run for 1.", 0) == 0);
   CHECK(has(m, "so rank 1 is not known to be at fault; wait for rank 1 timed out"));
 }
+
+TEST_CASE("a rank that did not run just before its wait says it arrived late") {
+  using detail::PeerState;
+  using detail::PeerStatus;
+  FakeNode node;
+  node.me = 1;
+  node.status = {PeerStatus{PeerState::running, 100, 'S'}, PeerStatus{}};
+  const std::string blame =
+      "wait for rank 0 timed out after 2 s: rank 0 (pid 100 on this node) is alive";
+  // A stop of 5 s that ended 0.5 s before the wait: the peers' 2 s budget ran out meanwhile.
+  detail::RunGapWatch::record(5.0, now_seconds() - 0.5);
+  std::string m = detail::timeout_detail(node, 0, Deadline::polled(2));
+  CAPTURE(m);
+  CHECK(m.rfind("this rank itself did not run for 5.0 s, until 0.5 s before this wait began", 0) ==
+        0);
+  CHECK(has(m,
+            "probably arrived after its peers had given up waiting for it and rank 0 is not "
+            "known to be at fault; " +
+                blame));
+  // A gap too short to exhaust a peer's budget, or one long past, says nothing.
+  detail::RunGapWatch::record(1.5, now_seconds() - 0.1);
+  m = detail::timeout_detail(node, 0, Deadline::polled(4));
+  CHECK(m.rfind("wait for rank 0 timed out after 4 s", 0) == 0);
+  detail::RunGapWatch::record(5.0, now_seconds() - 30);
+  m = detail::timeout_detail(node, 0, Deadline::polled(2));
+  CHECK(m.rfind(blame, 0) == 0);
+  detail::RunGapWatch::record(0, 0);  // as if no gap was ever recorded
+}
+
+TEST_CASE("the run-gap watch records a stop of its process") {
+  // A child process starts its own watch (it does not inherit the parent's thread), is stopped
+  // for 2 s, and reports through its exit code whether its watch saw the gap.
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    detail::RunGapWatch::record(0, 0);  // forget what the parent's watch may have seen
+    detail::RunGapWatch::start();
+    const double t0 = now_seconds();
+    while (detail::RunGapWatch::last().seconds <= 0 && now_seconds() - t0 < 20) sleep_s(0.05);
+    const detail::RunGapWatch::Gap g = detail::RunGapWatch::last();
+    _exit(g.seconds > 1.2 && g.seconds < 10 && g.ended > t0 ? 0 : 1);
+  }
+  sleep_s(0.6);  // the child's watch has ticked by now
+  kill(child, SIGSTOP);
+  int wst = 0;
+  waitpid(child, &wst, WUNTRACED);
+  sleep_s(2.0);
+  kill(child, SIGCONT);
+  REQUIRE(waitpid(child, &wst, 0) == child);
+  CHECK(WIFEXITED(wst));
+  CHECK(WEXITSTATUS(wst) == 0);
+}

@@ -20,6 +20,7 @@
 #include <dtrain/comm/detail/tuning.hpp>
 #include <dtrain/comm/detail/collective_plan.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
+#include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
@@ -69,6 +70,7 @@ class Communicator {
       : state_(std::make_unique<detail::CommState<Transport>>(transport, config)),
         topology_(node_map_of(transport).shape()) {
     DTRAIN_REQUIRE(config.timeout_s > 0, "Communicator", "timeout " << config.timeout_s << " s");
+    detail::RunGapWatch::start();  // once per process: lets a late rank's timeout say so
     if (config.cost_model.valid()) adopt_model(config.cost_model);
   }
   Communicator(Communicator&&) noexcept = default;

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -56,6 +57,7 @@ struct FailureState {
   std::atomic<AbortHook> hook{nullptr};
   std::atomic<bool> failing{false};
   std::atomic<bool> reported{false};
+  std::atomic<std::size_t> unfinished{0};
 };
 
 inline FailureState& failure_state() {
@@ -102,6 +104,19 @@ inline AbortHook set_abort_hook(AbortHook hook) noexcept {
 /// Local, thread-safe. True once this process has started to fail (job_failed was called): from
 /// then on no destructor runs a collective.
 inline bool job_failing() noexcept { return detail::failure_state().failing.load(); }
+
+/// Local, thread-safe. Records that `n` communication operations were given up while still in
+/// progress (a transfer MPI could not cancel, a write left to a detached thread inside MPI): the
+/// peer they wait for may never answer, so ending MPI (MPI_Finalize, which waits for every
+/// rank) must not be attempted in this process (see MpiSession).
+inline void note_unfinished_operations(std::size_t n) noexcept {
+  detail::failure_state().unfinished.fetch_add(n);
+}
+
+/// Local, thread-safe. How many operations note_unfinished_operations recorded in this process.
+inline std::size_t unfinished_operations() noexcept {
+  return detail::failure_state().unfinished.load();
+}
 
 /// Local, thread-safe, never returns. Prints `message` on its own line (the first caller only;
 /// later, secondary errors of the same process are not printed), marks the job failing and calls

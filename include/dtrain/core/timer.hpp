@@ -51,7 +51,7 @@ class Deadline {
   /// `seconds` from now; a negative value means never. No gap tracking, no abandon flag (for
   /// waits that may block for the whole remaining time in one call).
   explicit Deadline(double seconds) noexcept
-      : end_(seconds < 0 ? -1.0 : now_seconds() + seconds), budget_(seconds) {}
+      : start_(now_seconds()), end_(seconds < 0 ? -1.0 : start_ + seconds), budget_(seconds) {}
   /// A deadline for a polling wait: `seconds` from now (negative: never), tracking descheduling
   /// gaps and ending early once `*abandon` (if not null; it must outlive the deadline) is set.
   static Deadline polled(double seconds, const std::atomic<bool>* abandon = nullptr) noexcept {
@@ -75,6 +75,8 @@ class Deadline {
   }
   /// The budget this deadline was created with, for messages ("timed out after 300 s").
   double budget() const noexcept { return budget_; }
+  /// When this deadline was created (now_seconds()).
+  double started() const noexcept { return start_; }
   /// True when the abandon flag this deadline watches is set.
   bool abandoned() const noexcept { return abandon_ && abandon_->load(std::memory_order_acquire); }
   /// Seconds this thread lost between two checks of a polled deadline (each gap longer than
@@ -102,6 +104,7 @@ class Deadline {
     return t;
   }
 
+  double start_;
   mutable double end_;
   double budget_;
   const std::atomic<bool>* abandon_ = nullptr;

@@ -41,6 +41,32 @@ inline std::string mpi_error_string(int code) {
 
 namespace dtrain {
 
+/// Local, never throws. Calls MPI_Finalize, except in a process that is failing (job_failing():
+/// an error ended its training) or that gave up communication operations still in progress
+/// (unfinished_operations()). MPI_Finalize waits for every rank (with MPICH it blocks for as long
+/// as one peer is stopped), so on the error path it is a collective that can wait forever; the
+/// process then returns without it, and the process manager ends the rest of the job, reporting
+/// this process's exit code. Returns whether MPI was finalised (also true if it already was).
+/// Applications that finalise MPI themselves after a dtrain error should call this instead.
+inline bool finalize_mpi() noexcept {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return true;
+  if (job_failing()) return false;  // the error that ended training is already reported
+  if (const std::size_t n = unfinished_operations()) {
+    try {
+      detail::write_error_line(detail::concat(
+          detail::rank_prefix(detail::thread_rank()), "finalize_mpi: not finalising MPI: ", n,
+          " communication operation(s) were given up unfinished after an error, and "
+          "MPI_Finalize would wait for the peer they wait for"));
+    } catch (...) {  // out of memory for the message: skip it, never throw from here
+    }
+    return false;
+  }
+  MPI_Finalize();
+  return true;
+}
+
 /// Initialises MPI for programs that are not MPI applications yet (asks for
 /// MPI_THREAD_MULTIPLE by default so the communicator's progress thread can run) and finalises it
 /// on destruction if it did the initialisation. Create once, in main, before any transport.
@@ -56,10 +82,9 @@ class MpiSession {
       MPI_Query_thread(&provided_);
     }
   }
+  /// Finalises MPI (finalize_mpi) if this session initialised it.
   ~MpiSession() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (owner_ && !finalized) MPI_Finalize();
+    if (owner_) finalize_mpi();
   }
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;

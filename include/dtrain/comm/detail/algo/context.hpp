@@ -29,6 +29,7 @@
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/failure.hpp>
 #include <dtrain/core/timer.hpp>
 #include <dtrain/kernels/host/reduce.hpp>
 
@@ -262,7 +263,10 @@ class PlanContext {
     const std::size_t before = abandoned_transfers(t);
     for (std::size_t i = 0; i < channels_.size(); ++i) t.cancel(requests_[i]);
     const std::size_t stuck = abandoned_transfers(t) - before;
-    if (stuck) quarantine();
+    if (stuck) {
+      quarantine();
+      note_unfinished_operations(stuck);
+    }
     return stuck;
   }
   std::size_t channel_count() const noexcept {
