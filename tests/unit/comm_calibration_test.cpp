@@ -206,6 +206,9 @@ TEST_CASE("calibration: every rank ends with the same model and table (real timi
       Communicator comm(t, config());
       const auto r = static_cast<std::size_t>(t.rank());
       models[r] = comm.cost_model();
+      // The model counts the chunks the shm algorithm really moves (a slot less its offset page).
+      if (const auto* seg = shared_segments_of(t))
+        CHECK(models[r].shm_chunk == static_cast<double>(detail::shm_chunk_bytes(seg->slot_bytes)));
       tables[r] = comm.allreduce_decisions();
       chosen[r] = comm.select_allreduce(300000, DType::f32);
       // The table is what automatic runs.

@@ -525,10 +525,10 @@ class Calibrator {
       // A one-chunk shm all-reduce costs three counter hand-offs after the fixed cost.
       cm.shm_alpha = std::max(std::max(tiny_t - cm.call, 0.25 * tiny_t) / 3, 1e-9);
       // Per byte: the big run without the fixed cost and its chunks' counter hand-offs.
-      const double chunks = std::ceil(double(big) / double(seg->slot_bytes));
+      cm.shm_chunk = static_cast<double>(shm_chunk_bytes(seg->slot_bytes));
+      const double chunks = std::ceil(double(big) / cm.shm_chunk);
       cm.shm_beta = std::max(
           std::max(big_t - cm.call - 3 * chunks * cm.shm_alpha, 0.5 * big_t) / double(big), 1e-13);
-      cm.shm_chunk = static_cast<double>(seg->slot_bytes);
     }
     if (m[8] > 0 && m[9] > 0 && m[11] > 0) {
       cm.cache_bytes = m[11];

@@ -41,6 +41,16 @@
 
 namespace dtrain::detail {
 
+/// Local. Bytes of the user's vector one shm chunk carries through a slot of `slot_bytes`: a
+/// page and a line less than the slot where chunks are placed by offset (see the top), the whole
+/// slot otherwise. The cost model's shm_chunk (calibration.hpp) is this, so its count of counter
+/// hand-offs per message is the algorithm's.
+constexpr std::size_t shm_chunk_bytes(std::size_t slot_bytes) noexcept {
+  constexpr std::size_t page = 4096, line = 64, align_min_slot = 64 * 1024;
+  return slot_bytes >= align_min_slot && slot_bytes % line == 0 ? slot_bytes - page - line
+                                                                : slot_bytes;
+}
+
 template <class Transport>
 class ShmAlgorithm : public Algorithm {
   using uchar = unsigned char;
@@ -54,8 +64,8 @@ class ShmAlgorithm : public Algorithm {
     DTRAIN_REQUIRE(seg_ != nullptr, "allreduce",
                    "algorithm shm needs a transport with node-shared segments (all ranks on one "
                    "node, DTRAIN_SHM not 0)");
-    aligned_ = seg_->slot_bytes >= kAlignMinSlot && seg_->slot_bytes % kLine == 0;
-    chunk_bytes_ = aligned_ ? seg_->slot_bytes - kPage - kLine : seg_->slot_bytes;
+    chunk_bytes_ = shm_chunk_bytes(seg_->slot_bytes);
+    aligned_ = chunk_bytes_ != seg_->slot_bytes;
     peer_offset_.assign(static_cast<std::size_t>(ctx.size()), 0);
     const unsigned cores = std::thread::hardware_concurrency();
     if (cores == 0 || static_cast<unsigned>(ctx.size()) <= cores)
@@ -130,8 +140,11 @@ class ShmAlgorithm : public Algorithm {
   // Spin budget per byte of a slot: a partner copying a chunk at 1 GB/s or better answers in time.
   static constexpr double kSpinPerByte = 1e-9;
   static constexpr std::size_t kPage = 4096, kLine = 64;
-  // Smallest slot whose chunks are placed by offset: the page it gives up is at most 6%.
+  // Smallest slot whose chunks are placed by offset (the page it gives up is at most 6%).
   static constexpr std::size_t kAlignMinSlot = 64 * 1024;
+  static_assert(shm_chunk_bytes(kAlignMinSlot) == kAlignMinSlot - kPage - kLine &&
+                    shm_chunk_bytes(kAlignMinSlot - kLine) == kAlignMinSlot - kLine,
+                "shm_chunk_bytes and the slot layout agree");
 
   PlanContext<Transport>& ctx_;
   const uchar* in_;
