@@ -3,13 +3,18 @@
 // configuration is passed explicitly.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <string>
 
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/core/env.hpp>
 #include <dtrain/core/log.hpp>
+#include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/transports/loopback.hpp>
+#include <dtrain/transports/one_sided/ibverbs_config.hpp>
 
 using namespace dtrain;
 
@@ -129,4 +134,59 @@ TEST_CASE("an explicit configuration reads no environment; the one-argument form
   Communicator<LoopbackTransport> explicit_config(t, c);
   CHECK(explicit_config.config().check_fingerprints);
   CHECK(has(invalid([&] { Communicator<LoopbackTransport> from_env(t); }), "DTRAIN_COMM_CHECK"));
+}
+
+TEST_CASE("DTRAIN_EXEC_TIMEOUT_S: read strictly, once per process") {
+  // Each case runs in a child process: the value is kept for the rest of a process once read.
+  auto in_child = [](const char* value, int (*check)()) {
+    const pid_t child = fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      if (value)
+        ::setenv("DTRAIN_EXEC_TIMEOUT_S", value, 1);
+      else
+        ::unsetenv("DTRAIN_EXEC_TIMEOUT_S");
+      _exit(check());
+    }
+    int st = 0;
+    REQUIRE(waitpid(child, &st, 0) == child);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+  };
+  CHECK(in_child(nullptr, [] { return exec_timeout_s() == 300.0 ? 0 : 1; }) == 0);
+  CHECK(in_child("12.5", [] { return exec_timeout_s() == 12.5 ? 0 : 1; }) == 0);
+  CHECK(in_child("", [] { return exec_timeout_s() == 300.0 ? 0 : 1; }) == 0);  // empty: unset
+  for (const char* bad : {"abc", "10s", "0", "-5", "nan"}) {
+    CAPTURE(std::string(bad));
+    CHECK(in_child(bad, [] {
+            const std::string m = invalid([] { exec_timeout_s(); });
+            return has(m, "DTRAIN_EXEC_TIMEOUT_S") ? 0 : 1;
+          }) == 0);
+  }
+}
+
+TEST_CASE("the verbs device choice: read strictly from DTRAIN_IB_*, in one place") {
+  {
+    const IbverbsDeviceConfig d = IbverbsDeviceConfig::from_env();
+    CHECK(d.device.empty());
+    CHECK(d.port == 0);
+    CHECK(d.gid_index == -1);
+  }
+  {
+    ScopedEnv dev("DTRAIN_IB_DEVICE", "mlx5_1"), port("DTRAIN_IB_PORT", "2"),
+        gid("DTRAIN_IB_GID_INDEX", "3");
+    const IbverbsDeviceConfig d = IbverbsDeviceConfig::from_env();
+    CHECK(d.device == "mlx5_1");
+    CHECK(d.port == 2);
+    CHECK(d.gid_index == 3);
+  }
+  for (const char* bad : {"0", "256", "1x", "one", "-1"}) {
+    CAPTURE(std::string(bad));
+    ScopedEnv port("DTRAIN_IB_PORT", bad);
+    CHECK(has(invalid([] { IbverbsDeviceConfig::from_env(); }), "DTRAIN_IB_PORT"));
+  }
+  for (const char* bad : {"-1", "65536", "3.5"}) {
+    CAPTURE(std::string(bad));
+    ScopedEnv gid("DTRAIN_IB_GID_INDEX", bad);
+    CHECK(has(invalid([] { IbverbsDeviceConfig::from_env(); }), "DTRAIN_IB_GID_INDEX"));
+  }
 }

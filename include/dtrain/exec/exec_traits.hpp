@@ -88,6 +88,7 @@
 #include <utility>
 
 #include <dtrain/core/allocator.hpp>
+#include <dtrain/core/env.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/reduce_op.hpp>
 #include <dtrain/core/space.hpp>
@@ -336,13 +337,11 @@ void exec_synchronize(E& exec, typename E::stream_type stream, double seconds,
                                        std::to_string(deadline.budget()) + " s");
 }
 
-/// Default bound of the host waits of generic code (seconds); DTRAIN_EXEC_TIMEOUT_S overrides.
-inline double exec_timeout_s() noexcept {
-  static const double value = [] {
-    const char* env = std::getenv("DTRAIN_EXEC_TIMEOUT_S");
-    const double v = env ? std::atof(env) : 0.0;
-    return v > 0 ? v : 300.0;
-  }();
+/// Default bound of the host waits of generic code (seconds): 300, or DTRAIN_EXEC_TIMEOUT_S,
+/// read strictly once per process (a value that is not a number of seconds in [0.001, 1e9] is
+/// an InvalidArgument naming the variable, raised by every call). Local, thread-safe.
+inline double exec_timeout_s() {
+  static const double value = env::get_double("DTRAIN_EXEC_TIMEOUT_S", 300.0, 1e-3, 1e9);
   return value;
 }
 

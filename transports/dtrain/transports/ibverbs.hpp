@@ -16,16 +16,22 @@
 
 namespace dtrain {
 
-/// `IbverbsTransport t(comm)` or `IbverbsTransport t(OneSidedConfig{...}, comm)`: collective
-/// over `comm` (duplicated), which carries only the start-up exchange of queue-pair numbers,
+/// `IbverbsTransport t(comm)`, `IbverbsTransport t(OneSidedConfig{...}, comm)` or
+/// `IbverbsTransport t(OneSidedConfig{...}, comm, IbverbsDeviceConfig{...})`: collective over
+/// `comm` (duplicated), which carries only the start-up exchange of queue-pair numbers,
 /// LIDs/GIDs, PSNs, addresses and keys, and of the processes of the ranks on this node. Throws
 /// TransportError when no RDMA device or active port is found. Satisfies is_transport_v; used
 /// by one thread at a time.
 class IbverbsTransport : public OneSidedTransport<detail::IbverbsBackend> {
  public:
+  /// The device choice of the environment (IbverbsDeviceConfig::from_env, read here).
   explicit IbverbsTransport(MPI_Comm comm) : IbverbsTransport(OneSidedConfig{}, comm) {}
+  /// The device choice of the environment (IbverbsDeviceConfig::from_env, read here).
   IbverbsTransport(const OneSidedConfig& cfg, MPI_Comm comm)
-      : OneSidedTransport<detail::IbverbsBackend>(cfg, comm),
+      : IbverbsTransport(cfg, comm, IbverbsDeviceConfig::from_env()) {}
+  /// Exactly `device` (reads no environment).
+  IbverbsTransport(const OneSidedConfig& cfg, MPI_Comm comm, const IbverbsDeviceConfig& device)
+      : OneSidedTransport<detail::IbverbsBackend>(cfg, comm, device),
         peers_(detail::mpi_node_processes(comm, "IbverbsTransport")) {}
 
   /// Local, never throws: what Linux reports about `peer`'s process when it runs on this node;

@@ -5,8 +5,8 @@
 // zero-length receives; credit returns are 8-byte inline RDMA writes.
 //
 // Device, port and GID: the first device with an active port, its first active port, and on
-// Ethernet (RoCE) the first RoCE v2 GID of that port; DTRAIN_IB_DEVICE (name),
-// DTRAIN_IB_PORT (1-based) and DTRAIN_IB_GID_INDEX override them (strictly parsed).
+// Ethernet (RoCE) the first RoCE v2 GID of that port, unless IbverbsDeviceConfig says otherwise
+// (ibverbs_config.hpp; IbverbsTransport reads it from DTRAIN_IB_DEVICE / _PORT / _GID_INDEX).
 #pragma once
 
 #include <arpa/inet.h>
@@ -30,6 +30,7 @@
 #include <dtrain/core/timer.hpp>
 #include <dtrain/transports/mpi.hpp>
 #include <dtrain/transports/one_sided/backend.hpp>
+#include <dtrain/transports/one_sided/ibverbs_config.hpp>
 
 /// Throws dtrain::TransportError naming the operation, the verbs call and errno's message.
 #define DTRAIN_CHECK_VERBS(cond, operation)                                                    \
@@ -42,21 +43,6 @@
   } while (0)
 
 namespace dtrain::detail {
-
-/// Parses an environment variable holding an integer in [lo, hi]; anything else (trailing
-/// characters, empty, out of range) is an InvalidArgument naming the variable. Returns false
-/// when the variable is unset.
-inline bool ib_env_int(const char* var, long lo, long hi, long& out) {
-  const char* s = std::getenv(var);
-  if (!s) return false;
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(s, &end, 10);
-  DTRAIN_REQUIRE(*s && end && *end == '\0' && errno == 0 && v >= lo && v <= hi, "ibverbs setup",
-                 var << "='" << s << "' is not an integer in " << lo << ".." << hi);
-  out = v;
-  return true;
-}
 
 /// True when this machine has at least one RDMA device (what the ib tests check first).
 inline bool ib_device_present() {
@@ -78,7 +64,8 @@ class IbverbsBackend {
  public:
   static constexpr const char* name = "ibverbs";
 
-  explicit IbverbsBackend(MPI_Comm comm) {
+  /// Collective over `comm`; opens the device, port and GID `dev` names (reads no environment).
+  IbverbsBackend(MPI_Comm comm, const IbverbsDeviceConfig& dev) : dev_(dev) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized)
@@ -431,10 +418,9 @@ class IbverbsBackend {
       raise<TransportError>("IbverbsTransport",
                             "no RDMA device found (ibv_get_device_list returned none)");
     }
-    const char* want = std::getenv("DTRAIN_IB_DEVICE");
-    long want_port = 0, want_gid = -1;
-    const bool have_port = ib_env_int("DTRAIN_IB_PORT", 1, 255, want_port);
-    const bool have_gid = ib_env_int("DTRAIN_IB_GID_INDEX", 0, 65535, want_gid);
+    const char* want = dev_.device.empty() ? nullptr : dev_.device.c_str();
+    const long want_port = dev_.port, want_gid = dev_.gid_index;
+    const bool have_port = want_port > 0, have_gid = want_gid >= 0;
     std::string seen;
     for (int i = 0; i < n && !ctx_; ++i) {
       const char* dev = ibv_get_device_name(list[i]);
@@ -469,7 +455,7 @@ class IbverbsBackend {
           "IbverbsTransport",
           concat("no active port", want ? concat(" on device ", want) : std::string(),
                  have_port ? concat(" numbered ", want_port) : std::string(), " (devices: ", seen,
-                 "; DTRAIN_IB_DEVICE / DTRAIN_IB_PORT choose another)"));
+                 "; IbverbsDeviceConfig or DTRAIN_IB_DEVICE / DTRAIN_IB_PORT choose another)"));
     if (have_gid) {
       gid_index_ = static_cast<int>(want_gid);
     } else if (ethernet_) {
@@ -480,10 +466,11 @@ class IbverbsBackend {
           gid_index_ = g;
       }
       if (gid_index_ < 0)
-        raise<TransportError>(
-            "IbverbsTransport",
-            concat(device_, " port ", int(port_),
-                   " is Ethernet but has no RoCE v2 GID (set DTRAIN_IB_GID_INDEX)"));
+        raise<TransportError>("IbverbsTransport",
+                              concat(device_, " port ", int(port_),
+                                     " is Ethernet but has no RoCE v2 GID (choose one: "
+                                     "IbverbsDeviceConfig::gid_index or "
+                                     "DTRAIN_IB_GID_INDEX)"));
     }
     if (gid_index_ >= 0)
       DTRAIN_CHECK_VERBS(ibv_query_gid(ctx_, port_, gid_index_, &gid_) == 0,
@@ -513,6 +500,7 @@ class IbverbsBackend {
     comm_ = MPI_COMM_NULL;
   }
 
+  IbverbsDeviceConfig dev_;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   ibv_context* ctx_ = nullptr;
