@@ -8,6 +8,7 @@
 #include <climits>
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dtrain/comm/detail/backoff.hpp>
@@ -66,6 +67,48 @@ inline bool finalize_mpi() noexcept {
   MPI_Finalize();
   return true;
 }
+
+namespace detail {
+
+/// What the ranks of a communicator know of each other's placement: the node label of every rank
+/// (the lowest rank of its MPI_COMM_TYPE_SHARED group) and the processes (pid, start time) of the
+/// ranks that run on this node and were running when asked (ProcessId{} for this rank and for
+/// ranks elsewhere; timeout messages use them to say which rank is stopped, peer_liveness.hpp).
+struct MpiNodeSurvey {
+  std::vector<int> labels;
+  std::vector<ProcessId> processes;
+};
+
+/// Collective over `comm`; `op` names the caller in errors.
+inline MpiNodeSurvey mpi_node_survey(MPI_Comm comm, const char* op) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  MPI_Comm node = MPI_COMM_NULL;
+  DTRAIN_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), op);
+  int lowest = rank;
+  const int rc = MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, node);
+  MPI_Comm_free(&node);
+  DTRAIN_CHECK_MPI(rc, op);
+  const ProcessId self = self_process_id();
+  const long long mine[3] = {lowest, self.pid, self.start};
+  std::vector<long long> all(3 * static_cast<std::size_t>(size));
+  DTRAIN_CHECK_MPI(MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, comm), op);
+  MpiNodeSurvey out;
+  out.labels.resize(static_cast<std::size_t>(size));
+  out.processes.resize(static_cast<std::size_t>(size));
+  for (std::size_t q = 0; q < out.labels.size(); ++q) {
+    out.labels[q] = static_cast<int>(all[3 * q]);
+    // Only a process this rank can see as the same one (same node, same pid namespace).
+    const ProcessId id{all[3 * q + 1], all[3 * q + 2]};
+    if (out.labels[q] == lowest && static_cast<int>(q) != rank &&
+        process_status(id).state == PeerState::running)
+      out.processes[q] = id;
+  }
+  return out;
+}
+
+}  // namespace detail
 
 /// Initialises MPI for programs that are not MPI applications yet (asks for
 /// MPI_THREAD_MULTIPLE by default so the communicator's progress thread can run) and finalises it
@@ -311,31 +354,9 @@ class MpiTransport {
   // (slots, then counters). The counters are C++ atomics in that memory, so synchronisation
   // needs no MPI calls.
   void setup_shared_segments(const SharedSegmentConfig& cfg) {
-    MPI_Comm system_node = MPI_COMM_NULL;
-    DTRAIN_CHECK_MPI(
-        MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &system_node),
-        "MpiTransport");
-    int lowest = rank_;
-    const int rc_min = MPI_Allreduce(&rank_, &lowest, 1, MPI_INT, MPI_MIN, system_node);
-    MPI_Comm_free(&system_node);
-    DTRAIN_CHECK_MPI(rc_min, "MpiTransport");
-    // With the node label, every rank publishes its process (pid, start time), so that a timeout
-    // can tell whether a peer on the same node is stopped or gone (detail/peer_liveness.hpp).
-    const detail::ProcessId self = detail::self_process_id();
-    const long long mine[3] = {lowest, self.pid, self.start};
-    std::vector<long long> all(3 * static_cast<std::size_t>(size_));
-    DTRAIN_CHECK_MPI(MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, comm_),
-                     "MpiTransport");
-    std::vector<int> labels(static_cast<std::size_t>(size_));
-    peers_.assign(static_cast<std::size_t>(size_), detail::ProcessId{});
-    for (std::size_t q = 0; q < labels.size(); ++q) {
-      labels[q] = static_cast<int>(all[3 * q]);
-      // Only a process this rank can see as the same one (same node, same pid namespace).
-      const detail::ProcessId id{all[3 * q + 1], all[3 * q + 2]};
-      if (labels[q] == lowest && static_cast<int>(q) != rank_ &&
-          detail::process_status(id).state == detail::PeerState::running)
-        peers_[q] = id;
-    }
+    detail::MpiNodeSurvey survey = detail::mpi_node_survey(comm_, "MpiTransport");
+    peers_ = std::move(survey.processes);
+    const std::vector<int>& labels = survey.labels;
     node_map_ = NodeMap::subdivided(labels, cfg.ranks_per_node);
     const int node = node_map_.node_of(rank_);
     if (!cfg.enabled || node_map_.nodes() == size_) return;  // no node with two ranks

@@ -55,27 +55,7 @@ namespace dtrain::detail {
 /// this node and were running when asked; ProcessId{} for this rank and for ranks elsewhere.
 /// Timeout messages use them to say which rank is stopped (detail/peer_liveness.hpp).
 inline std::vector<ProcessId> mpi_node_processes(MPI_Comm comm, const char* op) {
-  int rank = 0, size = 1;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  MPI_Comm node = MPI_COMM_NULL;
-  DTRAIN_CHECK_MPI(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node), op);
-  int lowest = rank;
-  const int rc = MPI_Allreduce(&rank, &lowest, 1, MPI_INT, MPI_MIN, node);
-  MPI_Comm_free(&node);
-  DTRAIN_CHECK_MPI(rc, op);
-  const ProcessId self = self_process_id();
-  const long long mine[3] = {lowest, self.pid, self.start};
-  std::vector<long long> all(3 * static_cast<std::size_t>(size));
-  DTRAIN_CHECK_MPI(MPI_Allgather(mine, 3, MPI_LONG_LONG, all.data(), 3, MPI_LONG_LONG, comm), op);
-  std::vector<ProcessId> out(static_cast<std::size_t>(size));
-  for (std::size_t q = 0; q < out.size(); ++q) {
-    const ProcessId id{all[3 * q + 1], all[3 * q + 2]};
-    if (all[3 * q] == lowest && static_cast<int>(q) != rank &&
-        process_status(id).state == PeerState::running)
-      out[q] = id;
-  }
-  return out;
+  return mpi_node_survey(comm, op).processes;
 }
 
 /// One rank's MPI-RMA backend (interface: one_sided/backend.hpp). Construction is collective
