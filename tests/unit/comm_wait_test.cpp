@@ -1,9 +1,9 @@
 // Waits of the communication layer that do not burn a core: the futex wait on a shared-segment
 // counter (blocked in the kernel, woken by the writer, ended by its deadline, no lost wake-up
 // under many hand-offs and several waiters), the shm all-reduce over many chunks with those
-// waits, its timeout message, and the polling backoff: its memory of a contended core (kept by
-// evidence only, set aside while the competing thread waits for the poller), sleeps that grow
-// with the time waited, the cost of a stalled wait, and the progress thread's timer slack.
+// waits, its timeout message, and the polling backoff: its memory of a contended core (renewed
+// by evidence only, except on a progress thread), sleeps that grow with the time waited, and the
+// cost of a stalled wait.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -18,12 +18,10 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/detail/futex_wait.hpp>
-#include <dtrain/comm/detail/progress_engine.hpp>
 #include <dtrain/transports/loopback.hpp>
 
 #if defined(__linux__)
 #include <sched.h>
-#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -288,40 +286,20 @@ TEST_CASE("a wait that sleeps only because of the memory of contention does not 
   h = detail::WaitHistory{};
 }
 
-TEST_CASE("the memory of contention does not apply while the competing thread waits for this one") {
-  std::atomic<int> owner_waiting{0};
-  detail::WaitHistory h;
-  const double now = now_seconds();
-  CHECK(!detail::remembers_contention(h, now));
-  h.contended_until = now + 1;
-  CHECK(detail::remembers_contention(h, now));
-  CHECK(!detail::remembers_contention(h, now + 2));  // ran out
-  h.owner_waiting = &owner_waiting;
-  CHECK(detail::remembers_contention(h, now));
-  owner_waiting = 1;
-  CHECK(!detail::remembers_contention(h, now));
-
-  // A wait that sleeps because of the memory goes back to yielding (past_yield() false again)
-  // once the competing thread starts waiting for it.
-  // A yield that hands the core away (a loaded machine) is new evidence and sends it back to
-  // sleeping, so the case is tried a few times and must be seen once.
-  detail::WaitHistory& mine = detail::wait_history();
-  bool slept = true, yielded = false;
-  for (int attempt = 0; attempt < 50 && slept && !yielded; ++attempt) {
-    mine = detail::WaitHistory{};
-    owner_waiting = 0;
-    mine.owner_waiting = &owner_waiting;
-    mine.contended_until = now_seconds() + 10;
-    detail::Backoff b;
-    for (int i = 0; i < 200 && !b.past_yield(); ++i) b.pause();
-    slept = b.past_yield();
-    owner_waiting = 1;
-    b.pause();
-    yielded = !b.past_yield();
-  }
-  CHECK(slept);
-  CHECK(yielded);
-  mine = detail::WaitHistory{};
+TEST_CASE("a progress thread's waits keep renewing the memory, as before") {
+  // The progress thread shares its core with its rank's compute thread nearly all the time: its
+  // waits keep the earlier rules (benchmarks/RESULTS.md).
+  detail::WaitHistory& h = detail::wait_history();
+  h = detail::WaitHistory{};
+  h.progress_thread = true;
+  const double until = now_seconds() + 0.03;
+  h.contended_until = until;
+  detail::Backoff b;
+  const double t0 = now_seconds();
+  while (now_seconds() - t0 < 0.06) b.pause();
+  CHECK(b.past_yield());
+  CHECK(h.contended_until > until);
+  h = detail::WaitHistory{};
 }
 
 TEST_CASE("sleeps between polls grow with the time waited: short waits sleep briefly") {
@@ -362,35 +340,4 @@ TEST_CASE("a stalled polling wait costs a small fraction of a core") {
   detail::wait_history() = detail::WaitHistory{};
 }
 
-namespace {
-struct ProbeJob : detail::Job {
-  bool progress_thread = false, wired = false, saw_caller_waiting = false;
-  int slack = -1;
-  void run() override {
-    const detail::WaitHistory& h = detail::wait_history();
-    progress_thread = h.progress_thread;
-    wired = h.owner_waiting != nullptr;
-    slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    if (!wired) return;
-    const Deadline d(10);
-    while (h.owner_waiting->load() <= 0 && !d.expired())
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-    saw_caller_waiting = h.owner_waiting->load() > 0;
-  }
-  std::string label() const override { return "probe"; }
-};
-}  // namespace
-
-TEST_CASE("the progress thread sleeps with a short timer slack and sees its caller waiting") {
-  const int caller_slack = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-  detail::ProgressEngine engine(true, 0, 20);
-  ProbeJob j;
-  engine.submit(j);
-  engine.wait(j);  // the job returns only once it has seen this caller blocked here
-  CHECK(j.progress_thread);
-  CHECK(j.wired);
-  CHECK(j.saw_caller_waiting);
-  CHECK(j.slack == static_cast<int>(detail::kProgressTimerSlackNanoseconds));
-  CHECK(prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0) == caller_slack);  // the caller's own is unchanged
-}
 #endif

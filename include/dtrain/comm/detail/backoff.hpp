@@ -25,8 +25,8 @@
 //
 // What a sleep costs where the message is due soon: Linux lets a 20 us sleep run on by the
 // thread's timer slack (50 us by default), so it costs 70-80 us, and a sleep that doubled on every
-// poll reached 1 ms within a few hundred microseconds. Three rules keep waits that are short,
-// but long enough to leave the spin, from paying that (benchmarks/RESULTS.md, "Waits that neither
+// poll reached 1 ms within a few hundred microseconds. Two rules keep waits that are short, but
+// long enough to leave the spin, from paying that (benchmarks/RESULTS.md, "Waits that neither
 // burn a core nor add latency"):
 // - A sleep is at most kSleepFraction of the time the wait has already lasted (and at least
 //   kMinSleepSeconds): a message arriving 100 us after the spin costs a few short sleeps, not a
@@ -34,13 +34,12 @@
 // - Only evidence renews the memory: a wait that saw a yield give the core away refreshes it while
 //   it sleeps; a wait that slept only because of the memory does not. (Renewing it on every sleep
 //   kept a thread that once saw a stray long yield sleeping on every wait for as long as its waits
-//   came less than 50 ms apart, that is for a whole training run.)
-// - The memory does not apply while the thread that the poller competes with is blocked waiting
-//   for it (WaitHistory::owner_waiting: the progress thread's rank waiting for its collective, at
-//   the end of a step): the core is then free and the wait yields, which answers at once.
-// The progress thread, which dtrain owns, also sleeps with a timer slack of
-// kProgressTimerSlackNanoseconds (prctl PR_SET_TIMERSLACK), so its 20 us sleeps last about 30 us.
-// The application's threads keep their own slack.
+//   came less than 50 ms apart, that is for a whole run.)
+// A communicator's progress thread keeps the earlier rules (sleeps doubling from 20 us, memory
+// renewed by every sleep): it shares its core with its rank's compute thread nearly all the
+// time, and training ran slower in measurements with the new rules on that thread (more wake-ups
+// preempting the compute thread). Timer slack is left at Linux's default on every thread: 1 us
+// on the progress thread made its sleeps shorter but training slower too.
 //
 // MPI point-to-point in MPICH needs polling for progress (no asynchronous progress thread), so
 // MPI channels are paced this way. Waits on counters in node-shared memory (the shm algorithms)
@@ -55,15 +54,10 @@
 // 2-core machine, benchmarks/RESULTS.md).
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <thread>
 
 #include <dtrain/core/timer.hpp>
-
-#if defined(__linux__)
-#include <sys/prctl.h>
-#endif
 
 namespace dtrain::detail {
 
@@ -77,40 +71,15 @@ inline void wait_pause() noexcept {
 }
 
 /// Per-thread memory of the waits that came before: until when this thread's core counts as
-/// contended (a yield handed it to another thread), whether the thread is a communicator's
-/// progress thread (whose rank computes meanwhile), and, for such a thread, a count that is
-/// positive while the thread it competes with is blocked waiting for it (owned by the
-/// ProgressEngine, which outlives its thread). Thread-local; read and written by Backoff.
+/// contended (a yield handed it to another thread), and whether the thread is a communicator's
+/// progress thread (whose rank computes meanwhile). Thread-local; read and written by Backoff.
 struct WaitHistory {
   double contended_until = -1;
   bool progress_thread = false;
-  const std::atomic<int>* owner_waiting = nullptr;
 };
 inline WaitHistory& wait_history() noexcept {
   thread_local WaitHistory h;
   return h;
-}
-
-/// True when a wait starting at `now` on the thread with history `h` should skip the yields and
-/// sleep between polls: the core was found contended within kContendedSeconds and the thread it
-/// competes with is not blocked waiting for this one. Local.
-inline bool remembers_contention(const WaitHistory& h, double now) noexcept {
-  if (now >= h.contended_until) return false;
-  return h.owner_waiting == nullptr || h.owner_waiting->load(std::memory_order_acquire) <= 0;
-}
-
-/// Timer slack of dtrain's own progress threads: their sleeps between polls end within about
-/// this much of the time asked for (Linux's default slack is 50 us).
-inline constexpr unsigned long kProgressTimerSlackNanoseconds = 1000;
-
-/// Gives the calling thread the timer slack of a progress thread. Only for threads dtrain
-/// creates; never call it on an application thread. Local; false where it is not supported.
-inline bool set_progress_timer_slack() noexcept {
-#if defined(__linux__)
-  return prctl(PR_SET_TIMERSLACK, kProgressTimerSlackNanoseconds, 0, 0, 0) == 0;
-#else
-  return false;
-#endif
 }
 
 /// Longest spin of a wait on a progress thread: its rank's compute thread is usually runnable
@@ -153,30 +122,33 @@ class Backoff {
       return;
     }
     WaitHistory& h = wait_history();
-    // A wait that sleeps only because of the memory goes back to yielding when the memory ends
-    // or the competing thread starts waiting for this one.
-    if (remembered_ && !remembers_contention(h, t)) sleeping_ = remembered_ = false;
     if (!sleeping_) {
-      if (waited < spin_ + kYieldSeconds) {
-        if (remembers_contention(h, t)) {
-          remembered_ = true;
-        } else {
-          std::this_thread::yield();
-          const double after = now_seconds();
-          if (after - t < kYieldGaveAwaySeconds) return;
-          h.contended_until = after + kContendedSeconds;
-          contended_ = true;
-        }
+      if (t < h.contended_until) {
+        remembered_ = true;
+      } else if (waited < spin_ + kYieldSeconds) {
+        std::this_thread::yield();
+        const double after = now_seconds();
+        if (after - t < kYieldGaveAwaySeconds) return;
+        h.contended_until = after + kContendedSeconds;
+        contended_ = true;
       }
       sleeping_ = true;
     }
-    std::this_thread::sleep_for(std::chrono::duration<double>(sleep_seconds(waited)));
+    if (h.progress_thread) {
+      sleep_ = sleep_ <= 0 ? kMinSleepSeconds
+                           : (sleep_ * 2 > kMaxSleepSeconds ? kMaxSleepSeconds : sleep_ * 2);
+    } else {
+      sleep_ = sleep_seconds(waited);
+    }
+    std::this_thread::sleep_for(std::chrono::duration<double>(sleep_));
     // A wait that found the core contended keeps the memory of it fresh while it lasts; one that
-    // sleeps only because of the memory has no new evidence and leaves it to run out.
-    if (contended_) h.contended_until = now_seconds() + kContendedSeconds;
+    // sleeps only because of the memory has no new evidence and leaves it to run out (except on a
+    // progress thread, see above).
+    if (contended_ || (remembered_ && h.progress_thread))
+      h.contended_until = now_seconds() + kContendedSeconds;
   }
-  /// The sleep between polls of a wait that has waited `waited` seconds: kSleepFraction of it,
-  /// within [kMinSleepSeconds, kMaxSleepSeconds]. Local, pure.
+  /// The sleep between polls of a wait that has waited `waited` seconds, except on a progress
+  /// thread: kSleepFraction of it, within [kMinSleepSeconds, kMaxSleepSeconds]. Local, pure.
   static constexpr double sleep_seconds(double waited) noexcept {
     const double s = waited * kSleepFraction;
     return s < kMinSleepSeconds ? kMinSleepSeconds : (s > kMaxSleepSeconds ? kMaxSleepSeconds : s);
@@ -189,6 +161,7 @@ class Backoff {
   double spin_;
   unsigned polls_ = 0;
   double start_ = -1;
+  double sleep_ = 0;
   bool sleeping_ = false;
   bool contended_ = false;   // a yield of this wait gave the core away
   bool remembered_ = false;  // sleeping only because of the thread's memory of contention

@@ -7,10 +7,7 @@
 // collective runs it competes for a core with the caller, so the thread marks itself as a
 // progress thread (detail::wait_history()): its waits spin for at most kProgressSpinSeconds,
 // then shared-segment waits block in the kernel and message waits poll with sleeps as soon as a
-// yield shows the core contended (detail/backoff.hpp). The thread sleeps with a timer slack of
-// about a microsecond (its 20 us sleeps would otherwise last 70 us), and while a caller is
-// blocked in wait() or drain() its waits ignore the memory of contention: the thread they
-// competed with is then asleep, so yielding answers at once. Each start/finish costs a
+// yield shows the core contended (detail/backoff.hpp). Each start/finish costs a
 // condition-variable hand-off (a few microseconds), which is why blocking calls with nothing
 // queued run inline on the caller's thread instead.
 // Without a progress thread (MPI below MPI_THREAD_MULTIPLE, or CommConfig::progress_thread off),
@@ -115,7 +112,6 @@ class ProgressEngine {
       // Polled (checked every 0.5 s at most): if this process is stopped, the collectives'
       // own deadlines move back by the lost time, and so must this outer bound.
       const Deadline deadline = Deadline::polled(timeout_s_ * static_cast<double>(ahead + 1) + 1.0);
-      const CallerWaiting waiting(callers_waiting_);
       while (j.status.load(std::memory_order_acquire) != Job::done) {
         const double left = deadline.remaining();
         if (left <= 0)
@@ -140,26 +136,11 @@ class ProgressEngine {
         run_until(*j);
       }
     }
-    const CallerWaiting waiting(callers_waiting_);
     std::unique_lock<std::mutex> lock(m_);
     cv_done_.wait(lock, [&] { return head_ == tail_ && !running_; });
   }
 
  private:
-  // Counts a caller blocked until the progress thread finishes something, for as long as it is.
-  class CallerWaiting {
-   public:
-    explicit CallerWaiting(std::atomic<int>& n) noexcept : n_(n) {
-      n_.fetch_add(1, std::memory_order_acq_rel);
-    }
-    ~CallerWaiting() { n_.fetch_sub(1, std::memory_order_acq_rel); }
-    CallerWaiting(const CallerWaiting&) = delete;
-    CallerWaiting& operator=(const CallerWaiting&) = delete;
-
-   private:
-    std::atomic<int>& n_;
-  };
-
   static void rethrow(Job& j) {
     if (j.error) {
       auto e = j.error;
@@ -201,8 +182,6 @@ class ProgressEngine {
   void worker_loop() {
     RankScope scope(rank_);
     wait_history().progress_thread = true;
-    wait_history().owner_waiting = &callers_waiting_;
-    set_progress_timer_slack();
     std::unique_lock<std::mutex> lock(m_);
     for (;;) {
       cv_work_.wait(lock, [&] { return stop_ || head_ != tail_; });
@@ -242,7 +221,6 @@ class ProgressEngine {
   bool running_ = false;
   bool stop_ = false;
   std::atomic<int> outstanding_{0};
-  std::atomic<int> callers_waiting_{0};  // callers blocked in wait() or drain()
   std::atomic<bool> abandon_{false};
   std::thread worker_;
 };
