@@ -119,3 +119,29 @@ TEST_CASE("mpi-rma: default slots, large messages, a sub-communicator") {
   }
   MPI_Comm_free(&sub);
 }
+
+TEST_CASE("mpi-rma: hier and hier_leader over fake nodes agree with MPI_Allreduce") {
+  // The backend's node map (MPI_COMM_TYPE_SHARED cut into blocks) reaches the hierarchical
+  // algorithms: 1 rank per node at p = 2, 2 per node at p = 3 (2 + 1) and p = 4 (2 + 2).
+  int p = 1, wr = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+  if (p < 2) return;
+  const int per_node = p == 2 ? 1 : 2;
+  MpiRmaTransport t(MPI_COMM_WORLD, 60.0, RanksPerNode(per_node));
+  CHECK(t.node_map().nodes() == (p + per_node - 1) / per_node);
+  CHECK(node_map_of(t).node_of(wr) == wr / per_node);
+  CommConfig cfg;
+  cfg.timeout_s = 60;
+  Communicator comm(t, cfg);
+  for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{70001}}) {
+    std::vector<float> x(n), want(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>((i % 11) + 3 * wr);
+    MPI_Allreduce(x.data(), want.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    for (AllreduceAlgorithm algo : {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}) {
+      std::vector<float> y(n, -1.0f);
+      comm.allreduce(BufferView(span<float>(x)), BufferView(span<float>(y)), ReduceOp::sum, algo);
+      CHECK_MESSAGE(y == want, name_of(algo) << " n=" << n);  // small integers: exact
+    }
+  }
+}

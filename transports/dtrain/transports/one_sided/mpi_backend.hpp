@@ -73,8 +73,14 @@ class MpiRmaBackend {
 
   /// Collective over `comm`. `close_timeout_s` bounds the closing barrier and, at
   /// MPI_THREAD_MULTIPLE, the wait for queued writes to finish in an orderly close; past it the
-  /// close is treated as failing (nothing freed that a peer might still write).
+  /// close is treated as failing (nothing freed that a peer might still write). The node grouping
+  /// (node_map) is MPI_COMM_TYPE_SHARED's, cut as DTRAIN_RANKS_PER_NODE says (read here, strictly,
+  /// through SharedSegmentConfig::from_env; every rank must see the same value).
   explicit MpiRmaBackend(MPI_Comm comm, double close_timeout_s = 300)
+      : MpiRmaBackend(comm, close_timeout_s, SharedSegmentConfig::from_env().ranks_per_node) {}
+  /// Collective over `comm`; as above with the node grouping cut as `ranks_per_node` says
+  /// (reads no environment).
+  MpiRmaBackend(MPI_Comm comm, double close_timeout_s, const RanksPerNode& ranks_per_node)
       : close_timeout_s_(close_timeout_s) {
     int initialized = 0;
     MPI_Initialized(&initialized);
@@ -90,7 +96,9 @@ class MpiRmaBackend {
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
     thread_multiple_ = level == MPI_THREAD_MULTIPLE;
-    peers_ = mpi_node_processes(comm_, "MpiRmaTransport");
+    MpiNodeSurvey survey = mpi_node_survey(comm_, "MpiRmaTransport");
+    peers_ = std::move(survey.processes);
+    node_map_ = NodeMap::subdivided(survey.labels, ranks_per_node);
     DTRAIN_CHECK_MPI(MPI_Win_create_dynamic(MPI_INFO_NULL, comm_, &win_),
                      "MpiRmaTransport: window");
     MPI_Win_set_errhandler(win_, MPI_ERRORS_RETURN);
@@ -140,6 +148,8 @@ class MpiRmaBackend {
   MPI_Comm mpi_comm() const noexcept { return comm_; }
   /// A progress thread may call MPI only at MPI_THREAD_MULTIPLE.
   bool allows_progress_thread() const noexcept { return thread_multiple_; }
+  /// The node of every rank (the hierarchical all-reduce groups by it). Local accessor.
+  const NodeMap& node_map() const noexcept { return node_map_; }
   /// Whether writes run on the writer thread (so that no wait of the protocol blocks in MPI).
   bool asynchronous() const noexcept { return writer_ != nullptr; }
   /// Local, never throws: what Linux reports about `peer`'s process when it runs on this node
@@ -514,7 +524,8 @@ class MpiRmaBackend {
   std::vector<MPI_Aint> ring_addr_;
   std::vector<std::uint64_t> tx_, rx_;
   std::vector<ProcessId> peers_;  // same-node peers' processes; pid 0 elsewhere
-  rma::EventQueue events_;        // synchronous path
+  NodeMap node_map_;
+  rma::EventQueue events_;  // synchronous path
   std::shared_ptr<Writer> writer_;
   std::thread thread_;
   std::size_t stuck_ = 0;

@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/core/error.hpp>
@@ -223,6 +224,12 @@ class OneSidedTransport {
   int size() const noexcept { return p_; }
   /// The backend (for its own queries, e.g. the MPI communicator); local.
   B& backend() noexcept { return b_; }
+  /// The node of every rank, where the backend knows it (MPI-RMA: MPI_COMM_TYPE_SHARED groups,
+  /// cut as DTRAIN_RANKS_PER_NODE says); the hierarchical all-reduce groups by it. Local.
+  template <class BB = B, class = decltype(std::declval<const BB&>().node_map())>
+  const NodeMap& node_map() const noexcept {
+    return b_.node_map();
+  }
   /// Messages up to this many bytes go eager through the slots.
   std::size_t eager_limit() const noexcept { return eager_limit_; }
   bool allows_progress_thread() const { return b_.allows_progress_thread(); }
