@@ -5,7 +5,10 @@
 //   completes; if the peer really does not come, the error says this rank was descheduled;
 // - np 3, no node-shared window (DTRAIN_SHM=0's path): a stopped rank resumed after the others
 //   gave up, freed their buffers and reused the heap runs its late collective into a timeout,
-//   and nobody crashes.
+//   and nobody crashes;
+// - np 2 and 3: a rank stopped when the transports close (their node-shared window's
+//   MPI_Win_free waits for every rank): the others' close ends within its limit, keeping the
+//   window, and the late rank's close, resumed after that, does not wait for them either.
 // The ranks signal each other by pid (all run on this node under mpiexec -n N).
 #include <doctest/doctest.h>
 #include <mpi.h>
@@ -15,6 +18,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -159,4 +163,29 @@ TEST_CASE("a late peer waking up after the others gave up crashes nobody") {
     for (const auto& v : reuse) CHECK(v[v.size() / 2] == 7.0f);
   }
   MPI_Barrier(MPI_COMM_WORLD);  // progresses MPI on every rank while late messages arrive
+}
+
+TEST_CASE("a rank stopped at the transport's close: nobody waits for it past the limit") {
+  if (world_size() < 2 || world_size() > 3) return;
+  const std::vector<int> pids = world_pids();
+  const int rank = world_rank(), late = world_size() - 1;
+  SharedSegmentConfig seg;
+  seg.close_timeout_s = 1;
+  auto t = std::make_unique<MpiTransport>(MPI_COMM_WORLD, seg);
+  REQUIRE(t->node_segments() != nullptr);  // the window whose release is collective
+  {
+    Communicator comm(*t, cfg(10));
+    std::vector<float> x(1000, 1.0f);
+    CHECK(ring_allreduce_error(comm, x).empty());
+    CHECK(x[0] == static_cast<float>(world_size()));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == late) raise(SIGSTOP);  // until rank 0 sends SIGCONT after the others closed
+  const double t0 = now_seconds();
+  t.reset();
+  const double took = now_seconds() - t0;
+  CAPTURE(took);
+  CHECK(took < seg.close_timeout_s + 4);
+  if (rank != late) resume_last_rank_after_others(pids, 79);
+  MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -226,14 +226,6 @@ TEST_CASE("mpi-rma: a rank reaching the close after the others gave up on it doe
   }
   CAPTURE(took);
   CHECK(took < kCloseSeconds + kMarginSeconds);
-  if (rank != late) {
-    int token = 0;
-    if (rank != 0) MPI_Send(&token, 1, MPI_INT, 0, 78, MPI_COMM_WORLD);
-    if (rank == 0) {
-      for (int q = 1; q < late; ++q)
-        MPI_Recv(&token, 1, MPI_INT, q, 78, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-      kill(pids[static_cast<std::size_t>(late)], SIGCONT);
-    }
-  }
+  if (rank != late) resume_last_rank_after_others(pids, 78);
   MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -166,6 +166,9 @@ struct SharedSegmentConfig {
   /// or a list of node sizes such as 3,1; unset = as the system groups them), see RanksPerNode
   /// and NodeMap::subdivided (<dtrain/comm/topology.hpp>).
   RanksPerNode ranks_per_node;
+  /// How long an orderly release of the segments waits for every rank before it keeps them
+  /// instead (freeing them is collective: a stopped rank would make it wait forever). Seconds.
+  double close_timeout_s = 300;
   /// The defaults overridden by the variables above, parsed strictly (<dtrain/core/env.hpp>).
   static SharedSegmentConfig from_env() {
     SharedSegmentConfig c;

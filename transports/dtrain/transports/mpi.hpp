@@ -7,6 +7,8 @@
 
 #include <climits>
 #include <cstddef>
+#include <cstdlib>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +19,7 @@
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/failure.hpp>
+#include <dtrain/core/log.hpp>
 #include <dtrain/core/timer.hpp>
 
 namespace dtrain {
@@ -108,6 +111,91 @@ inline MpiNodeSurvey mpi_node_survey(MPI_Comm comm, const char* op) {
   return out;
 }
 
+/// Local, thread-safe, never throws. Keeps `p` (a malloc'ed block, or null) allocated and
+/// reachable until the process ends, so leak checkers do not report it as lost: memory MPI may
+/// still write after a failing close.
+inline void keep_forever(void* p) noexcept {
+  if (!p) return;
+  static std::mutex m;
+  static auto* kept = new std::vector<void*>();  // never freed, on purpose
+  std::lock_guard<std::mutex> lock(m);
+  try {
+    kept->push_back(p);
+  } catch (...) {  // out of memory: the block stays allocated, unreferenced
+  }
+}
+
+/// How an orderly close's agreement (mpi_agree_on_close) ended.
+enum class CloseAgreement : unsigned char {
+  agreed,        ///< every rank arrived in time: free collective resources now
+  mpi_error,     ///< an MPI call failed
+  late_peers,    ///< not every rank arrived within the limit (this rank gave up)
+  no_answer,     ///< the ranks' votes did not all arrive within the limit
+  peer_gave_up,  ///< this rank arrived after another had given up on it
+};
+
+inline std::string describe(CloseAgreement a, double seconds) {
+  switch (a) {
+    case CloseAgreement::late_peers: return concat("not every rank arrived within ", seconds, " s");
+    case CloseAgreement::no_answer:
+      return concat("the ranks did not agree on the close within ", seconds, " s");
+    case CloseAgreement::peer_gave_up:
+      return concat(
+          "another rank gave up waiting for this one at the close (this rank arrived more than ",
+          seconds, " s after it)");
+    case CloseAgreement::mpi_error: return "an MPI call of the close failed";
+    case CloseAgreement::agreed: break;
+  }
+  return "every rank arrived in time";
+}
+
+// Polls `req` until it completes (true) or `limit` passes (false), giving the core away.
+inline bool mpi_test_until(MPI_Request& req, const Deadline& limit) noexcept {
+  int done = 0;
+  Backoff backoff;
+  while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && !limit.expired())
+    backoff.pause();
+  return done != 0;
+}
+
+/// Collective over `comm`, bounded by `seconds` per step, never throws: decides whether the ranks
+/// may now free a resource whose release is collective and blocking (MPI_Win_free). A barrier
+/// alone is not enough: a rank that arrives after the others' barrier timed out (it was stopped
+/// past the limit) finds the barrier complete at once, since every rank posted it, and would then
+/// wait forever in MPI_Win_free for ranks that gave up and never call it. So after a
+/// non-blocking barrier each rank votes "arrived in time" (1) or "gave up" (0) in a non-blocking
+/// MPI_MIN all-reduce: a rank that gave up posts its 0 and returns without waiting for the
+/// result; the resource is freed only where the result is 1, i.e. where every rank completed the
+/// barrier in time and frees it too. Requests that do not complete stay active (MPI forbids
+/// freeing a non-blocking collective's request), and the vote's memory is then kept until the
+/// process ends, since MPI writes the result whenever the last vote arrives.
+inline CloseAgreement mpi_agree_on_close(MPI_Comm comm, double seconds) noexcept {
+  const Deadline limit(seconds);
+  MPI_Request barrier = MPI_REQUEST_NULL;
+  if (MPI_Ibarrier(comm, &barrier) != MPI_SUCCESS) return CloseAgreement::mpi_error;
+  const bool arrived = mpi_test_until(barrier, limit);
+  int* words = static_cast<int*>(std::malloc(2 * sizeof(int)));  // the vote, the result
+  if (!words) return CloseAgreement::mpi_error;
+  words[0] = arrived ? 1 : 0;
+  words[1] = 0;
+  MPI_Request vote = MPI_REQUEST_NULL;
+  if (MPI_Iallreduce(words, words + 1, 1, MPI_INT, MPI_MIN, comm, &vote) != MPI_SUCCESS) {
+    std::free(words);
+    return CloseAgreement::mpi_error;
+  }
+  if (!arrived) {
+    keep_forever(words);
+    return CloseAgreement::late_peers;
+  }
+  if (!mpi_test_until(vote, Deadline(seconds))) {
+    keep_forever(words);
+    return CloseAgreement::no_answer;
+  }
+  const bool all = words[1] == 1;
+  std::free(words);
+  return all ? CloseAgreement::agreed : CloseAgreement::peer_gave_up;
+}
+
 }  // namespace detail
 
 /// Initialises MPI for programs that are not MPI applications yet (asks for
@@ -189,6 +277,7 @@ class MpiTransport {
     int level = MPI_THREAD_SINGLE;
     MPI_Query_thread(&level);
     thread_multiple_ = level == MPI_THREAD_MULTIPLE;
+    close_timeout_s_ = segments.close_timeout_s;
     setup_shared_segments(segments);
   }
   ~MpiTransport() {
@@ -198,7 +287,21 @@ class MpiTransport {
     // MPI_Win_free and MPI_Comm_free are collective: while an exception unwinds this rank or
     // the job is failing, the peers may never arrive, so the handles are leaked instead.
     if (unwind_.failing()) return;
-    if (win_ != MPI_WIN_NULL) MPI_Win_free(&win_);
+    if (win_ != MPI_WIN_NULL) {
+      // MPI_Win_free waits for every rank: only after all agreed that they arrived in time
+      // (detail::mpi_agree_on_close); otherwise the window and communicators stay, like a
+      // failing close's.
+      const detail::CloseAgreement a = detail::mpi_agree_on_close(comm_, close_timeout_s_);
+      if (a != detail::CloseAgreement::agreed) {
+        try {
+          DTRAIN_LOG(warn, "MpiTransport close: " << detail::describe(a, close_timeout_s_)
+                                                  << "; keeping the shared window");
+        } catch (...) {  // a destructor never throws
+        }
+        return;
+      }
+      MPI_Win_free(&win_);
+    }
     if (node_ != MPI_COMM_NULL) MPI_Comm_free(&node_);
     // After an abandoned operation, late messages of peers may still arrive on this
     // communicator; freeing it would let MPI hand its context id to the next MPI_Comm_dup, where
@@ -406,7 +509,8 @@ class MpiTransport {
   NodeMap node_map_;
   std::vector<detail::ProcessId> peers_;  // same-node peers' processes; pid 0 elsewhere
   std::size_t abandoned_ = 0;
-  bool cancelled_ = false;  // an active operation was abandoned: comm_ is never freed
+  double close_timeout_s_ = 300;  // SharedSegmentConfig::close_timeout_s
+  bool cancelled_ = false;        // an active operation was abandoned: comm_ is never freed
   int rank_ = 0;
   int size_ = 1;
   int tag_ub_ = 32767;

@@ -145,7 +145,9 @@ class RunGapWatch {
     if (owner == me || !s.owner.compare_exchange_strong(owner, me, std::memory_order_acq_rel))
       return;
     try {
-      std::thread([&s] { s.run(); }).detach();
+      // The first tick counts from now, not from when the new thread first runs: a process
+      // stopped before its watch thread got a core still has that stop recorded.
+      std::thread([&s, t0 = now_seconds()] { s.run(t0); }).detach();
     } catch (...) {  // no thread: timeouts simply cannot report a gap before their wait
     }
   }
@@ -170,8 +172,7 @@ class RunGapWatch {
       seconds.store(gap, std::memory_order_relaxed);
       ended.store(at, std::memory_order_release);
     }
-    [[noreturn]] void run() noexcept {
-      double prev = now_seconds();
+    [[noreturn]] void run(double prev) noexcept {
       for (;;) {
         std::this_thread::sleep_for(std::chrono::duration<double>(kTickSeconds));
         const double t = now_seconds();

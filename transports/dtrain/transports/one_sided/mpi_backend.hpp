@@ -163,17 +163,8 @@ class MpiRmaBackend {
   /// or not the range is still attached) or a write stuck on the writer thread may touch it.
   bool keeps_memory() const noexcept { return failing_; }
   /// Local, thread-safe, never throws. Keeps `p` (a malloc'ed block, or null) allocated and
-  /// reachable until the process ends, so leak checkers do not report it as lost.
-  static void keep(void* p) noexcept {
-    if (!p) return;
-    static std::mutex m;
-    static auto* kept = new std::vector<void*>();  // never freed, on purpose
-    std::lock_guard<std::mutex> lock(m);
-    try {
-      kept->push_back(p);
-    } catch (...) {  // out of memory: the block stays allocated, unreferenced
-    }
-  }
+  /// reachable until the process ends (keep_forever), so leak checkers do not report it as lost.
+  static void keep(void* p) noexcept { keep_forever(p); }
   /// Local. Writes the writer thread was still executing when a failing close gave up on it.
   std::size_t stuck_writes() const noexcept { return stuck_; }
 
@@ -268,19 +259,11 @@ class MpiRmaBackend {
   }
 
   /// Orderly (failing false, collective): waits up to close_timeout_s for the queued writes and
-  /// then for every rank (MPI_Ibarrier), then agrees with every rank that all of them arrived in
-  /// time (see below); only then does the destructor free the window (MPI_Win_free, collective).
-  /// Past the limit, or without that agreement, it degrades to a failing close. Failing: no MPI
-  /// call and no unbounded wait; queued writes are dropped, a write stuck in MPI is left to the
-  /// detached writer thread (counted in stuck_writes()).
-  ///
-  /// Why the agreement: a rank that arrives after the others' barrier timed out (it was stopped
-  /// past close_timeout_s) finds the barrier complete at once, since every rank posted it. Freeing
-  /// the window then would wait forever for ranks that gave up and never call MPI_Win_free. So
-  /// after the barrier each rank contributes "I arrived in time" (1) or "I gave up" (0) to a
-  /// non-blocking MPI_MIN all-reduce: a rank that gave up posts its 0 before it returns (without
-  /// waiting for the result), and the window is freed only where the result is 1, i.e. where
-  /// every rank completed the barrier in time and will free it too.
+  /// then agrees with every rank that all of them arrived in time (mpi_agree_on_close, which says
+  /// why a barrier alone is not enough); only then does the destructor free the window
+  /// (MPI_Win_free, collective). Past the limit, or without that agreement, it degrades to a
+  /// failing close. Failing: no MPI call and no unbounded wait; queued writes are dropped, a
+  /// write stuck in MPI is left to the detached writer thread (counted in stuck_writes()).
   void close(bool failing) noexcept {
     int finalized = 0;
     MPI_Finalized(&finalized);
@@ -301,60 +284,14 @@ class MpiRmaBackend {
       }
     }
     if (failing_) return;
-    MPI_Request req = MPI_REQUEST_NULL;
-    if (MPI_Ibarrier(comm_, &req) != MPI_SUCCESS) {
-      failing_ = true;
-      return;
-    }
-    const bool arrived = test_until(req, limit);
-    // words[0]: this rank's vote, words[1]: the result. MPI writes the result whenever the last
-    // vote arrives, possibly after this object is gone, so on a failing close the block is kept
-    // until the process ends (as the requests that did not complete stay active: MPI forbids
-    // freeing a non-blocking collective's request).
-    int* words = static_cast<int*>(std::malloc(2 * sizeof(int)));
-    MPI_Request agree = MPI_REQUEST_NULL;
-    if (words) {
-      words[0] = arrived ? 1 : 0;
-      words[1] = 0;
-    }
-    if (!words ||
-        MPI_Iallreduce(words, words + 1, 1, MPI_INT, MPI_MIN, comm_, &agree) != MPI_SUCCESS) {
-      failing_ = true;
-      std::free(words);
-      return;
-    }
-    if (!arrived) {
-      failing_ = true;
-      keep(words);
-      warn("not every rank arrived within ", close_timeout_s_,
-           " s; keeping the window and its memory");
-      return;
-    }
-    if (!test_until(agree, Deadline(close_timeout_s_))) {
-      failing_ = true;
-      keep(words);
-      warn("the ranks did not agree on the close within ", close_timeout_s_,
-           " s; keeping the window and its memory");
-      return;
-    }
-    if (words[1] != 1) {
-      failing_ = true;
-      warn("another rank gave up waiting for this one at the close (this rank arrived more than ",
-           close_timeout_s_, " s after it); keeping the window and its memory");
-    }
-    std::free(words);
+    const CloseAgreement a = mpi_agree_on_close(comm_, close_timeout_s_);
+    if (a == CloseAgreement::agreed) return;
+    failing_ = true;
+    warn(describe(a, close_timeout_s_), "; keeping the window and its memory");
   }
   void check_alive() const noexcept {}
 
  private:
-  // Polls `req` until it completes (true) or `limit` passes (false), giving the core away.
-  static bool test_until(MPI_Request& req, const Deadline& limit) noexcept {
-    int done = 0;
-    Backoff backoff;
-    while (MPI_Test(&req, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done && !limit.expired())
-      backoff.pause();
-    return done != 0;
-  }
   struct FreeDeleter {
     void operator()(std::uint64_t* p) const noexcept { std::free(p); }
   };
