@@ -112,8 +112,12 @@ inline std::size_t adamw_lanes(T* __restrict p, const T* __restrict g, T* __rest
   const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),
              decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2),
              eps = S::set1(k.eps);
+  // Whole lanes only: `end` is n rounded down to a lane multiple, so i never passes n. (With the
+  // bound written as i + width <= n, GCC could not prove that and warned about the tail loop,
+  // -Waggressive-loop-optimizations.)
+  const std::size_t end = n - n % S::width;
   std::size_t i = 0;
-  for (; i + S::width <= n; i += S::width) {
+  for (; i < end; i += S::width) {
     const auto gi = S::load(g + i);
     const auto mi = S::add(S::mul(b1, S::load(m + i)), S::mul(c1, gi));
     const auto vi = S::add(S::mul(b2, S::load(v + i)), S::mul(S::mul(c2, gi), gi));
