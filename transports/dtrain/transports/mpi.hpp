@@ -288,10 +288,11 @@ class MpiTransport {
     // the job is failing, the peers may never arrive, so the handles are leaked instead.
     if (unwind_.failing()) return;
     if (win_ != MPI_WIN_NULL) {
-      // MPI_Win_free waits for every rank: only after all agreed that they arrived in time
+      // MPI_Win_free waits for every rank of the node's window (node_; a rank alone on its node
+      // has no window and takes no part): only after those agreed that they arrived in time
       // (detail::mpi_agree_on_close); otherwise the window and communicators stay, like a
       // failing close's.
-      const detail::CloseAgreement a = detail::mpi_agree_on_close(comm_, close_timeout_s_);
+      const detail::CloseAgreement a = detail::mpi_agree_on_close(node_, close_timeout_s_);
       if (a != detail::CloseAgreement::agreed) {
         try {
           DTRAIN_LOG(warn, "MpiTransport close: " << detail::describe(a, close_timeout_s_)
