@@ -32,7 +32,7 @@ class IbverbsTransport : public OneSidedTransport<detail::IbverbsBackend> {
   /// Exactly `device` (reads no environment).
   IbverbsTransport(const OneSidedConfig& cfg, MPI_Comm comm, const IbverbsDeviceConfig& device)
       : OneSidedTransport<detail::IbverbsBackend>(cfg, comm, device),
-        peers_(detail::mpi_node_processes(comm, "IbverbsTransport")) {}
+        peers_(detail::mpi_node_survey(comm, "IbverbsTransport").processes) {}
 
   /// Local, never throws: what Linux reports about `peer`'s process when it runs on this node;
   /// PeerState::unknown otherwise. Timeout messages use it to name a stopped or exited rank.

@@ -59,10 +59,11 @@ inline bool finalize_mpi() noexcept {
   if (job_failing()) return false;  // the error that ended training is already reported
   if (const std::size_t n = unfinished_operations()) {
     try {
-      detail::write_error_line(detail::concat(
-          detail::rank_prefix(detail::thread_rank()), "finalize_mpi: not finalising MPI: ", n,
-          " communication operation(s) were given up unfinished after an error, and "
-          "MPI_Finalize would wait for the peer they wait for"));
+      detail::write_error_line(detail::format_message(
+          detail::thread_rank(), "finalize_mpi",
+          detail::concat("not finalising MPI: ", n,
+                         " communication operation(s) were given up unfinished after an error, "
+                         "and MPI_Finalize would wait for the peer they wait for")));
     } catch (...) {  // out of memory for the message: skip it, never throw from here
     }
     return false;
@@ -460,8 +461,7 @@ class MpiTransport {
   void setup_shared_segments(const SharedSegmentConfig& cfg) {
     detail::MpiNodeSurvey survey = detail::mpi_node_survey(comm_, "MpiTransport");
     peers_ = std::move(survey.processes);
-    const std::vector<int>& labels = survey.labels;
-    node_map_ = NodeMap::subdivided(labels, cfg.ranks_per_node);
+    node_map_ = NodeMap::subdivided(survey.labels, cfg.ranks_per_node);
     const int node = node_map_.node_of(rank_);
     if (!cfg.enabled || node_map_.nodes() == size_) return;  // no node with two ranks
     DTRAIN_CHECK_MPI(MPI_Comm_split(comm_, node, rank_, &node_), "MpiTransport");

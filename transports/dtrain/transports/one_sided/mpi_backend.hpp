@@ -51,13 +51,6 @@
 
 namespace dtrain::detail {
 
-/// Collective over `comm`: the processes (pid, start time) of the ranks of `comm` that run on
-/// this node and were running when asked; ProcessId{} for this rank and for ranks elsewhere.
-/// Timeout messages use them to say which rank is stopped (detail/peer_liveness.hpp).
-inline std::vector<ProcessId> mpi_node_processes(MPI_Comm comm, const char* op) {
-  return mpi_node_survey(comm, op).processes;
-}
-
 /// One rank's MPI-RMA backend (interface: one_sided/backend.hpp). Construction is collective
 /// over `comm`; never calls MPI_Init. Used by one thread at a time; at MPI_THREAD_MULTIPLE it
 /// runs its own writer thread (see the header comment).
