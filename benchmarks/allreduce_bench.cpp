@@ -305,10 +305,12 @@ double measure_bc(Comm& comm) {
 // model's pick there was replaced.
 void print_probes(const dtrain::detail::Calibration& c, double calibration_s) {
   if (c.probes.empty() || c.seconds > calibration_s + 1e-3) return;  // loaded from a file
-  std::printf("# calibration probes (us: predicted / median [fastest..slowest] of %d reps):\n",
-              dtrain::detail::kProbeReps);
+  std::printf(
+      "# calibration probes (us per call: predicted / median [fastest..slowest] of %d "
+      "reps of N calls):\n",
+      dtrain::detail::kProbeReps);
   for (const auto& q : c.probes) {
-    std::printf("#   %8zu B pick %s winner %s%s:", q.bytes, dtrain::name_of(q.pick),
+    std::printf("#   %8zu B N=%d pick %s winner %s%s:", q.bytes, q.burst, dtrain::name_of(q.pick),
                 dtrain::name_of(q.winner), q.replaced ? " (replaced)" : "");
     for (std::size_t k = 0; k < q.algos.size() && k < q.measured.size(); ++k)
       std::printf(" %s %.1f/%.1f[%.1f..%.1f]", dtrain::name_of(q.algos[k]), q.predicted[k] * 1e6,

@@ -195,6 +195,35 @@ TEST_CASE("validated table: every size follows its nearest probe, beyond the noi
   CHECK(lookup_decision(kept, 1u << 20) == AllreduceAlgorithm::shm);
 }
 
+TEST_CASE("probe bursts: about 150 us of calls by the model, 3 to 32") {
+  CHECK(detail::probe_burst_calls(5e-6) == 30);   // 4 KiB on two ranks of one node
+  CHECK(detail::probe_burst_calls(11e-6) == 14);  // 16 KiB
+  CHECK(detail::probe_burst_calls(50e-6) == detail::kProbeBurst);
+  CHECK(detail::probe_burst_calls(1e-3) == detail::kProbeBurst);
+  CHECK(detail::probe_burst_calls(1e-9) == detail::kProbeBurstMax);
+  CHECK(detail::probe_burst_calls(0.0) == detail::kProbeBurstMax);
+  // A calibration gives each probe the burst of its pick's prediction, on every rank alike.
+  const int p = 2;
+  std::vector<Outcome> out;
+  {
+    Hook h([&](const CalibrationSample& s) { return synthetic(s, p); });
+    out = calibrate_all(p);
+  }
+  REQUIRE_FALSE(out[0].probes.empty());
+  for (int r = 0; r < p; ++r) {
+    const auto& probes = out[static_cast<std::size_t>(r)].probes;
+    REQUIRE(probes.size() == out[0].probes.size());
+    for (std::size_t k = 0; k < probes.size(); ++k) {
+      CAPTURE(probes[k].bytes);
+      CHECK(probes[k].burst == detail::probe_burst_calls(probes[k].predicted.front()));
+      CHECK(probes[k].burst == out[0].probes[k].burst);
+    }
+  }
+  // The synthetic machine's 4 KiB call is a few microseconds: that probe runs long bursts.
+  CHECK(out[0].probes.front().bytes == detail::kProbeBytes[0]);
+  CHECK(out[0].probes.front().burst > detail::kProbeBurst);
+}
+
 TEST_CASE("calibration: every rank ends with the same model and table (real timings)") {
   for (int p : {2, 3}) {
     CAPTURE(p);

@@ -16,8 +16,8 @@
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
 // 3. Validation. The model's table is checked at probe sizes 4 KiB to 4 MiB, a factor 4 apart:
-//    every available algorithm runs kProbeReps times (each a burst of kProbeBurst calls back to
-//    back), the order rotated each repetition; each
+//    every available algorithm runs kProbeReps times (each a burst of calls back to back, as
+//    many as make about 150 us by the model, 3 to 32), the order rotated each repetition; each
 //    algorithm's median, fastest and slowest repetition are agreed like the model (the slowest
 //    rank's). Each size then follows its nearest probe (bands between geometric middles): where
 //    the model's pick for that size measured more than kSwitchFactor (10%) slower than the
@@ -133,6 +133,7 @@ struct CalibrationProbe {
   std::vector<double> slowest;  // each algorithm's slowest repetition (the slowest rank's)
   std::vector<double> fastest;  // each algorithm's fastest repetition (the slowest rank's)
   bool replaced = false;
+  int burst = 0;  // calls per repetition (probe_burst_calls of the pick's prediction)
 
   /// Whether `algo`, measured here, lost to the winner beyond the noise: its median more than
   /// kSwitchFactor times the winner's and even its fastest repetition slower than the winner's
@@ -166,12 +167,28 @@ inline Calibration& last_calibration() {
 
 inline constexpr int kRounds = 5;
 inline constexpr int kProbeReps = 5;
-/// Calls per probe repetition, back to back (the repetition's sample is their mean). A single
-/// call right after another algorithm's starts with the ranks in step; back-to-back calls, as a
-/// training step's buckets and allreduce_bench run them, let a lock-step algorithm (shm) fall
-/// out of step when a rank is descheduled: at 1-16 MiB on a loaded 2-core machine single calls
-/// measured shm level with ring where the bench measured it 3x slower.
+/// Calls per probe repetition, back to back (the repetition's sample is their mean): at least
+/// kProbeBurst, more where the model predicts a call shorter than kProbeBurstSeconds / kProbeBurst
+/// (probe_burst_calls). A single call right after another algorithm's starts with the ranks in
+/// step; back-to-back calls, as a training step's buckets and allreduce_bench run them, let a
+/// lock-step algorithm (shm) fall out of step when a rank is descheduled: at 1-16 MiB on a
+/// loaded 2-core machine single calls measured shm level with ring where the bench measured it
+/// 3x slower. For calls of a few microseconds the first call of a burst pays for waking the
+/// partners (a rank that waited through the previous algorithm's calls may sleep in the kernel,
+/// tens of microseconds), which three calls do not amortise: at 4 KiB on 2 ranks, 3-call probes
+/// measured rd 19.6 us and shm 34.3 us (medians) where the bench, 5 calls per round, measured
+/// 7.3 and 6.2, and the table kept rd (benchmarks/RESULTS.md).
 inline constexpr int kProbeBurst = 3;
+inline constexpr int kProbeBurstMax = 32;
+inline constexpr double kProbeBurstSeconds = 150e-6;
+/// Calls per probe repetition for a call the model predicts to take `predicted` seconds:
+/// kProbeBurstSeconds worth, between kProbeBurst and kProbeBurstMax. Pure; every rank computes
+/// the same from the agreed model.
+inline int probe_burst_calls(double predicted) noexcept {
+  if (!(predicted > 0)) return kProbeBurstMax;
+  const double calls = std::ceil(kProbeBurstSeconds / predicted);
+  return calls >= kProbeBurstMax ? kProbeBurstMax : std::max(kProbeBurst, static_cast<int>(calls));
+}
 inline constexpr double kSwitchFactor = 1.1;
 /// Probe sizes (bytes of f32 per rank), a factor 4 apart from latency- to bandwidth-bound, so
 /// that every crossover lies within a factor 2 of a probe. (No larger probe: at 8 MiB the
@@ -552,22 +569,27 @@ class Calibrator {
     float* const probe_in = probe_mem.data();
     float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
     std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes
-    double spent = 0;                     // the previous probe's wall time, agreed (slowest rank)
+    double spent = 0;  // the previous probe's wall time per call of a burst, agreed (slowest rank)
     std::size_t spent_bytes = 0;
     for (std::size_t bytes : kProbeBytes) {
       if (bytes > max_bytes) break;
+      const AllreduceAlgorithm pick = lookup_decision(c.decisions, bytes);
+      // The burst length follows the model's pick, its fastest prediction (every rank alike).
+      const int burst = probe_burst_calls(view_.predict(c.model, pick, bytes));
       // A slow transport (MPI-RMA through a software progress path, more ranks than cores)
-      // would spend minutes on the larger probes: a probe whose cost, extrapolated linearly in
-      // size from the previous one, exceeds the budget is skipped with every larger one (the
-      // decision agreed, since `spent` is the maximum over ranks). The model's table then stands
-      // unvalidated above the last probe taken.
-      if (spent_bytes && spent * static_cast<double>(bytes) / static_cast<double>(spent_bytes) >
-                             kProbeBudgetSeconds)
+      // would spend minutes on the larger probes: a probe whose cost, extrapolated from the
+      // previous one linearly in size and in calls per burst, exceeds the budget is skipped with
+      // every larger one (the decision agreed, since `spent` is the maximum over ranks). The
+      // model's table then stands unvalidated above the last probe taken.
+      if (spent_bytes &&
+          spent * burst * static_cast<double>(bytes) / static_cast<double>(spent_bytes) >
+              kProbeBudgetSeconds)
         break;
       const double probe_start = now_seconds();
       CalibrationProbe q;
       q.bytes = bytes;
-      q.pick = lookup_decision(c.decisions, bytes);
+      q.pick = pick;
+      q.burst = burst;
       q.runner_up = view_.best(c.model, bytes, q.pick);
       q.algos.push_back(q.pick);
       for (AllreduceAlgorithm a : view_.candidates)
@@ -590,9 +612,9 @@ class Calibrator {
         for (std::size_t j = 0; j < n; ++j) {
           const std::size_t k = (static_cast<std::size_t>(rep) + j) % n;  // rotate the order
           const double t0 = now_seconds();
-          for (int i = 0; i < kProbeBurst; ++i) execute_in_order(st_, *plans[k]);
-          times[k].push_back(sample(CalibrationQuantity::probe, rep,
-                                    (now_seconds() - t0) / kProbeBurst, q.algos[k], bytes));
+          for (int i = 0; i < burst; ++i) execute_in_order(st_, *plans[k]);
+          times[k].push_back(sample(CalibrationQuantity::probe, rep, (now_seconds() - t0) / burst,
+                                    q.algos[k], bytes));
         }
       for (const auto& t : times) {
         med.push_back(median_of(t));
@@ -600,7 +622,7 @@ class Calibrator {
         fast.push_back(*std::min_element(t.begin(), t.end()));
       }
       c.probes.push_back(std::move(q));
-      spent = now_seconds() - probe_start;
+      spent = (now_seconds() - probe_start) / burst;
       agree_max(&spent, 1);
       spent_bytes = bytes;
     }
