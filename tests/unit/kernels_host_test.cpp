@@ -4,8 +4,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include <dtrain/core/rng.hpp>
@@ -317,6 +320,18 @@ bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
          (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
 }
 
+// The SGD hyper-parameters of the bit-for-bit tests: dampening and weight decay both non-zero.
+host::SgdParams sgd_test_params(double momentum, bool nesterov, bool first) {
+  host::SgdParams h;
+  h.lr = 0.05;
+  h.momentum = momentum;
+  h.dampening = 0.1;
+  h.weight_decay = 0.01;
+  h.nesterov = nesterov;
+  h.first_step = first;
+  return h;
+}
+
 TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit for bit", T, float,
                    double) {
   // Sizes around every SIMD width and remainder, and a large odd one.
@@ -355,13 +370,7 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
     for (double momentum : {0.0, 0.9})
       for (bool nesterov : {false, true})
         for (bool first : {false, true}) {
-          host::SgdParams h;
-          h.lr = 0.05;
-          h.momentum = momentum;
-          h.dampening = 0.1;
-          h.weight_decay = 0.01;
-          h.nesterov = nesterov;
-          h.first_step = first;
+          const host::SgdParams h = sgd_test_params(momentum, nesterov, first);
           const T lr = T(h.lr), wd = T(h.weight_decay), mu = T(h.momentum), damp = T(0.9);
           auto pw = p0, bw = b0;
           for (std::size_t i = 0; i < n; ++i) {
@@ -383,6 +392,121 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
           CHECK(same_bits(bf, bw));
           CHECK(same_bits(ps, pw));
         }
+  }
+}
+
+namespace {
+// Restores the optimizer kernels' SIMD limit when a test case ends, whatever happened in it.
+struct HostSimdLimitGuard {
+  host::detail::HostSimd saved = host::detail::host_simd_limit();
+  ~HostSimdLimitGuard() { host::detail::host_simd_limit() = saved; }
+};
+
+// AdamW inputs that reach every branch of the arithmetic: zeros in g, m and v (the denominator is
+// eps alone), tiny and large magnitudes, both signs.
+template <class T>
+void adamw_edge_inputs(std::vector<T>& p, std::vector<T>& g, std::vector<T>& m, std::vector<T>& v,
+                       std::size_t n, std::uint64_t seed) {
+  p = random_vec<T>(n, seed, -2, 2);
+  g = random_vec<T>(n, seed + 1, -3, 3);
+  m = random_vec<T>(n, seed + 2);
+  v = random_vec<T>(n, seed + 3, 0, 2);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i % 3 == 0) g[i] = 0;
+    if (i % 5 == 1) v[i] = 0;
+    if (i % 7 == 2) m[i] = 0;
+    if (i % 11 == 3) g[i] = static_cast<T>(g[i] * T(1e-30));
+    if (i % 13 == 4) g[i] = static_cast<T>(g[i] * T(1e15));
+    if (i % 17 == 5) v[i] = static_cast<T>(v[i] * T(1e-30));
+  }
+}
+}  // namespace
+
+TEST_CASE("the optimizer kernels' AVX detection agrees with the kernel's CPU flags") {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("flags", 0) == 0) break;
+  if (line.rfind("flags", 0) != 0) {
+    MESSAGE("not checked: /proc/cpuinfo has no flags line on this machine");
+    return;
+  }
+  std::istringstream words(line.substr(line.find(':') + 1));
+  bool avx = false;
+  for (std::string w; words >> w;) avx = avx || w == "avx";
+  INFO("/proc/cpuinfo flags: " << line);
+  CHECK(host::detail::cpu_has_avx() == avx);
+}
+
+TEST_CASE_TEMPLATE("AdamW's AVX and SSE2 lanes give the scalar loop's bits", T, float, double) {
+  HostSimdLimitGuard guard;
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 0; n <= 40; ++n) sizes.push_back(n);
+  sizes.push_back(1000);
+  sizes.push_back(4099);
+  for (const auto limit : {host::detail::HostSimd::sse2, host::detail::HostSimd::avx}) {
+    const bool avx = limit == host::detail::HostSimd::avx;
+    const std::string path = avx ? "avx" : "sse2";
+    if (avx && !host::detail::cpu_has_avx()) {
+      MESSAGE("AVX lanes skipped, not checked: this CPU (or its OS) does not support AVX");
+      continue;
+    }
+    host::detail::host_simd_limit() = limit;
+    REQUIRE(host::detail::host_simd_avx() == avx);
+    for (const std::size_t n : sizes)
+      for (const std::size_t offset : {0, 1}) {  // offset 1: every lane load and store unaligned
+        std::vector<T> p0, g0, m0, v0;
+        adamw_edge_inputs(p0, g0, m0, v0, n + offset, 70 + n);
+        auto pf = p0, mf = m0, vf = v0, ps = p0, ms = m0, vs = v0;
+        for (long long step = 1; step <= 4; ++step) {
+          host::AdamWParams h;
+          h.lr = 3e-3;
+          h.weight_decay = 0.05;
+          h.step = step;
+          host::adamw_update(pf.data() + offset, g0.data() + offset, mf.data() + offset,
+                             vf.data() + offset, n, h);
+          host::adamw_update_scalar(ps.data() + offset, g0.data() + offset, ms.data() + offset,
+                                    vs.data() + offset, n, h);
+        }
+        INFO("adamw " << path << " n=" << n << " offset=" << offset);
+        CHECK(same_bits(pf, ps));
+        CHECK(same_bits(mf, ms));
+        CHECK(same_bits(vf, vs));
+        if (n > 0) CHECK(!same_bits(pf, p0));  // the update moved p: not a no-op comparison
+      }
+  }
+}
+
+TEST_CASE_TEMPLATE("SGD's AVX and SSE2 loops give the scalar loop's bits", T, float, double) {
+  HostSimdLimitGuard guard;
+  for (const auto limit : {host::detail::HostSimd::sse2, host::detail::HostSimd::avx}) {
+    const bool avx = limit == host::detail::HostSimd::avx;
+    if (avx && !host::detail::cpu_has_avx()) {
+      MESSAGE("SGD AVX loop skipped, not checked: this CPU (or its OS) does not support AVX");
+      continue;
+    }
+    host::detail::host_simd_limit() = limit;
+    const std::string path = avx ? "avx" : "sse2";
+    for (const std::size_t n : {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 1000, 4099})
+      for (const std::size_t offset : {0, 1})
+        for (double momentum : {0.0, 0.9})
+          for (bool nesterov : {false, true}) {
+            std::vector<T> p0, g0, b0, unused;
+            adamw_edge_inputs(p0, g0, b0, unused, n + offset, 90 + n);
+            auto pf = p0, bf = b0, ps = p0, bs = b0;
+            for (int step = 0; step < 3; ++step) {
+              const host::SgdParams h = sgd_test_params(momentum, nesterov, step == 0);
+              T* bfp = momentum != 0.0 ? bf.data() + offset : nullptr;
+              T* bsp = momentum != 0.0 ? bs.data() + offset : nullptr;
+              host::sgd_update(pf.data() + offset, g0.data() + offset, bfp, n, h);
+              host::sgd_update_scalar(ps.data() + offset, g0.data() + offset, bsp, n, h);
+            }
+            INFO("sgd " << path << " n=" << n << " offset=" << offset << " momentum=" << momentum
+                        << " nesterov=" << nesterov);
+            CHECK(same_bits(pf, ps));
+            CHECK(same_bits(bf, bs));
+            if (n > 0) CHECK(!same_bits(pf, p0));
+          }
   }
 }
 

@@ -11,6 +11,14 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+// The AVX lanes are compiled for every x86-64 GCC/Clang host pass and chosen at run time; the
+// condition is a property of the target, the same in every translation unit of one program
+// (device passes never emit these host functions).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDA_ARCH__) && \
+    !defined(__HIP_DEVICE_COMPILE__)
+#include <immintrin.h>
+#define DTRAIN_HOST_OPTIM_X86_AVX 1
+#endif
 
 namespace dtrain {
 namespace host {
@@ -135,6 +143,100 @@ inline std::size_t adamw_lanes(T*, const T*, T*, T*, std::size_t, const AdamWCoe
   return 0;
 }
 #endif
+
+/// The widest host SIMD instruction set the optimizer updates may use.
+enum class HostSimd { sse2, avx };
+
+/// Test knob: the optimizer updates use at most this instruction set (`sse2` forces the baseline
+/// lanes so tests and kernels_bench can compare both paths in one process). Default `avx`: AVX
+/// where the CPU and OS support it. Not synchronised: set it before updates run on other threads.
+inline HostSimd& host_simd_limit() noexcept {
+  static HostSimd limit = HostSimd::avx;
+  return limit;
+}
+
+#if defined(DTRAIN_HOST_OPTIM_X86_AVX)
+/// Whether this CPU and its OS support AVX (the OS saves the ymm registers), asked once. Local,
+/// thread-safe.
+inline bool cpu_has_avx() noexcept {
+  static const bool yes = __builtin_cpu_supports("avx") != 0;
+  return yes;
+}
+
+// AVX lanes of adamw_element (8 floats or 4 doubles), chosen at run time. "avx" only, never "fma"
+// or "avx2": with FMA enabled, GCC contracts the separate multiply and add (its intrinsics are
+// plain vector arithmetic, -ffp-contract=fast) and the bits would leave the scalar order. The
+// operations and their order are those of adamw_lanes; the loop is written out again because a
+// function compiled for AVX cannot share a body with the baseline one.
+template <class T>
+struct Avx;
+template <>
+struct Avx<float> {
+  using V = __m256;
+  static constexpr std::size_t width = 8;
+  __attribute__((target("avx"))) static V set1(float x) noexcept { return _mm256_set1_ps(x); }
+  __attribute__((target("avx"))) static V load(const float* p) noexcept {
+    return _mm256_loadu_ps(p);
+  }
+  __attribute__((target("avx"))) static void store(float* p, V x) noexcept {
+    _mm256_storeu_ps(p, x);
+  }
+  __attribute__((target("avx"))) static V add(V a, V b) noexcept { return _mm256_add_ps(a, b); }
+  __attribute__((target("avx"))) static V sub(V a, V b) noexcept { return _mm256_sub_ps(a, b); }
+  __attribute__((target("avx"))) static V mul(V a, V b) noexcept { return _mm256_mul_ps(a, b); }
+  __attribute__((target("avx"))) static V div(V a, V b) noexcept { return _mm256_div_ps(a, b); }
+  __attribute__((target("avx"))) static V sqrt(V a) noexcept { return _mm256_sqrt_ps(a); }
+};
+template <>
+struct Avx<double> {
+  using V = __m256d;
+  static constexpr std::size_t width = 4;
+  __attribute__((target("avx"))) static V set1(double x) noexcept { return _mm256_set1_pd(x); }
+  __attribute__((target("avx"))) static V load(const double* p) noexcept {
+    return _mm256_loadu_pd(p);
+  }
+  __attribute__((target("avx"))) static void store(double* p, V x) noexcept {
+    _mm256_storeu_pd(p, x);
+  }
+  __attribute__((target("avx"))) static V add(V a, V b) noexcept { return _mm256_add_pd(a, b); }
+  __attribute__((target("avx"))) static V sub(V a, V b) noexcept { return _mm256_sub_pd(a, b); }
+  __attribute__((target("avx"))) static V mul(V a, V b) noexcept { return _mm256_mul_pd(a, b); }
+  __attribute__((target("avx"))) static V div(V a, V b) noexcept { return _mm256_div_pd(a, b); }
+  __attribute__((target("avx"))) static V sqrt(V a) noexcept { return _mm256_sqrt_pd(a); }
+};
+template <class T>
+__attribute__((target("avx"))) std::size_t adamw_lanes_avx(T* __restrict p, const T* __restrict g,
+                                                           T* __restrict m, T* __restrict v,
+                                                           std::size_t n,
+                                                           const AdamWCoeffs<T>& k) noexcept {
+  using S = Avx<T>;
+  const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),
+             decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2),
+             eps = S::set1(k.eps);
+  const std::size_t end = n - n % S::width;
+  std::size_t i = 0;
+  for (; i < end; i += S::width) {
+    const auto gi = S::load(g + i);
+    const auto mi = S::add(S::mul(b1, S::load(m + i)), S::mul(c1, gi));
+    const auto vi = S::add(S::mul(b2, S::load(v + i)), S::mul(S::mul(c2, gi), gi));
+    S::store(m + i, mi);
+    S::store(v + i, vi);
+    const auto den = S::add(S::sqrt(S::mul(vi, ibc2)), eps);
+    S::store(p + i, S::sub(S::mul(S::load(p + i), decay), S::div(S::mul(step, mi), den)));
+  }
+  return i;
+}
+#else
+inline bool cpu_has_avx() noexcept { return false; }
+template <class T>
+std::size_t adamw_lanes_avx(T*, const T*, T*, T*, std::size_t, const AdamWCoeffs<T>&) noexcept {
+  return 0;
+}
+#endif
+
+/// Whether the optimizer updates take their AVX lanes now: the CPU has AVX and host_simd_limit()
+/// allows it. Local; thread-safe while the knob is not being set.
+inline bool host_simd_avx() noexcept { return host_simd_limit() >= HostSimd::avx && cpu_has_avx(); }
 }  // namespace detail
 
 namespace ref {
@@ -191,8 +293,11 @@ inline void sgd_element(T& p, T g, T& b, T lr, T wd, T mu, T damp) noexcept {
   b = bi;
   p -= lr * (Nesterov ? d + mu * bi : bi);
 }
+// Always inlined, so that sgd_loop_avx's copy is compiled (and vectorised) for AVX: a function
+// may inline a callee built for a subset of its instruction set.
 template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
-void sgd_loop(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
+__attribute__((always_inline)) inline void sgd_loop(T* p, const T* g, T* buf, std::size_t n,
+                                                    const SgdParams& h) noexcept {
   const T lr = static_cast<T>(h.lr), wd = static_cast<T>(h.weight_decay);
   const T mu = static_cast<T>(h.momentum), damp = static_cast<T>(1.0 - h.dampening);
   using P = std::conditional_t<Restrict, T* __restrict, T*>;
@@ -207,14 +312,36 @@ void sgd_loop(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexc
       sgd_element(pr[i], gr[i], lr, wd);
   }
 }
-template <bool Restrict, class T>
+#if defined(DTRAIN_HOST_OPTIM_X86_AVX)
+// sgd_loop compiled for AVX: GCC vectorises it with 256-bit lanes. "avx" only, never "fma" (a
+// contracted multiply-add would round differently from sgd_element).
+template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
+__attribute__((target("avx"))) void sgd_loop_avx(T* p, const T* g, T* buf, std::size_t n,
+                                                 const SgdParams& h) noexcept {
+  sgd_loop<Momentum, First, Nesterov, Restrict>(p, g, buf, n, h);
+}
+#else
+template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
+void sgd_loop_avx(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
+  sgd_loop<Momentum, First, Nesterov, Restrict>(p, g, buf, n, h);
+}
+#endif
+// The switches turned into template arguments; Avx selects the AVX-compiled loop.
+template <bool Restrict, bool Avx, class T>
 void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
-  if (h.momentum == 0.0) return sgd_loop<false, false, false, Restrict>(p, g, buf, n, h);
-  if (h.first_step)
-    return h.nesterov ? sgd_loop<true, true, true, Restrict>(p, g, buf, n, h)
-                      : sgd_loop<true, true, false, Restrict>(p, g, buf, n, h);
-  return h.nesterov ? sgd_loop<true, false, true, Restrict>(p, g, buf, n, h)
-                    : sgd_loop<true, false, false, Restrict>(p, g, buf, n, h);
+  const auto loop = [&](auto momentum, auto first, auto nesterov) {
+    constexpr bool M = decltype(momentum)::value, F = decltype(first)::value,
+                   N = decltype(nesterov)::value;
+    if constexpr (Avx)
+      sgd_loop_avx<M, F, N, Restrict>(p, g, buf, n, h);
+    else
+      sgd_loop<M, F, N, Restrict>(p, g, buf, n, h);
+  };
+  using Y = std::true_type;
+  using No = std::false_type;
+  if (h.momentum == 0.0) return loop(No{}, No{}, No{});
+  if (h.first_step) return h.nesterov ? loop(Y{}, Y{}, Y{}) : loop(Y{}, Y{}, No{});
+  return h.nesterov ? loop(Y{}, No{}, Y{}) : loop(Y{}, No{}, No{});
 }
 }  // namespace detail
 
@@ -223,15 +350,19 @@ void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) n
 /// momentum == 0. Local.
 template <class T>
 void sgd_update_scalar(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
-  detail::sgd_dispatch<false>(p, g, buf, n, h);
+  detail::sgd_dispatch<false, false>(p, g, buf, n, h);
 }
 
-/// SGD step over n elements in one pass, no temporaries, vectorised; the same bits as
-/// sgd_update_scalar. buf (the momentum buffer) may be null when momentum == 0. Local, blocking;
-/// p, g, buf must not overlap.
+/// SGD step over n elements in one pass, no temporaries, vectorised (on x86-64 with AVX lanes
+/// when the CPU has them, chosen at run time, else SSE2); the same bits as sgd_update_scalar.
+/// buf (the momentum buffer) may be null when momentum == 0. Local, blocking; p, g, buf must not
+/// overlap.
 template <class T>
 void sgd_update(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
-  detail::sgd_dispatch<true>(p, g, buf, n, h);
+  if (detail::host_simd_avx())
+    detail::sgd_dispatch<true, true>(p, g, buf, n, h);
+  else
+    detail::sgd_dispatch<true, false>(p, g, buf, n, h);
 }
 
 /// AdamW step element by element in T arithmetic: the operation order the fast path reproduces
@@ -243,13 +374,15 @@ void adamw_update_scalar(T* p, const T* g, T* m, T* v, std::size_t n, const Adam
 }
 
 /// AdamW step over n elements; m and v are the first and second moments. One pass over the four
-/// arrays, no temporaries, SIMD lanes where the target has them (SSE2 on x86-64), and the same
-/// bits as adamw_update_scalar for every n. Local, blocking; the buffers must not overlap.
+/// arrays, no temporaries, SIMD lanes where the target has them (on x86-64: AVX when the CPU has
+/// it, chosen at run time, else SSE2), and the same bits as adamw_update_scalar for every n and
+/// every path. Local, blocking; the buffers must not overlap.
 template <class T>
 void adamw_update(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
                   std::size_t n, const AdamWParams& h) {
   const auto k = detail::adamw_coeffs<T>(h);
-  std::size_t i = detail::adamw_lanes(p, g, m, v, n, k);
+  std::size_t i = detail::host_simd_avx() ? detail::adamw_lanes_avx(p, g, m, v, n, k)
+                                          : detail::adamw_lanes(p, g, m, v, n, k);
   for (; i < n; ++i) detail::adamw_element(p[i], g[i], m[i], v[i], k);
 }
 
