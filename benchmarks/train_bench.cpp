@@ -327,6 +327,12 @@ int main(int argc, char** argv) {
       MPI_Allreduce(&mine_sps, &pair_sps, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       MPI_Comm_free(&own);
     }
+    // The table automatic all-reduce followed on 2 ranks (calibrated in this run; every rank
+    // calls it, as it is collective until calibrated): a bucket's algorithm moves the sync wait.
+    std::string decisions;
+    for (const auto& d : world_comm.allreduce_decisions())
+      decisions += (decisions.empty() ? "" : " ") + std::to_string(d.min_bytes) + ":" +
+                   dtrain::name_of(d.algo);
     double rss[2] = {0, 0};
     double mine = peak_rss_mib();
     MPI_Gather(&mine, 1, MPI_DOUBLE, rss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
@@ -360,6 +366,8 @@ int main(int argc, char** argv) {
             100 * p.forward / t, 100 * p.backward / t, 100 * p.sync / t, 100 * p.optimizer / t,
             1e3 * t);
       }
+      std::printf("# all-reduce on 2 ranks, automatic decisions (from bytes per rank): %s\n",
+                  decisions.c_str());
       std::printf(
           "# both ranks training alone at once (no communication): %.0f samples/s together; "
           "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
@@ -383,6 +391,7 @@ int main(int argc, char** argv) {
             .add("scaling_efficiency", two[0].samples_per_s / (2 * one[0].samples_per_s))
             .add("samples_per_s_solo_pair", pair_sps)
             .add("efficiency_vs_solo_pair", two[0].samples_per_s / pair_sps)
+            .add("allreduce_decisions", decisions)
             .add_raw("phase_split_2", split_json(two[0].split))
             .add_raw("phase_split_1", split_json(one[0].split));
         std::string modes_json = "{";
