@@ -4,6 +4,9 @@
 // BLAS and a device memcpy, after checking each result against the host reference.
 //
 //   kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm] [--no-optim]
+//                 [--same-page-offset]
+// --same-page-offset starts the optimizer benchmark's arrays all at one offset within their 4 KiB
+// pages (as separately allocated large arrays are), instead of staggering them.
 // Every ratio in the output is measured in the same run, interleaved, best of `iters`.
 #include <algorithm>
 #include <cmath>
@@ -39,6 +42,7 @@ struct Options {
   bool mlp = true;
   bool gemm = true;
   bool optim = true;
+  bool same_page_offset = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -64,10 +68,12 @@ Options parse(int argc, char** argv) {
       o.gemm = false;
     else if (a == "--no-optim")
       o.optim = false;
+    else if (a == "--same-page-offset")
+      o.same_page_offset = true;
     else {
       std::fprintf(stderr,
                    "usage: kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm] "
-                   "[--no-optim]\n");
+                   "[--no-optim] [--same-page-offset]\n");
       std::exit(2);
     }
   }
@@ -193,27 +199,62 @@ void bench_host_gemm(const Options& o) {
   }
 }
 
-// Host optimizer updates: the one-pass SIMD path against the scalar loop of the same operations
-// (bit-identical results, checked here) and the long-double reference of the published equations.
-// Sizes: example 10's model (784-512-10, 407,050 parameters) and a 4M-parameter model.
+// Host optimizer updates: the one-pass SIMD path as dispatched (AVX when the CPU has it), the
+// same path forced to SSE2 (host::detail::host_simd_limit), the scalar loop of the same operations
+// (all three bit-identical, checked here) and the long-double reference of the published
+// equations. Sizes: example 10's model (784-256-256-10, 269,322 parameters), 784-512-10 (407,050)
+// and a 4M-parameter model.
 void bench_optim(const Options& o) {
+  namespace hd = dtrain::host::detail;
+  const hd::HostSimd saved_limit = hd::host_simd_limit();
+  hd::host_simd_limit() = hd::HostSimd::avx;
+  const bool avx = hd::host_simd_avx();
   std::printf(
       "#\n# Host optimizer updates, f32; best of max(%d, 0.25 s worth) after %d warm-up, paths "
-      "interleaved\n# GB/s counts the bytes the update must move (AdamW 28 B/param, SGD+momentum "
-      "20 B/param)\n",
-      o.iters, o.warmup);
-  std::printf("# %-10s %9s %11s %11s %11s %9s %9s %9s %s\n", "update", "params", "fast ms",
-              "scalar ms", "ref ms", "fast GB/s", "scal/fast", "ref/fast", "bits");
-  for (const std::size_t n : {std::size_t(407050), std::size_t(4) << 20}) {
-    const auto g = random_vec(n, 11);
+      "interleaved\n# fast = host::adamw_update / sgd_update as dispatched: %s; sse2 = the same "
+      "forced to SSE2\n# GB/s counts the bytes the update must move (AdamW 28 B/param, "
+      "SGD+momentum 20 B/param)\n# arrays %s\n",
+      o.iters, o.warmup, avx ? "AVX lanes" : "SSE2 lanes (this CPU has no AVX)",
+      o.same_page_offset ? "all at one offset in their 4 KiB pages (--same-page-offset)"
+                         : "staggered by 17 cache lines within their 4 KiB pages");
+  std::printf("# %-10s %9s %9s %9s %10s %9s %9s %9s %9s %9s %s\n", "update", "params", "fast ms",
+              "sse2 ms", "scalar ms", "ref ms", "fast GB/s", "sse2/fast", "scal/fast", "ref/fast",
+              "bits");
+  constexpr int kPaths = 4;  // fast, sse2, scalar, ref
+  for (const std::size_t n : {std::size_t(269322), std::size_t(407050), std::size_t(4) << 20}) {
+    const auto g0 = random_vec(n, 11);
     const auto p0 = random_vec(n, 12), m0 = random_vec(n, 13);
     std::vector<float> v0 = random_vec(n, 14);
     for (auto& x : v0) x = x * x;
+    // The g and per-path p, m, v streams in one block, stream k starting 17 cache lines (1088 B)
+    // further into its 4 KiB page than stream k-1: separately malloc'ed arrays of this size are
+    // page-aligned mmaps, all at the same page offset, and then every path of whichever size ran
+    // first measured 3-5x slower (the scalar loop too), the cost of those addresses rather than of
+    // the code.
+    const std::size_t stride =
+        (n + 1023) / 1024 * 1024 + (o.same_page_offset ? 0 : 1088 / sizeof(float));
+    std::vector<float> block((1 + 3 * kPaths) * stride + 16);
+    float* const base =
+        block.data() +
+        (16 - reinterpret_cast<std::uintptr_t>(block.data()) % 64 / sizeof(float)) % 16;
+    const auto stream = [&](int k) { return base + static_cast<std::size_t>(k) * stride; };
+    const float* g = stream(0);
+    std::copy(g0.begin(), g0.end(), stream(0));
+    float *p[kPaths], *m[kPaths], *v[kPaths];
+    for (int k = 0; k < kPaths; ++k) {
+      p[k] = stream(1 + 3 * k);
+      m[k] = stream(2 + 3 * k);
+      v[k] = stream(3 + 3 * k);
+    }
     for (int which_update = 0; which_update < 2; ++which_update) {
       const bool adam = which_update == 0;
       // One state per path, each updated in place every run (the state drifts identically, so the
       // bit comparison at the end still holds).
-      std::vector<float> p[3] = {p0, p0, p0}, m[3] = {m0, m0, m0}, v[3] = {v0, v0, v0};
+      for (int k = 0; k < kPaths; ++k) {
+        std::copy(p0.begin(), p0.end(), p[k]);
+        std::copy(m0.begin(), m0.end(), m[k]);
+        std::copy(v0.begin(), v0.end(), v[k]);
+      }
       dtrain::host::AdamWParams ha;
       ha.lr = 1e-3;
       dtrain::host::SgdParams hs;
@@ -222,15 +263,16 @@ void bench_optim(const Options& o) {
       hs.first_step = false;
       hs.weight_decay = 1e-4;
       auto run = [&](int path) {
-        float *pp = p[path].data(), *mm = m[path].data(), *vv = v[path].data();
+        float *pp = p[path], *mm = m[path], *vv = v[path];
+        hd::host_simd_limit() = path == 1 ? hd::HostSimd::sse2 : hd::HostSimd::avx;
         if (adam) {
-          if (path == 0) dtrain::host::adamw_update(pp, g.data(), mm, vv, n, ha);
-          if (path == 1) dtrain::host::adamw_update_scalar(pp, g.data(), mm, vv, n, ha);
-          if (path == 2) dtrain::host::ref::adamw_update(pp, g.data(), mm, vv, n, ha);
+          if (path <= 1) dtrain::host::adamw_update(pp, g, mm, vv, n, ha);
+          if (path == 2) dtrain::host::adamw_update_scalar(pp, g, mm, vv, n, ha);
+          if (path == 3) dtrain::host::ref::adamw_update(pp, g, mm, vv, n, ha);
         } else {
-          if (path == 0) dtrain::host::sgd_update(pp, g.data(), mm, n, hs);
-          if (path == 1) dtrain::host::sgd_update_scalar(pp, g.data(), mm, n, hs);
-          if (path == 2) dtrain::host::ref::sgd_update(pp, g.data(), mm, n, hs);
+          if (path <= 1) dtrain::host::sgd_update(pp, g, mm, n, hs);
+          if (path == 2) dtrain::host::sgd_update_scalar(pp, g, mm, n, hs);
+          if (path == 3) dtrain::host::ref::sgd_update(pp, g, mm, n, hs);
         }
       };
       int iters = o.iters;
@@ -240,29 +282,33 @@ void bench_optim(const Options& o) {
         const double once = t.seconds();
         if (once > 0) iters = std::max(iters, std::min(2000, static_cast<int>(0.25 / once)));
       }
-      // Path 0 ran once more above: give the scalar path the same history before comparing bits.
+      // Path 0 ran once more above: give the sse2 and scalar paths the same history before
+      // comparing bits.
       run(1);
-      double best[3] = {1e30, 1e30, 1e30};
+      run(2);
+      double best[kPaths] = {1e30, 1e30, 1e30, 1e30};
       for (int it = -o.warmup; it < iters; ++it)
-        for (int r = 0; r < 3; ++r) {
-          const int path = (r + it + o.warmup) % 3;
-          if (path == 2 && it > 3) continue;  // the long-double reference is slow: a few runs
+        for (int r = 0; r < kPaths; ++r) {
+          const int path = (r + it + o.warmup) % kPaths;
+          if (path == 3 && it > 3) continue;  // the long-double reference is slow: a few runs
           dtrain::Timer t;
           run(path);
           const double sec = t.seconds();
-          if (it >= 0 || (path == 2 && it > -o.warmup)) best[path] = std::min(best[path], sec);
+          if (it >= 0 || (path == 3 && it > -o.warmup)) best[path] = std::min(best[path], sec);
         }
-      // Equal run counts for paths 0 and 1 (both ran every iteration), so their states match.
-      const bool same = std::memcmp(p[0].data(), p[1].data(), n * 4) == 0 &&
-                        std::memcmp(m[0].data(), m[1].data(), n * 4) == 0 &&
-                        (!adam || std::memcmp(v[0].data(), v[1].data(), n * 4) == 0);
+      // Equal run counts for paths 0-2 (all ran every iteration), so their states match.
+      bool same = true;
+      for (int k = 1; k <= 2; ++k)
+        same = same && std::memcmp(p[0], p[k], n * 4) == 0 && std::memcmp(m[0], m[k], n * 4) == 0 &&
+               (!adam || std::memcmp(v[0], v[k], n * 4) == 0);
       const double bytes = (adam ? 28.0 : 20.0) * static_cast<double>(n);
-      std::printf("  %-10s %9zu %11.3f %11.3f %11.3f %9.2f %9.2f %9.1f %s\n",
+      std::printf("  %-10s %9zu %9.3f %9.3f %10.3f %9.3f %9.2f %9.2f %9.2f %9.1f %s\n",
                   adam ? "adamw" : "sgd+mom", n, best[0] * 1e3, best[1] * 1e3, best[2] * 1e3,
-                  bytes / best[0] * 1e-9, best[1] / best[0], best[2] / best[0],
-                  same ? "identical" : "DIFFER");
+                  best[3] * 1e3, bytes / best[0] * 1e-9, best[1] / best[0], best[2] / best[0],
+                  best[3] / best[0], same ? "identical" : "DIFFER");
     }
   }
+  hd::host_simd_limit() = saved_limit;
 }
 
 void bench_mlp(const Options& o) {
