@@ -42,7 +42,7 @@ CommConfig quick(double timeout_s, bool progress_thread) {
   CommConfig c;
   c.timeout_s = timeout_s;
   c.segment_bytes = 256;
-  c.progress_thread = progress_thread;
+  c.progress = progress_thread ? CommProgress::thread : CommProgress::caller;
   return c;
 }
 }  // namespace

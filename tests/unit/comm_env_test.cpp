@@ -8,6 +8,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/core/env.hpp>
@@ -83,6 +84,17 @@ TEST_CASE("CommConfig::from_env is strict and names the variable") {
   {
     ScopedEnv e("DTRAIN_COMM_TIMEOUT_S", "12.5");
     CHECK(CommConfig::from_env().timeout_s == 12.5);
+  }
+  {
+    ::unsetenv("DTRAIN_COMM_PROGRESS");
+    CHECK(CommConfig::from_env().progress == CommProgress::automatic);
+    const std::pair<const char*, CommProgress> modes[] = {{"auto", CommProgress::automatic},
+                                                          {"thread", CommProgress::thread},
+                                                          {"caller", CommProgress::caller}};
+    for (const auto& m : modes) {
+      ScopedEnv e("DTRAIN_COMM_PROGRESS", m.first);
+      CHECK(CommConfig::from_env().progress == m.second);
+    }
   }
   const struct {
     const char* name;

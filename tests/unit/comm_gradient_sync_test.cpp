@@ -20,6 +20,7 @@ TEST_CASE("GradientSync equals allreduce(avg) and overlaps with backward") {
     run_loopback(p, [&](LoopbackTransport& t) {
       CommConfig c;
       c.timeout_s = 30;
+      c.progress = CommProgress::thread;  // the overlap this test checks
       Communicator comm(t, c);
       const std::size_t n = 10007;  // 4 layers of uneven sizes
       const std::size_t layer[4] = {3000, 4000, 7, 3000};

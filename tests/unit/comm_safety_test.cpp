@@ -18,10 +18,13 @@
 using namespace dtrain;
 
 namespace {
+// The progress thread these tests exercise, whatever the machine's cores (automatic would choose
+// the caller's thread for several ranks on few cores).
 CommConfig quick(double timeout_s = 30) {
   CommConfig c;
   c.timeout_s = timeout_s;
   c.segment_bytes = 256;
+  c.progress = CommProgress::thread;
   return c;
 }
 
@@ -199,10 +202,47 @@ TEST_CASE("non-blocking collectives progress while the caller computes") {
   });
 }
 
+TEST_CASE("automatic progress: a thread only where the rank has a core to spare") {
+  // Unbound ranks share the machine's CPUs: a thread needs two per rank.
+  CHECK(detail::progress_thread_pays(2, 2, 1));
+  CHECK_FALSE(detail::progress_thread_pays(2, 2, 2));
+  CHECK_FALSE(detail::progress_thread_pays(64, 64, 64));
+  CHECK(detail::progress_thread_pays(64, 64, 32));
+  CHECK_FALSE(detail::progress_thread_pays(64, 64, 33));
+  // A rank bound to its own CPUs by the launcher has them all, however many ranks the node runs.
+  CHECK(detail::progress_thread_pays(8, 64, 8));
+  CHECK(detail::progress_thread_pays(2, 64, 64));
+  CHECK_FALSE(detail::progress_thread_pays(1, 64, 1));
+  // Unknown counts: the thread, as before automatic existed.
+  CHECK(detail::progress_thread_pays(0, 0, 4));
+  // The communicator follows the rule with its node's rank count; explicit settings win.
+  for (int p : {1, 2, 3}) {
+    CAPTURE(p);
+    const bool pays =
+        detail::progress_thread_pays(detail::affinity_cpus(), detail::online_cpus(), p);
+    run_loopback(p, [&](LoopbackTransport& t) {
+      CommConfig c = quick();
+      c.progress = CommProgress::automatic;
+      Communicator automatic(t, c);
+      CHECK(automatic.has_progress_thread() == pays);
+      c.progress = CommProgress::caller;
+      Communicator caller(t, c);
+      CHECK_FALSE(caller.has_progress_thread());
+      c.progress = CommProgress::thread;
+      Communicator thread(t, c);
+      CHECK(thread.has_progress_thread());
+      // Either way the collectives complete and agree.
+      std::vector<double> x(1000, t.rank() + 1.0);
+      automatic.allreduce(BufferView(span<double>(x)), ReduceOp::sum);
+      CHECK(x[999] == p * (p + 1) / 2.0);
+    });
+  }
+}
+
 TEST_CASE("without a progress thread, test() and wait() drive the collectives") {
   run_loopback(3, [&](LoopbackTransport& t) {
     CommConfig c = quick();
-    c.progress_thread = false;
+    c.progress = CommProgress::caller;
     Communicator comm(t, c);
     CHECK_FALSE(comm.has_progress_thread());
     std::vector<std::int32_t> a(77, t.rank() + 1), b(5, 2);

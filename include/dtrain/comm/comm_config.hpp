@@ -11,6 +11,18 @@
 
 namespace dtrain {
 
+/// Who runs a communicator's non-blocking collectives (CommConfig::progress).
+enum class CommProgress {
+  /// `thread` where this rank has a core to spare, `caller` otherwise (detail::progress_thread_pays
+  /// in <dtrain/comm/detail/progress_engine.hpp>).
+  automatic,
+  /// A progress thread per communicator runs them while the caller computes (where the transport
+  /// allows one: loopback always, MPI at MPI_THREAD_MULTIPLE; otherwise `caller`).
+  thread,
+  /// They run on the caller's thread, in issue order, inside test() / wait().
+  caller
+};
+
 /// Settings of one Communicator. Plain value type; every rank must use the same values (a
 /// mismatch in algorithm choice is caught by the collective fingerprints).
 struct CommConfig {
@@ -21,9 +33,13 @@ struct CommConfig {
   std::size_t segment_bytes = 256 * 1024;
   /// Exchange call fingerprints before each collective (DTRAIN_COMM_CHECK, boolean).
   bool check_fingerprints = true;
-  /// Run non-blocking collectives on a per-communicator progress thread (DTRAIN_COMM_PROGRESS=
-  /// thread|caller). Without it, progress happens only inside test()/wait().
-  bool progress_thread = true;
+  /// Who runs non-blocking collectives (DTRAIN_COMM_PROGRESS=auto|thread|caller). A progress
+  /// thread overlaps communication with the caller's compute only where a core is free for it: on
+  /// 2 ranks filling 2 cores it competed with its own rank's compute, and training ran 8-18%
+  /// faster with the collectives on the caller's thread (benchmarks/RESULTS.md). A trainer whose
+  /// host thread mostly waits on a device keeps its core idle meanwhile and should ask for
+  /// `thread`.
+  CommProgress progress = CommProgress::automatic;
   /// Bind every plan message as a persistent channel of the transport at plan construction and
   /// start it on each execution, where the transport has channels (DTRAIN_COMM_PERSISTENT, boolean;
   /// off: two-sided isend / irecv per message).
@@ -53,8 +69,8 @@ struct CommConfig {
         "DTRAIN_COMM_SEGMENT_BYTES", static_cast<long long>(c.segment_bytes), 64, 1ll << 31));
     c.check_fingerprints = env::get_bool("DTRAIN_COMM_CHECK", c.check_fingerprints);
     c.persistent_channels = env::get_bool("DTRAIN_COMM_PERSISTENT", c.persistent_channels);
-    c.progress_thread = env::get_choice("DTRAIN_COMM_PROGRESS", c.progress_thread ? 0 : 1,
-                                        {"thread", "caller"}) == 0;
+    c.progress = static_cast<CommProgress>(env::get_choice(
+        "DTRAIN_COMM_PROGRESS", static_cast<int>(c.progress), {"auto", "thread", "caller"}));
     if (const auto v = env::get("DTRAIN_ALLREDUCE_ALGO")) {
       env::parse_choice("DTRAIN_ALLREDUCE_ALGO", *v,
                         {"auto", "automatic", "ring", "tree", "rhd", "rd", "shm", "ordered",

@@ -13,6 +13,7 @@
 #include <dtrain/comm/comm_config.hpp>
 #include <dtrain/comm/cost_model.hpp>
 #include <dtrain/comm/detail/progress_engine.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 
@@ -55,12 +56,24 @@ class ScratchPool {
   std::size_t blocks_made_ = 0;
 };
 
+/// Whether a communicator over `t` with progress setting `mode` runs a progress thread (before
+/// the transport's own consent): `automatic` asks progress_thread_pays with this rank's node size.
+/// Local.
+template <class Transport>
+bool wants_progress_thread(CommProgress mode, Transport& t) {
+  if (mode != CommProgress::automatic) return mode == CommProgress::thread;
+  const NodeMap nodes = node_map_of(t);
+  return progress_thread_pays(affinity_cpus(), online_cpus(),
+                              nodes.node_size(nodes.node_of(t.rank())));
+}
+
 template <class Transport>
 struct CommState {
   CommState(Transport& t, CommConfig c)
       : transport(&t),
         config(c),
-        engine(c.progress_thread && transport_allows_progress_thread(t), t.rank(), c.timeout_s) {}
+        engine(wants_progress_thread(c.progress, t) && transport_allows_progress_thread(t),
+               t.rank(), c.timeout_s) {}
 
   Transport* transport;
   CommConfig config;

@@ -10,9 +10,10 @@
 // yield shows the core contended (detail/backoff.hpp). Each start/finish costs a
 // condition-variable hand-off (a few microseconds), which is why blocking calls with nothing
 // queued run inline on the caller's thread instead.
-// Without a progress thread (MPI below MPI_THREAD_MULTIPLE, or CommConfig::progress_thread off),
-// a started collective runs, in issue order, inside the first test() or wait() that needs it: no
-// overlap, but correct.
+// Without a progress thread (MPI below MPI_THREAD_MULTIPLE, CommConfig::progress `caller`, or
+// `automatic` on a rank without a core to spare), a started collective runs, in issue order,
+// inside the first test() or wait() that needs it: no concurrent overlap, but correct, and no
+// second thread competing for the rank's only core.
 #pragma once
 
 #include <atomic>
@@ -25,12 +26,39 @@
 #include <string>
 #include <thread>
 
+#include <sched.h>
+#include <unistd.h>
+
 #include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/timer.hpp>
 
 namespace dtrain::detail {
+
+/// Whether a rank has a core to spare for a progress thread (CommProgress::automatic): its CPUs
+/// per rank are at least 2. A rank whose affinity mask is narrower than the machine was bound to
+/// its own CPUs by the launcher (srun --cpus-per-task, mpiexec -bind-to) and has them all;
+/// otherwise the `ranks_on_node` ranks share the machine's `online_cpus`. Local, pure.
+inline bool progress_thread_pays(int affinity_cpus, int online_cpus, int ranks_on_node) noexcept {
+  if (affinity_cpus <= 0) affinity_cpus = online_cpus;
+  if (online_cpus <= 0) online_cpus = affinity_cpus;
+  if (affinity_cpus <= 0) return true;  // nothing known: the thread, as before
+  if (affinity_cpus < online_cpus) return affinity_cpus >= 2;
+  return online_cpus >= 2 * (ranks_on_node > 1 ? ranks_on_node : 1);
+}
+
+/// The CPUs this process may run on (sched_getaffinity) and the machine's online CPUs; 0 where
+/// unknown. Local.
+inline int affinity_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 0;
+}
+inline int online_cpus() noexcept {
+  const long n = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 0;
+}
 
 class ProgressEngine;
 
