@@ -16,6 +16,14 @@
 // So a yield that took long enough to show that another thread ran (kYieldGaveAwaySeconds) ends
 // the yield phase: the wait sleeps between polls from then on, which frees the core for whole
 // stretches and makes the poller a sleeper that the scheduler runs soon after its timer fires.
+// Where the kernel counts the thread's involuntary context switches (Linux: a yield that runs
+// another thread counts as one), a long yield ends the phase only if that count grew during the
+// wait's yields: on a virtual machine a yield also takes long when the host takes the virtual
+// CPU away for a moment, and nothing then wants this core. Measured with 2 ranks on a 2-core
+// virtual machine, 18-30 yields per allreduce_bench run took longer than kYieldGaveAwaySeconds and
+// only 1-4 of them had switched; each of the others sent the thread's waits to sleeps of 70-80 us
+// for kContendedSeconds, and an MPI all-reduce of 64 KiB (two messages of 20-50 us) then took 3x
+// its time, in the bench and in the calibration's probes alike (benchmarks/RESULTS.md).
 // That finding is carried across waits: the calling thread remembers for kContendedSeconds that
 // its core is contended, and its next waits (the following messages of the same collective, the
 // next bucket) go from the spin straight to the sleeps instead of restarting a yield storm per
@@ -57,6 +65,10 @@
 #include <chrono>
 #include <thread>
 
+#if defined(__linux__)
+#include <sys/resource.h>
+#endif
+
 #include <dtrain/core/timer.hpp>
 
 namespace dtrain::detail {
@@ -80,6 +92,25 @@ struct WaitHistory {
 inline WaitHistory& wait_history() noexcept {
   thread_local WaitHistory h;
   return h;
+}
+
+/// Involuntary context switches of the calling thread so far (Linux: getrusage's ru_nivcsw for
+/// the thread; a yield that let another thread run adds one, a yield that found nothing else to
+/// run or lost the virtual CPU to its host adds none). -1 where the count is unknown. Local.
+inline long involuntary_switches() noexcept {
+#if defined(__linux__) && defined(RUSAGE_THREAD)
+  rusage ru{};
+  if (getrusage(RUSAGE_THREAD, &ru) == 0) return ru.ru_nivcsw;
+#endif
+  return -1;
+}
+
+/// Test knob: when set, a wait yields by calling this instead of std::this_thread::yield (tests
+/// stand in for a virtual CPU taken away by its host: time passes, no other thread runs). Set
+/// and clear it while no other thread waits.
+inline void (*&wait_yield_hook() noexcept)() {
+  static void (*hook)() = nullptr;
+  return hook;
 }
 
 /// Longest spin of a wait on a progress thread: its rank's compute thread is usually runnable
@@ -126,9 +157,18 @@ class Backoff {
       if (t < h.contended_until) {
         remembered_ = true;
       } else if (waited < spin_ + kYieldSeconds) {
-        std::this_thread::yield();
+        if (!yielded_) {
+          yielded_ = true;
+          switches_ = involuntary_switches();
+        }
+        if (void (*hook)() = wait_yield_hook())
+          hook();
+        else
+          std::this_thread::yield();
         const double after = now_seconds();
         if (after - t < kYieldGaveAwaySeconds) return;
+        // A long yield with the switch count unchanged: the core was not given to anyone.
+        if (switches_ >= 0 && involuntary_switches() <= switches_) return;
         h.contended_until = after + kContendedSeconds;
         contended_ = true;
       }
@@ -163,6 +203,8 @@ class Backoff {
   double start_ = -1;
   double sleep_ = 0;
   bool sleeping_ = false;
+  bool yielded_ = false;     // the yield phase has begun; switches_ holds the count from then
+  long switches_ = -1;       // involuntary_switches() at the wait's first yield
   bool contended_ = false;   // a yield of this wait gave the core away
   bool remembered_ = false;  // sleeping only because of the thread's memory of contention
 };
