@@ -4,7 +4,7 @@
 # Runs allreduce_bench with every algorithm and `auto` REPS times (default 5) in each of three
 # launches: 2 ranks, 4 ranks, and 4 ranks as two fake nodes of two (DTRAIN_RANKS_PER_NODE=2).
 # Every bench run calibrates afresh (no tuning file), times each algorithm in ROUNDS interleaved
-# rounds (default 7; order rotated each round) and reports per size the median round. Then it
+# rounds (default 15; order rotated each round) and reports per size the median round. Then it
 # evaluates, per run and per size, whether the algorithm `auto` chose measured within 10% of the
 # fastest dtrain algorithm at that size (the headline criterion), and separately whether it lay
 # within the fastest one's spread over the rounds (its median at or below the fastest one's third
@@ -15,7 +15,7 @@
 #   REPS=2 ROUNDS=3 benchmarks/auto_check.sh build-calib /tmp/ac   # a short validation
 #   LAUNCHES="p2 2x2" benchmarks/auto_check.sh build /tmp/ac        # some launches only
 #
-# About 6-9 minutes at the defaults on an idle 2-core machine (4 ranks busy-poll on 2 cores).
+# About 3-4 minutes at the defaults on an idle 2-core machine (4 ranks busy-poll on 2 cores).
 set -euo pipefail
 
 if [[ $# -ne 2 ]]; then
@@ -25,7 +25,9 @@ fi
 BUILD=$1
 OUT=$2
 REPS=${REPS:-5}
-ROUNDS=${ROUNDS:-7}
+# 15 rounds: with 7, the bench's two timings of one algorithm in one run (as auto and by name)
+# lay more than 10% apart in 5-7 of 35 cells at 2 ranks, with 15 in 4 of 35 (benchmarks/RESULTS.md).
+ROUNDS=${ROUNDS:-15}
 LAUNCHES=${LAUNCHES:-p2 p4 2x2}
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}
 BENCH=$BUILD/benchmarks/allreduce_bench
