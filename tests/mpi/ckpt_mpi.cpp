@@ -4,10 +4,12 @@
 #include <mpi.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <dtrain/ckpt/hdf5.hpp>
@@ -150,6 +152,45 @@ TEST_CASE("every strategy writes the same entries, bit for bit") {
       }
     }
   }
+  cleanup(dir);
+}
+
+TEST_CASE("a rank stalled inside a parallel write: the others' deadline names the write") {
+  // Rank 1 stops for 3 s inside the watched write, before the collective file creation; the
+  // other ranks wait in MPI-IO for it. With a 0.5 s deadline every rank's watchdog fires (the
+  // expiry hook records the message instead of ending the job), and once rank 1 comes back the
+  // write completes as usual.
+  MpiTestComm comm(MPI_COMM_WORLD);
+  if (comm.size() < 2) {
+    MESSAGE("skipped: needs 2 or more ranks");
+    return;
+  }
+  const std::string dir = shared_dir("stall");
+  FakeRun run(comm.rank());
+  run.step(comm);
+  std::vector<std::string> fired;
+  dtrain::detail::io_watchdog_expiry_hook() = [&](const std::string& msg) { fired.push_back(msg); };
+  dtrain::detail::ckpt_parallel_write_hook() = [](int rank) {
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+  };
+  CheckpointOptions o = opts(CheckpointStrategy::parallel_rank0, false);
+  o.parallel_write_timeout_seconds = 0.5;
+  {
+    Ckpt ckpt(comm, dir, o);
+    save_run(ckpt, 1, run);
+  }
+  dtrain::detail::ckpt_parallel_write_hook() = nullptr;
+  dtrain::detail::io_watchdog_expiry_hook() = nullptr;
+  REQUIRE(fired.size() == 1);
+  CAPTURE(fired[0]);
+  CHECK(fired[0].find("dtrain: rank " + std::to_string(comm.rank()) + ": checkpoint") == 0);
+  CHECK(fired[0].find(dir) != std::string::npos);
+  CHECK(fired[0].find("did not finish within 0.5 s") != std::string::npos);
+  CHECK(fired[0].find(std::to_string(comm.size()) + " ranks") != std::string::npos);
+  // The write went on and its checkpoint restores.
+  Ckpt again(comm, dir, opts(CheckpointStrategy::parallel_rank0, false));
+  FakeRun back(comm.rank());
+  CHECK(restore_run(again, back) == std::optional<std::int64_t>(1));
   cleanup(dir);
 }
 

@@ -20,15 +20,14 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <dtrain/comm/any_transport.hpp>
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/core/expiry_timer.hpp>
 #include <dtrain/transports/mpi_rma.hpp>
 
 #include "stopped_peer_util.hpp"
@@ -55,26 +54,12 @@ CommConfig cfg() {
 class Rescuer {
  public:
   explicit Rescuer(int pid)
-      : thread_([this, pid] {
-          std::unique_lock<std::mutex> lock(m_);
-          if (!cv_.wait_for(lock, std::chrono::duration<double>(kRescueSeconds),
-                            [&] { return done_; }))
-            if (pid > 0) kill(pid, SIGCONT);
+      : timer_(kRescueSeconds, [pid] {
+          if (pid > 0) kill(pid, SIGCONT);
         }) {}
-  ~Rescuer() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      done_ = true;
-    }
-    cv_.notify_one();
-    thread_.join();
-  }
 
  private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::thread thread_;
+  dtrain::detail::ExpiryTimer timer_;
 };
 
 // The last rank is stopped before the collective; every other rank checks its error and time,

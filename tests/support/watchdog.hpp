@@ -2,14 +2,13 @@
 // waiting for the CTest timeout.
 #pragma once
 
-#include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
-#include <mutex>
 #include <string>
-#include <thread>
+#include <utility>
+
+#include <dtrain/core/expiry_timer.hpp>
 
 namespace dtrain::test {
 
@@ -17,30 +16,15 @@ namespace dtrain::test {
 /// unless stopped first. Destroying the watchdog stops it.
 class Watchdog {
  public:
-  explicit Watchdog(std::function<void(double)> on_expiry) {
-    double seconds = 300;
-    if (const char* s = std::getenv("DTRAIN_TEST_WATCHDOG_S")) seconds = std::atof(s);
-    if (seconds <= 0) return;
-    thread_ = std::thread([this, seconds, on_expiry] {
-      std::unique_lock<std::mutex> lock(m_);
-      if (!cv_.wait_for(lock, std::chrono::duration<double>(seconds), [this] { return stop_; }))
-        on_expiry(seconds);
-    });
-  }
-  ~Watchdog() {
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    if (thread_.joinable()) thread_.join();
-  }
+  explicit Watchdog(std::function<void(double)> on_expiry)
+      : timer_(seconds(), [on_expiry = std::move(on_expiry)] { on_expiry(seconds()); }) {}
 
  private:
-  std::mutex m_;
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::thread thread_;
+  static double seconds() {
+    const char* s = std::getenv("DTRAIN_TEST_WATCHDOG_S");
+    return s ? std::atof(s) : 300;
+  }
+  detail::ExpiryTimer timer_;
 };
 
 }  // namespace dtrain::test

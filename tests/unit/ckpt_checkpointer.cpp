@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -616,4 +617,26 @@ TEST_CASE("temporaries left by an interrupted save are removed at start") {
   });
   CHECK_FALSE(fs::exists(dir + "/.ckpt-000000000007.h5.tmp"));
   fs::remove_all(dir);
+}
+
+TEST_CASE("the deadline of a parallel write: silent when the write ends in time, names it after") {
+  std::mutex m;
+  std::vector<std::string> fired;
+  dtrain::detail::io_watchdog_expiry_hook() = [&](const std::string& msg) {
+    std::lock_guard<std::mutex> lock(m);
+    fired.push_back(msg);
+  };
+  {  // Finished well before its deadline: the watchdog never fires, and stops at once.
+    const auto t0 = std::chrono::steady_clock::now();
+    { dtrain::detail::IoWatchdog w(30, "never"); }
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  }
+  { dtrain::detail::IoWatchdog w(0, "disabled"); }  // <= 0: no deadline, no thread
+  {  // Still inside the write at the deadline: fires once with its message.
+    dtrain::detail::IoWatchdog w(0.05, "dtrain: rank 1: checkpoint save: 'x.tmp': late");
+    std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  }
+  dtrain::detail::io_watchdog_expiry_hook() = nullptr;
+  REQUIRE(fired.size() == 1);
+  CHECK(fired[0] == "dtrain: rank 1: checkpoint save: 'x.tmp': late");
 }

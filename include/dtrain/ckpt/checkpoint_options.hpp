@@ -38,6 +38,12 @@ struct CheckpointOptions {
   bool reset_per_rank_on_resize = false;
   /// Deadline for waiting on a background write.
   double wait_timeout_seconds = 3600;
+  /// Deadline of one parallel (MPI-IO) write (parallel_rank0, parallel_slices). Its collective
+  /// calls cannot be cancelled: when a rank fails or stops inside them, the others would wait
+  /// there for the rest of the allocation. At the deadline a waiting rank prints what it waited
+  /// for and ends the job (MPI_Abort through the transport's abort hook); the checkpoints already
+  /// published are intact. <= 0: no deadline.
+  double parallel_write_timeout_seconds = 3600;
 };
 
 }  // namespace dtrain

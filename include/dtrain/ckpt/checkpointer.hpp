@@ -184,7 +184,7 @@ class Checkpointer {
       detail::save_rank0<Format>(comm_, job, op);
     } else {
       detail::save_parallel<Format>(comm_, job, strategy_ == CheckpointStrategy::parallel_slices,
-                                    op);
+                                    opt_.parallel_write_timeout_seconds, op);
     }
     mark_saved(step);
   }

@@ -1,0 +1,50 @@
+// dtrain: a thread that runs an action at a deadline unless it is called off first.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+namespace dtrain::detail {
+
+/// Runs `on_expiry` on a thread of its own once `seconds` have passed since construction, unless
+/// the timer is destroyed first; destruction calls it off and joins the thread (after the action,
+/// if that has begun). A deadline <= 0 starts no thread. Local; not movable.
+class ExpiryTimer {
+ public:
+  ExpiryTimer(double seconds, std::function<void()> on_expiry) {
+    if (!(seconds > 0)) return;
+    thread_ = std::thread([this, seconds, on_expiry = std::move(on_expiry)] {
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(seconds));
+        if (cv_.wait_until(lock, until, [this] { return off_; })) return;
+      }
+      on_expiry();
+    });
+  }
+  ExpiryTimer(const ExpiryTimer&) = delete;
+  ExpiryTimer& operator=(const ExpiryTimer&) = delete;
+  ~ExpiryTimer() {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      off_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  bool off_ = false;
+  std::thread thread_;
+};
+
+}  // namespace dtrain::detail
