@@ -157,10 +157,7 @@ class Backoff {
       if (t < h.contended_until) {
         remembered_ = true;
       } else if (waited < spin_ + kYieldSeconds) {
-        if (!yielded_) {
-          yielded_ = true;
-          switches_ = involuntary_switches();
-        }
+        if (switches_ == kUnread) switches_ = involuntary_switches();
         if (void (*hook)() = wait_yield_hook())
           hook();
         else
@@ -203,8 +200,8 @@ class Backoff {
   double start_ = -1;
   double sleep_ = 0;
   bool sleeping_ = false;
-  bool yielded_ = false;     // the yield phase has begun; switches_ holds the count from then
-  long switches_ = -1;       // involuntary_switches() at the wait's first yield
+  static constexpr long kUnread = -2;  // switches_ before the wait's first yield
+  long switches_ = kUnread;  // involuntary_switches() at the wait's first yield (-1: unknown)
   bool contended_ = false;   // a yield of this wait gave the core away
   bool remembered_ = false;  // sleeping only because of the thread's memory of contention
 };
