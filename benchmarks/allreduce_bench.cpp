@@ -317,6 +317,9 @@ void print_probes(const dtrain::detail::Calibration& c, double calibration_s) {
                   q.measured[k] * 1e6, q.fastest[k] * 1e6, q.slowest[k] * 1e6);
     std::printf("\n");
   }
+  if (c.validated_to < 1e299)
+    std::printf("#   larger probes skipped (time budget): from %.0f B up the model's picks stand\n",
+                c.validated_to);
 }
 
 // The --algo auto report: per size, the model's prediction for each algorithm, the choice, the

@@ -195,6 +195,14 @@ TEST_CASE("validated table: every size follows its nearest probe, beyond the noi
   CHECK(lookup_decision(d, 65536) == AllreduceAlgorithm::ring);
   CHECK(lookup_decision(d, 1u << 20) == AllreduceAlgorithm::ring);
   CHECK(lookup_decision(d, std::size_t{1} << 30) == AllreduceAlgorithm::ring);
+  // When the time budget skipped the 4 MiB probe, the 1 MiB probe's band ends at 2 MiB, the
+  // middle between them: above it the model's pick stands, whatever the 1 MiB probe measured.
+  const AllreduceDecisions cut = detail::apply_probes(cm, view, probes, double(2u << 20));
+  CHECK(lookup_decision(cut, 1u << 20) == AllreduceAlgorithm::ring);
+  CHECK(lookup_decision(cut, (2u << 20) - 4) == AllreduceAlgorithm::ring);
+  CHECK(lookup_decision(cut, 2u << 20) == AllreduceAlgorithm::shm);
+  CHECK(lookup_decision(cut, 4u << 20) == AllreduceAlgorithm::shm);
+  CHECK(lookup_decision(cut, std::size_t{1} << 30) == AllreduceAlgorithm::shm);
   // One lucky repetition of the pick (0.95, still slower than ring's 0.9 in that round) does not
   // save a pick 1.5x slower in the median: slower in 4 of 5 rounds.
   CHECK(probe(1u << 20, 1.5, 0.95, 1.0).replaced);
@@ -402,6 +410,44 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
   // Outside the probe's band the model's table stands.
   if (t0.bytes != detail::kProbeBytes[0])
     CHECK(lookup_decision(fixed[0].decisions, 1) == lookup_decision(base[0].decisions, 1));
+}
+
+TEST_CASE("calibration: a probe's winner does not reach past the probes the time budget skipped") {
+  // Only the 4 KiB probe fits a budget of (almost) nothing; there the model's pick measures twice
+  // as slow as its runner-up. The winner takes the 4 KiB probe's band, which now ends at 8 KiB
+  // (the middle with the skipped 16 KiB probe): above it the model's table stands. (Before, the
+  // last probe taken reached to every size, and a 2x2 fake-node calibration whose 1-4 MiB probes
+  // were skipped ran a 256 KiB winner at 4 MiB, 1.8-2.7x slower than the model's pick there.)
+  const int p = 2;
+  auto tiny_budget = [](std::function<double(const CalibrationSample&)> f) {
+    Hook h(std::move(f));
+    detail::calibration_probe_budget() = 1e-12;
+    return calibrate_all(p);
+  };
+  const std::vector<Outcome> base =
+      tiny_budget([&](const CalibrationSample& s) { return synthetic(s, p); });
+  REQUIRE(base[0].probes.size() == 1);
+  const detail::CalibrationProbe q0 = base[0].probes[0];
+  REQUIRE(q0.bytes == 4096);
+  REQUIRE(q0.runner_up != q0.pick);
+  const std::vector<Outcome> out = tiny_budget([&](const CalibrationSample& s) {
+    if (s.quantity == CalibrationQuantity::probe) {
+      const double pick_t = truth().predict(q0.pick, s.bytes, p);
+      return s.algo == q0.runner_up ? pick_t / 2 : pick_t;
+    }
+    return synthetic(s, p);
+  });
+  for (int r = 1; r < p; ++r) CHECK(out[r].decisions == out[0].decisions);
+  REQUIRE(out[0].probes.size() == 1);
+  CHECK(out[0].probes[0].replaced);
+  const AllreduceDecisions model_only =
+      detail::model_decisions(out[0].model, detail::flat_model_view(p));
+  CHECK(lookup_decision(out[0].decisions, 4096) == q0.runner_up);
+  // The model picks the 4 KiB probe's loser at 16 KiB too: there the band's end decides.
+  CHECK(lookup_decision(model_only, 16384) == q0.pick);
+  for (std::size_t b : {std::size_t{8192}, std::size_t{16384}, std::size_t{65536},
+                        std::size_t{1} << 20, std::size_t{1} << 30})
+    CHECK(lookup_decision(out[0].decisions, b) == lookup_decision(model_only, b));
 }
 
 TEST_CASE("tuning file: written once, read back exactly, the same decisions without measuring") {

@@ -19,7 +19,8 @@
 //    every available algorithm runs kProbeReps times (each a burst of calls back to back, as
 //    many as make about 150 us by the model, 3 to 32), the order rotated each repetition; each
 //    algorithm's median, fastest and slowest and every repetition are agreed like the model (the
-//    slowest rank's). Each size then follows its nearest probe (bands between geometric middles):
+//    slowest rank's). Each size then follows its nearest probe (bands between geometric middles;
+//    above the probes a time budget skipped, the model alone):
 //    where the model's pick for that size measured more than kSwitchFactor (10%) slower than the
 //    probe's fastest algorithm (medians), and slower than it in at least 4 of the 5 rotation
 //    rounds taken pair by pair (a difference beyond the noise), the prediction is taken as wrong
@@ -149,6 +150,10 @@ struct Calibration {
   CostModel model;
   AllreduceDecisions decisions;
   std::vector<CalibrationProbe> probes;
+  /// Bytes per rank from which the table is the model's alone: where the time budget skipped
+  /// the remaining probes, the geometric middle between the last probe taken and the first one
+  /// skipped; 1e300 when no probe was skipped for time.
+  double validated_to = 1e300;
   double seconds = 0;  // wall time the calibration took on this rank
 };
 
@@ -196,7 +201,8 @@ inline constexpr double kSwitchFactor = 1.1;
 /// that every crossover lies within a factor 2 of a probe. (No larger probe: at 8 MiB the
 /// validation cost about ten times the rest of the calibration, seconds with 4 loopback ranks
 /// on 2 cores; the budget below skips the 4 MiB probe where the 1 MiB one was already slow. The
-/// last probe's band reaches to the largest size.)
+/// last probe's band reaches to the largest size, or where the budget skipped probes, to the
+/// middle between the last one taken and the first one skipped.)
 inline constexpr std::size_t kProbeBytes[] = {4096, 16384, 65536, 262144, 1u << 20, 4u << 20};
 /// Wall-time budget of one validation probe size (all its algorithms and repetitions).
 inline constexpr double kProbeBudgetSeconds = 0.5;
@@ -274,20 +280,24 @@ inline double median_of(std::vector<double> v) {
   return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
 }
 
-/// The validated table: every size follows its nearest probe (the band from the geometric
-/// middle with the previous probe to that with the next; the first band from 0, the last to
-/// any size): where that probe measured the model's pick beaten beyond the noise
-/// (CalibrationProbe::beaten), its measured winner runs instead. Pure; every rank computes the
-/// same from the same agreed inputs.
+/// The validated table: every size below `validated_to` follows its nearest probe (the band
+/// from the geometric middle with the previous probe to that with the next; the first band from
+/// 0, the last up to `validated_to`): where that probe measured the model's pick beaten beyond
+/// the noise (CalibrationProbe::beaten), its measured winner runs instead. From `validated_to`
+/// up the model's pick stands: the probes were cut there (Calibration::validated_to), and a
+/// probe's winner says nothing about sizes a factor 4 and more above it. Pure; every rank
+/// computes the same from the same agreed inputs.
 inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& view,
-                                       const std::vector<CalibrationProbe>& probes) {
+                                       const std::vector<CalibrationProbe>& probes,
+                                       double validated_to = 1e300) {
   auto pick = [&](std::size_t b) {
     const AllreduceAlgorithm a = view.best(cm, b);
     for (std::size_t k = 0; k < probes.size(); ++k) {
       const CalibrationProbe& q = probes[k];
       const double lo = k == 0 ? 0.0 : std::sqrt(double(probes[k - 1].bytes) * double(q.bytes));
-      const double hi =
-          k + 1 == probes.size() ? 1e300 : std::sqrt(double(q.bytes) * double(probes[k + 1].bytes));
+      const double hi = k + 1 == probes.size()
+                            ? validated_to
+                            : std::sqrt(double(q.bytes) * double(probes[k + 1].bytes));
       if (double(b) >= lo && double(b) < hi) return q.beaten(a, kSwitchFactor) ? q.winner : a;
     }
     return a;
@@ -604,11 +614,14 @@ class Calibrator {
       // would spend minutes on the larger probes: a probe whose cost, extrapolated from the
       // previous one linearly in size and in calls per burst, exceeds the budget is skipped with
       // every larger one (the decision agreed, since `spent` is the maximum over ranks). The
-      // model's table then stands unvalidated above the last probe taken.
+      // model's table then stands unvalidated from the middle between the last probe taken and
+      // this one (validated_to).
       if (spent_bytes &&
           spent * burst * static_cast<double>(bytes) / static_cast<double>(spent_bytes) >
-              calibration_probe_budget())
+              calibration_probe_budget()) {
+        c.validated_to = std::sqrt(static_cast<double>(spent_bytes) * static_cast<double>(bytes));
         break;
+      }
       const double probe_start = now_seconds();
       CalibrationProbe q;
       q.bytes = bytes;
@@ -672,7 +685,7 @@ class Calibrator {
     }
     // Also without a replaced pick: a size between probes may have another model pick than the
     // probe's own, beaten there.
-    if (!c.probes.empty()) c.decisions = apply_probes(c.model, view_, c.probes);
+    if (!c.probes.empty()) c.decisions = apply_probes(c.model, view_, c.probes, c.validated_to);
   }
 
   CommState<Transport>& st_;
