@@ -285,8 +285,8 @@ inline double median_of(std::vector<double> v) {
 /// 0, the last up to `validated_to`): where that probe measured the model's pick beaten beyond
 /// the noise (CalibrationProbe::beaten), its measured winner runs instead. From `validated_to`
 /// up the model's pick stands: the probes were cut there (Calibration::validated_to), and a
-/// probe's winner says nothing about sizes a factor 4 and more above it. Pure; every rank
-/// computes the same from the same agreed inputs.
+/// probe below 4 MiB does not stand for the bandwidth-bound sizes above it as the 4 MiB probe
+/// does. Pure; every rank computes the same from the same agreed inputs.
 inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& view,
                                        const std::vector<CalibrationProbe>& probes,
                                        double validated_to = 1e300) {
