@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <ctime>
 #include <fstream>
@@ -298,6 +299,40 @@ TEST_CASE("a long yield in which no other thread ran is not taken for contention
   for (int i = 0; i < 20; ++i) b.pause();
   CHECK_FALSE(b.past_yield());
   detail::wait_history() = detail::WaitHistory{};
+}
+
+TEST_CASE("a lone switched yield is remembered briefly, a second within the window fully") {
+  // Every long yield "switches" (the count hook always grows) and lasts 100 us (the yield hook).
+  static long count = 0;
+  count = 0;
+  detail::involuntary_switches_hook() = [] { return ++count; };
+  detail::wait_yield_hook() = [] {
+    const double t = now_seconds();
+    while (now_seconds() - t < 100e-6) detail::wait_pause();
+  };
+  detail::WaitHistory& h = detail::wait_history();
+  h = detail::WaitHistory{};
+  using detail::Backoff;
+  auto wait_for = [](double s) {
+    const double t0 = now_seconds();
+    CHECK(detail::poll_until([&] { return now_seconds() - t0 > s; }, Deadline(10)));
+  };
+  // The first switched yield: remembered for kLoneSwitchSeconds only.
+  wait_for(1e-3);
+  const double lone = h.contended_until - now_seconds();
+  CHECK(h.last_switch > 0);
+  CHECK(lone > 0);
+  CHECK(lone <= Backoff::kLoneSwitchSeconds);
+  // Once that memory ran out, another switched yield within kContendedSeconds of the first: the
+  // full memory.
+  std::this_thread::sleep_for(std::chrono::duration<double>(Backoff::kLoneSwitchSeconds * 1.5));
+  wait_for(1e-3);
+  const double full = h.contended_until - now_seconds();
+  CHECK(full > Backoff::kLoneSwitchSeconds);
+  CHECK(full <= Backoff::kContendedSeconds);
+  detail::wait_yield_hook() = nullptr;
+  detail::involuntary_switches_hook() = nullptr;
+  h = detail::WaitHistory{};
 }
 
 TEST_CASE("a wait that sleeps only because of the memory of contention does not renew it") {

@@ -27,9 +27,16 @@
 // That finding is carried across waits: the calling thread remembers for kContendedSeconds that
 // its core is contended, and its next waits (the following messages of the same collective, the
 // next bucket) go from the spin straight to the sleeps instead of restarting a yield storm per
-// message. A wait that yields for kYieldSeconds (2 ms) without finding contention also moves on
-// to sleeping, so a stalled wait (a late or stopped rank) costs about a thousandth of a core
-// instead of a whole one for minutes.
+// message. A switched yield with no other within kContendedSeconds before it is remembered only
+// for kLoneSwitchSeconds: on an idle 2-rank, 2-core machine such lone switches (a kernel thread,
+// the other rank passing through this core) came 6-7 times in a 2 s allreduce_bench run, none
+// within 50 ms of another, and each held the rank's waits in 60-100 us sleeps for 50 ms (rd at
+// 4 KiB then timed 56-120 us a call instead of 3; benchmarks/RESULTS.md). On a core that is
+// really shared every yield switches, so the second one, at most a time slice later, brings the
+// full memory back. (Not on a progress thread, which keeps the full memory; see below.) A wait that
+// yields for kYieldSeconds (2 ms) without finding contention also moves on to sleeping, so a
+// stalled wait (a late or stopped rank) costs about a thousandth of a core instead of a whole one
+// for minutes.
 //
 // What a sleep costs where the message is due soon: Linux lets a 20 us sleep run on by the
 // thread's timer slack (50 us by default), so it costs 70-80 us, and a sleep that doubled on every
@@ -87,6 +94,7 @@ inline void wait_pause() noexcept {
 /// progress thread (whose rank computes meanwhile). Thread-local; read and written by Backoff.
 struct WaitHistory {
   double contended_until = -1;
+  double last_switch = -1;  // when a long yield of this thread last switched to another thread
   bool progress_thread = false;
 };
 inline WaitHistory& wait_history() noexcept {
@@ -97,12 +105,21 @@ inline WaitHistory& wait_history() noexcept {
 /// Involuntary context switches of the calling thread so far (Linux: getrusage's ru_nivcsw for
 /// the thread; a yield that let another thread run adds one, a yield that found nothing else to
 /// run or lost the virtual CPU to its host adds none). -1 where the count is unknown. Local.
+inline long (*&involuntary_switches_hook() noexcept)();
 inline long involuntary_switches() noexcept {
+  if (long (*hook)() = involuntary_switches_hook()) return hook();
 #if defined(__linux__) && defined(RUSAGE_THREAD)
   rusage ru{};
   if (getrusage(RUSAGE_THREAD, &ru) == 0) return ru.ru_nivcsw;
 #endif
   return -1;
+}
+
+/// Test knob: when set, involuntary_switches() returns what this returns (tests stand in for a
+/// yield that let another thread run). Set and clear it while no other thread waits.
+inline long (*&involuntary_switches_hook() noexcept)() {
+  static long (*hook)() = nullptr;
+  return hook;
 }
 
 /// Test knob: when set, a wait yields by calling this instead of std::this_thread::yield (tests
@@ -138,6 +155,9 @@ class Backoff {
   static constexpr double kYieldGaveAwaySeconds = 20e-6;
   /// How long a thread remembers that its core was contended.
   static constexpr double kContendedSeconds = 0.05;
+  /// How long it remembers one switched long yield when no other came within kContendedSeconds
+  /// before it (see the top: a lone switch on an otherwise idle machine).
+  static constexpr double kLoneSwitchSeconds = 5e-3;
 
   /// Gives the core away as much as the time already waited and the core's contention call for.
   void pause() noexcept {
@@ -166,7 +186,15 @@ class Backoff {
         if (after - t < kYieldGaveAwaySeconds) return;
         // A long yield with the switch count unchanged: the core was not given to anyone.
         if (switches_ >= 0 && involuntary_switches() <= switches_) return;
-        h.contended_until = after + kContendedSeconds;
+        // Remembered for kContendedSeconds when it follows another switched yield within that
+        // time or on a progress thread (its rules as before, see the top), else only for
+        // kLoneSwitchSeconds.
+        memory_ =
+            h.progress_thread || (h.last_switch >= 0 && after - h.last_switch < kContendedSeconds)
+                ? kContendedSeconds
+                : kLoneSwitchSeconds;
+        h.last_switch = after;
+        h.contended_until = after + memory_;
         contended_ = true;
       }
       sleeping_ = true;
@@ -182,7 +210,7 @@ class Backoff {
     // sleeps only because of the memory has no new evidence and leaves it to run out (except on a
     // progress thread, see above).
     if (contended_ || (remembered_ && h.progress_thread))
-      h.contended_until = now_seconds() + kContendedSeconds;
+      h.contended_until = now_seconds() + (contended_ ? memory_ : kContendedSeconds);
   }
   /// The sleep between polls of a wait that has waited `waited` seconds, except on a progress
   /// thread: kSleepFraction of it, within [kMinSleepSeconds, kMaxSleepSeconds]. Local, pure.
@@ -199,6 +227,7 @@ class Backoff {
   unsigned polls_ = 0;
   double start_ = -1;
   double sleep_ = 0;
+  double memory_ = kContendedSeconds;  // how long this wait's evidence of contention is kept
   bool sleeping_ = false;
   static constexpr long kUnread = -2;  // switches_ before the wait's first yield
   long switches_ = kUnread;  // involuntary_switches() at the wait's first yield (-1: unknown)
