@@ -415,9 +415,9 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
 TEST_CASE("calibration: a probe's winner does not reach past the probes the time budget skipped") {
   // Only the 4 KiB probe fits a budget of (almost) nothing; there the model's pick measures twice
   // as slow as its runner-up. The winner takes the 4 KiB probe's band, which now ends at 8 KiB
-  // (the middle with the skipped 16 KiB probe): above it the model's table stands. (Before, the
-  // last probe taken reached to every size, and a 2x2 fake-node calibration whose 1-4 MiB probes
-  // were skipped ran a 256 KiB winner at 4 MiB, 1.8-2.7x slower than the model's pick there.)
+  // (the middle with the skipped 16 KiB probe): above it the model's table stands. A band that
+  // reached every size let a 2x2 fake-node calibration, its 1-4 MiB probes skipped, run a
+  // 256 KiB winner at 4 MiB, 1.8-2.7x slower than the model's pick there.
   const int p = 2;
   auto tiny_budget = [](std::function<double(const CalibrationSample&)> f) {
     Hook h(std::move(f));

@@ -102,10 +102,16 @@ inline WaitHistory& wait_history() noexcept {
   return h;
 }
 
+/// Test knob: when set, involuntary_switches() returns what this returns (tests stand in for a
+/// yield that let another thread run). Set and clear it while no other thread waits.
+inline long (*&involuntary_switches_hook() noexcept)() {
+  static long (*hook)() = nullptr;
+  return hook;
+}
+
 /// Involuntary context switches of the calling thread so far (Linux: getrusage's ru_nivcsw for
 /// the thread; a yield that let another thread run adds one, a yield that found nothing else to
 /// run or lost the virtual CPU to its host adds none). -1 where the count is unknown. Local.
-inline long (*&involuntary_switches_hook() noexcept)();
 inline long involuntary_switches() noexcept {
   if (long (*hook)() = involuntary_switches_hook()) return hook();
 #if defined(__linux__) && defined(RUSAGE_THREAD)
@@ -113,13 +119,6 @@ inline long involuntary_switches() noexcept {
   if (getrusage(RUSAGE_THREAD, &ru) == 0) return ru.ru_nivcsw;
 #endif
   return -1;
-}
-
-/// Test knob: when set, involuntary_switches() returns what this returns (tests stand in for a
-/// yield that let another thread run). Set and clear it while no other thread waits.
-inline long (*&involuntary_switches_hook() noexcept)() {
-  static long (*hook)() = nullptr;
-  return hook;
 }
 
 /// Test knob: when set, a wait yields by calling this instead of std::this_thread::yield (tests
