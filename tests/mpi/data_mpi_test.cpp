@@ -4,9 +4,12 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <dtrain/data/hdf5.hpp>
@@ -189,4 +192,68 @@ TEST_CASE("mpi data: parallel HDF5 reads equal IDX reads, independent and collec
         CHECK(!lb.next(bb));
         CHECK(batches == sa.num_batches(25));
       }
+}
+
+TEST_CASE(
+    "mpi data: a rank stalled before a collective open or read: the others' deadline names it") {
+  // Rank 1 comes 1.5 s late to the collective file open and again to the first collective read;
+  // the other ranks wait in MPI-IO. With a 0.4 s deadline each waiting rank's watchdog fires once
+  // per section (the expiry hook records the message instead of ending the job), and once rank 1
+  // arrives the open and the read complete with the right rows.
+  const int p = world_size(), r = world_rank();
+  if (p < 2) {
+    MESSAGE("skipped: needs 2 or more ranks");
+    return;
+  }
+  const std::size_t n = 101;
+  SharedFiles files(n, 7, 4);
+  IdxDataset ref(files.file("d-images"), files.file("d-labels"));
+  std::mutex m;
+  std::vector<std::string> fired;
+  detail::io_watchdog_expiry_hook() = [&](const std::string& msg) {
+    std::lock_guard<std::mutex> lock(m);
+    fired.push_back(msg);
+  };
+  Hdf5Options opt;
+  opt.driver = Hdf5Driver::mpio;
+  opt.collective = true;
+  opt.collective_timeout_s = 0.4;
+  const auto late = [&] {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  };
+  const std::string file = files.file("d.h5");
+  {
+    MPI_Barrier(MPI_COMM_WORLD);
+    late();
+    Hdf5Dataset ds(file, "train/images", "train/labels", MPI_COMM_WORLD, opt);
+    const std::vector<std::int64_t> idx{static_cast<std::int64_t>(3 * r), 50, 100 - r};
+    std::vector<float> f(idx.size() * 28), g(idx.size() * 28);
+    std::vector<std::int32_t> l(idx.size()), k(idx.size());
+    MPI_Barrier(MPI_COMM_WORLD);
+    late();
+    ds.read(span<const std::int64_t>(idx.data(), idx.size()), span<float>(f.data(), f.size()),
+            span<std::int32_t>(l.data(), l.size()), Normalize{});
+    ref.read(span<const std::int64_t>(idx.data(), idx.size()), span<float>(g.data(), g.size()),
+             span<std::int32_t>(k.data(), k.size()), Normalize{});
+    CHECK(f == g);
+    CHECK(l == k);
+    // A read on time: no message.
+    ds.read(span<const std::int64_t>(idx.data(), idx.size()), span<float>(f.data(), f.size()),
+            span<std::int32_t>(l.data(), l.size()), Normalize{});
+  }
+  detail::io_watchdog_expiry_hook() = nullptr;
+  if (r == 1) {
+    CHECK(fired.empty());
+    return;
+  }
+  REQUIRE(fired.size() == 2);
+  const std::string head = "dtrain: rank " + std::to_string(r) + ": Hdf5Dataset: ";
+  for (const std::string& msg : fired) {
+    CAPTURE(msg);
+    CHECK(msg.find("did not finish within 0.4 s") != std::string::npos);
+    CHECK(msg.find("collective over " + std::to_string(p) + " ranks") != std::string::npos);
+    CHECK(msg.find("Hdf5Options::collective_timeout_s") != std::string::npos);
+  }
+  CHECK(fired[0].rfind(head + "opening '" + file + "'", 0) == 0);
+  CHECK(fired[1].rfind(head + "reading batch 0 (3 rows) '" + file + "'", 0) == 0);
 }

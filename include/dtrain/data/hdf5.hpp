@@ -37,8 +37,11 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -53,6 +56,7 @@
 
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/failure.hpp>
+#include <dtrain/core/io_watchdog.hpp>
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
@@ -95,6 +99,13 @@ struct Hdf5Options {
   /// dataset's file offset with pread() (POSIX driver) or MPI_File_read_at on a rank-private
   /// handle (MPI-IO driver) instead of one H5Dread per run: same bytes, a third of the cost.
   bool direct_reads = true;
+  /// Deadline, in seconds, of each collective MPI-IO section of the dataset (mpio driver): the
+  /// file's opening and closing, and every read with `collective`. A collective call returns only
+  /// once every rank has joined it and cannot be cancelled, so a rank that failed or stopped
+  /// before joining would leave the others waiting until the allocation ends; when the deadline
+  /// passes, every waiting rank prints what it waited for and the job is ended (abort_job,
+  /// <dtrain/core/failure.hpp>). <= 0: none.
+  double collective_timeout_s = 300.0;
 };
 
 /// A dataset made of a features dataset [N, ...] (any integer or float type; unsigned bytes are
@@ -135,6 +146,9 @@ class Hdf5Dataset {
         (void)h->release();
       return;
     }
+    std::optional<detail::IoWatchdog> watch;
+    if (driver_ == Hdf5Driver::mpio)
+      watch.emplace(opt_.collective_timeout_s, collective_stall("closing"));
     features_.reset();
     labels_.reset();
     fspace_.reset();
@@ -196,6 +210,18 @@ class Hdf5Dataset {
     if (direct()) read_rows_direct();
     {
       detail::H5Session session;
+      // One section per batch: the collective H5Dreads below (features, then labels unless
+      // cached) are called off together.
+      struct Disarm {
+        detail::IoWatchdogThread* w;
+        ~Disarm() {
+          if (w) w->disarm();
+        }
+      } disarm{read_watch_.get()};
+      if (read_watch_)
+        read_watch_->arm(collective_stall("reading batch " + std::to_string(reads_) + " (" +
+                                          std::to_string(b) + " rows)"));
+      ++reads_;
       if (!direct())
         read_rows(features_.get(), fspace_.get(), fkind_.memtype, fstage_.data(), file_shape_,
                   features_name_);
@@ -418,6 +444,14 @@ class Hdf5Dataset {
     DTRAIN_REQUIRE(!opt_.collective || driver_ == Hdf5Driver::mpio, op,
                    "'" << file_ << "': collective reads need the MPI-IO driver (driver in use: "
                        << name_of(driver_) << ")");
+    std::optional<detail::IoWatchdog> watch;
+    if (driver_ == Hdf5Driver::mpio) {
+      MPI_Comm_rank(comm, &rank_);
+      MPI_Comm_size(comm, &ranks_);
+      watch.emplace(opt_.collective_timeout_s, collective_stall("opening"));
+      if (opt_.collective)
+        read_watch_ = std::make_unique<detail::IoWatchdogThread>(opt_.collective_timeout_s);
+    }
 
     struct stat st {};
     if (::stat(file_.c_str(), &st) != 0)
@@ -564,6 +598,20 @@ class Hdf5Dataset {
                                        << (direct() ? " direct" : ""));
   }
 
+  // The message of a collective section on this rank that passed its deadline.
+  std::string collective_stall(const std::string& what) const {
+    char secs[32];
+    std::snprintf(secs, sizeof secs, "%g", opt_.collective_timeout_s);
+    return detail::rank_prefix(rank_) + "Hdf5Dataset: " + what + " '" + file_ +
+           "' through MPI-IO did not finish within " + secs + " s; it is collective over " +
+           std::to_string(ranks_) +
+           " ranks, and a rank that failed or stopped before or inside it (see its own error) "
+           "leaves the others waiting there" +
+           (opt_.collective ? " (with collective reads every rank must read equally often)" : "") +
+           ". A collective call cannot be cancelled, so the job is ended (deadline: "
+           "Hdf5Options::collective_timeout_s)";
+  }
+
   detail::H5Handle open_dataset(const std::string& name, hid_t dapl, const char* role) {
     const char* op = "Hdf5Dataset";
     // Walk the path so that a missing group or dataset is reported as such, not as an HDF5 stack.
@@ -653,6 +701,9 @@ class Hdf5Dataset {
   bool labels_cached_ = false;
   int direct_fd_ = -1;                   // >= 0: features are read with pread (see open())
   MPI_File direct_mpi_ = MPI_FILE_NULL;  // or, with the MPI-IO driver, MPI_File_read_at
+  int rank_ = -1, ranks_ = 1;            // in the file's communicator (mpio driver)
+  std::size_t reads_ = 0;                // read() calls so far (for the deadline's message)
+  std::unique_ptr<detail::IoWatchdogThread> read_watch_;  // collective reads' deadline
   std::uint64_t direct_offset_ = 0;
 };
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <dtrain/ckpt/detail/collectives.hpp>
-#include <dtrain/ckpt/detail/io_watchdog.hpp>
+#include <dtrain/core/io_watchdog.hpp>
 #include <dtrain/ckpt/detail/save_job.hpp>
 #include <dtrain/ckpt/detail/snapshot.hpp>
 
