@@ -71,12 +71,17 @@ if(DTRAIN_HAVE_HIP)
     # Keep only the targets this hipcc knows. Debian's ROCm 5.2 clang predates gfx942 (MI300);
     # its nearest relative gfx940 (same wave64 CDNA3 ISA family) is compiled in its place so the
     # MI300 path is still compile-checked, and the substitution is reported.
+    # hipcc (ROCm 5.2's clang driver) leaves two empty directories in TMPDIR per compilation;
+    # every hipcc call here gets a TMPDIR inside the build tree, so /tmp is not littered.
+    set(DTRAIN_HIPCC_TMPDIR "${CMAKE_BINARY_DIR}/hipcc-tmp")
+    file(MAKE_DIRECTORY "${DTRAIN_HIPCC_TMPDIR}")
+    set(_dtrain_hipcc "${CMAKE_COMMAND}" -E env "TMPDIR=${DTRAIN_HIPCC_TMPDIR}" "${DTRAIN_HIPCC}")
     set(_probe "${CMAKE_CURRENT_BINARY_DIR}/dtrain_hip_probe.cpp")
     file(WRITE "${_probe}" "#include <hip/hip_runtime.h>\n__global__ void k(float* x) { x[threadIdx.x] = warpSize; }\n")
     set(_dtrain_hip_archs "")
     foreach(_a IN LISTS DTRAIN_HIP_ARCHS)
       if(NOT DEFINED DTRAIN_HIP_ARCH_OK_${_a})
-        execute_process(COMMAND "${DTRAIN_HIPCC}" --offload-arch=${_a} -c "${_probe}" -o "${_probe}.o"
+        execute_process(COMMAND ${_dtrain_hipcc} --offload-arch=${_a} -c "${_probe}" -o "${_probe}.o"
                         RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
         if(_rc EQUAL 0)
           set(DTRAIN_HIP_ARCH_OK_${_a} ON CACHE INTERNAL "")
@@ -88,7 +93,7 @@ if(DTRAIN_HAVE_HIP)
         list(APPEND _dtrain_hip_archs ${_a})
       elseif(_a STREQUAL "gfx942")
         if(NOT DEFINED DTRAIN_HIP_ARCH_OK_gfx940)
-          execute_process(COMMAND "${DTRAIN_HIPCC}" --offload-arch=gfx940 -c "${_probe}" -o "${_probe}.o"
+          execute_process(COMMAND ${_dtrain_hipcc} --offload-arch=gfx940 -c "${_probe}" -o "${_probe}.o"
                           RESULT_VARIABLE _rc OUTPUT_QUIET ERROR_QUIET)
           if(_rc EQUAL 0)
             set(DTRAIN_HIP_ARCH_OK_gfx940 ON CACHE INTERNAL "")
@@ -187,8 +192,12 @@ function(dtrain_add_gpu_executable)
     set_target_properties(${A_NAME} PROPERTIES HIP_STANDARD 17 HIP_ARCHITECTURES "${DTRAIN_HIP_ARCHS_EFFECTIVE}"
       RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
   elseif(A_DIALECT STREQUAL "hip")
+    if(NOT DTRAIN_HIPCC_TMPDIR)
+      set(DTRAIN_HIPCC_TMPDIR "${CMAKE_BINARY_DIR}/hipcc-tmp")
+      file(MAKE_DIRECTORY "${DTRAIN_HIPCC_TMPDIR}")
+    endif()
     add_custom_command(OUTPUT "${_exe}"
-      COMMAND "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} -DDTRAIN_HAVE_HIP=1 ${_defs}
+      COMMAND "${CMAKE_COMMAND}" -E env "TMPDIR=${DTRAIN_HIPCC_TMPDIR}" "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} -DDTRAIN_HAVE_HIP=1 ${_defs}
               ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_dtrain_hip_libs}
       DEPENDS "${A_SOURCE}" ${DTRAIN_GPU_DEPENDS}
       COMMENT "hipcc (${DTRAIN_HIP_ARCHS_EFFECTIVE}) ${A_NAME}" VERBATIM)

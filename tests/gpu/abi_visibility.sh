@@ -6,6 +6,9 @@
 set -euo pipefail
 dialect=$1 cc=$2 src=$3 work=$4
 mkdir -p "$work"
+# hipcc (ROCm 5.2) leaves empty directories in TMPDIR per compilation: keep them in the work dir.
+export TMPDIR="$work/tmp"
+mkdir -p "$TMPDIR"
 lib="$work/libabi_$dialect.so"
 inc=(-I"$src/include" -I"$src/kernels")
 if [ "$dialect" = cuda ]; then
