@@ -167,7 +167,9 @@ inline bool cpu_has_avx() noexcept {
 // or "avx2": with FMA enabled, GCC contracts the separate multiply and add (its intrinsics are
 // plain vector arithmetic, -ffp-contract=fast) and the bits would leave the scalar order. The
 // operations and their order are those of adamw_lanes; the loop is written out again because a
-// function compiled for AVX cannot share a body with the baseline one.
+// function compiled for AVX cannot share a body with the baseline one: an always-inlined body
+// templated on the lane type (as sgd_loop is) compiles with GCC, but clang refuses AVX vector
+// values in a function without the "avx" target even when it is always inlined into one.
 template <class T>
 struct Avx;
 template <>
