@@ -6,15 +6,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <string>
 #include <chrono>
+#include <cstring>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/transports/mpi.hpp>
+#include <dtrain/transports/mpi_rma.hpp>
 
 #include "../unit/comm_test_util.hpp"
 
@@ -371,4 +373,64 @@ TEST_CASE("MPI: a late rank that wakes after the others timed out and freed thei
   }
   MPI_Barrier(MPI_COMM_WORLD);
   MPI_Comm_free(&comm_late);
+}
+
+TEST_CASE("MPI: a rank late to the transports' construction: the others' setup deadline names it") {
+  // The last rank comes 1.5 s late to the construction of an MpiTransport and of an
+  // MpiRmaTransport; the others wait inside the setup's MPI collectives. With a 0.4 s deadline
+  // each waiting rank's watchdog fires once per construction (the expiry hook records the message
+  // instead of ending the job), and once the late rank arrives both transports work.
+  int r = 0, p = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  if (p < 2) {
+    MESSAGE("skipped: needs 2 or more ranks");
+    return;
+  }
+  const bool late = r == p - 1;
+  std::mutex m;
+  std::vector<std::string> fired;
+  detail::io_watchdog_expiry_hook() = [&](const std::string& msg) {
+    std::lock_guard<std::mutex> lock(m);
+    fired.push_back(msg);
+  };
+  auto arrive = [&] {
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  };
+  std::vector<float> x(1000), want(1000);
+  for (std::size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<float>(r + 1) * static_cast<float>(i % 7);
+  MPI_Allreduce(x.data(), want.data(), static_cast<int>(x.size()), MPI_FLOAT, MPI_SUM,
+                MPI_COMM_WORLD);
+  {
+    SharedSegmentConfig seg;
+    seg.setup_timeout_s = 0.4;
+    arrive();
+    MpiTransport t(MPI_COMM_WORLD, seg);
+    Communicator comm(t, cfg());
+    std::vector<float> y = x;
+    comm.allreduce(BufferView(span<float>(y)), ReduceOp::sum, AllreduceAlgorithm::ring);
+    CHECK(y == want);
+  }
+  {
+    arrive();
+    MpiRmaTransport t(MPI_COMM_WORLD, 0.4);
+    Communicator comm(t, cfg());
+    std::vector<float> y = x;
+    comm.allreduce(BufferView(span<float>(y)), ReduceOp::sum, AllreduceAlgorithm::ring);
+    CHECK(y == want);
+  }
+  detail::io_watchdog_expiry_hook() = nullptr;
+  if (late) {
+    CHECK(fired.empty());
+    return;
+  }
+  REQUIRE(fired.size() == 2);
+  const std::string head = "dtrain: rank " + std::to_string(r) + ": ";
+  CHECK(fired[0].rfind(head + "MpiTransport: the collective setup over the " + std::to_string(p) +
+                           " ranks of its communicator did not finish within 0.4 s",
+                       0) == 0);
+  CHECK(fired[0].find("SharedSegmentConfig::setup_timeout_s") != std::string::npos);
+  CHECK(fired[1].rfind(head + "MpiRmaTransport: the collective setup", 0) == 0);
 }

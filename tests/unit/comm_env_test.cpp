@@ -120,7 +120,14 @@ TEST_CASE("shared-segment sizing and the log level are strict too") {
     ScopedEnv e("DTRAIN_SHM_SLOT_BYTES", "1000");
     CHECK(SharedSegmentConfig::from_env().slot_bytes == 960);  // rounded down to 64 B
   }
+  {
+    ::unsetenv("DTRAIN_COMM_TIMEOUT_S");
+    CHECK(SharedSegmentConfig::from_env().setup_timeout_s == SharedSegmentConfig{}.setup_timeout_s);
+    ScopedEnv e("DTRAIN_COMM_TIMEOUT_S", "12.5");  // the transport's setup has the same deadline
+    CHECK(SharedSegmentConfig::from_env().setup_timeout_s == 12.5);
+  }
   for (auto [name, value] : {std::pair<const char*, const char*>{"DTRAIN_SHM", "2"},
+                             {"DTRAIN_COMM_TIMEOUT_S", "0"},
                              {"DTRAIN_SHM_SLOTS", "100"},
                              {"DTRAIN_SHM_SLOT_BYTES", "16"}}) {
     ScopedEnv e(name, value);

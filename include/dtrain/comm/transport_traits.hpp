@@ -169,6 +169,11 @@ struct SharedSegmentConfig {
   /// How long an orderly release of the segments waits for every rank before it keeps them
   /// instead (freeing them is collective: a stopped rank would make it wait forever). Seconds.
   double close_timeout_s = 300;
+  /// How long the transport's construction, a chain of MPI collectives over its communicator,
+  /// may take before the job is ended (<= 0: forever): a rank that failed or stopped before it
+  /// would leave the others inside collectives that cannot be cancelled. Seconds; from_env takes
+  /// the communicator's deadline, DTRAIN_COMM_TIMEOUT_S, when it is set.
+  double setup_timeout_s = 300;
   /// The defaults overridden by the variables above, parsed strictly (<dtrain/core/env.hpp>).
   static SharedSegmentConfig from_env() {
     SharedSegmentConfig c;
@@ -180,6 +185,7 @@ struct SharedSegmentConfig {
             "DTRAIN_SHM_SLOT_BYTES", static_cast<long long>(c.slot_bytes), 256, 1ll << 30)) /
         64 * 64;
     c.slots = static_cast<int>(env::get_int("DTRAIN_SHM_SLOTS", c.slots, 2, 64));
+    c.setup_timeout_s = env::get_double("DTRAIN_COMM_TIMEOUT_S", c.setup_timeout_s, 1e-3, 1e9);
     return c;
   }
   /// Bytes of one rank's segment: the slots, then the counters.

@@ -147,8 +147,12 @@ class Hdf5Dataset {
       return;
     }
     std::optional<detail::IoWatchdog> watch;
-    if (driver_ == Hdf5Driver::mpio)
-      watch.emplace(opt_.collective_timeout_s, collective_stall("closing"));
+    if (driver_ == Hdf5Driver::mpio) {
+      try {
+        watch.emplace(opt_.collective_timeout_s, collective_stall("closing"));
+      } catch (...) {  // no thread or no memory for the deadline: close without one
+      }
+    }
     features_.reset();
     labels_.reset();
     fspace_.reset();

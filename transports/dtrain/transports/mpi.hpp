@@ -7,6 +7,7 @@
 
 #include <climits>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -19,6 +20,7 @@
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/failure.hpp>
+#include <dtrain/core/io_watchdog.hpp>
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/timer.hpp>
 
@@ -110,6 +112,29 @@ inline MpiNodeSurvey mpi_node_survey(MPI_Comm comm, const char* op) {
       out.processes[q] = id;
   }
   return out;
+}
+
+/// The deadline of an MPI transport's construction (a chain of collectives over `comm`: its
+/// duplication, the node survey, windows). Those cannot be cancelled, so a rank that never
+/// constructs its transport (it failed or stopped before) would leave the others inside them for
+/// the rest of the allocation; past `seconds` each waiting rank prints this message and the job
+/// is ended (IoWatchdog, <dtrain/core/io_watchdog.hpp>). Local; `op` names the transport,
+/// `option` the setting that holds the deadline.
+inline IoWatchdog mpi_setup_watchdog(MPI_Comm comm, double seconds, const char* op,
+                                     const char* option) {
+  int size = 0;
+  MPI_Comm_size(comm, &size);
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", seconds);
+  return IoWatchdog(seconds,
+                    rank_prefix(thread_rank()) + op + ": the collective setup over the " +
+                        std::to_string(size) + " ranks of its communicator did not finish within " +
+                        secs +
+                        " s; every rank must construct its transport at the same point, and a rank "
+                        "that failed or stopped before it (see its own error) leaves the others "
+                        "inside MPI collectives, which cannot be cancelled, so the job is ended "
+                        "(deadline: " +
+                        option + ")");
 }
 
 /// Local, thread-safe, never throws. Keeps `p` (a malloc'ed block, or null) allocated and
@@ -266,6 +291,8 @@ class MpiTransport {
                             "dtrain::MpiSession in main)");
     // Messages raised on this process name its world rank unless the thread already has one.
     if (detail::thread_rank() < 0) MPI_Comm_rank(MPI_COMM_WORLD, &detail::thread_rank());
+    const detail::IoWatchdog setup_watch = detail::mpi_setup_watchdog(
+        comm, segments.setup_timeout_s, "MpiTransport", "SharedSegmentConfig::setup_timeout_s");
     DTRAIN_CHECK_MPI(MPI_Comm_dup(comm, &comm_), "MpiTransport");
     // Errors come back as codes so that they turn into dtrain exceptions, not aborts.
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);

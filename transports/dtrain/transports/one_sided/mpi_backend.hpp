@@ -64,7 +64,8 @@ class MpiRmaBackend {
   /// How long the idle writer thread polls for the next write before it sleeps.
   static constexpr double kLingerSeconds = 100e-6;
 
-  /// Collective over `comm`. `close_timeout_s` bounds the closing barrier and, at
+  /// Collective over `comm`. `close_timeout_s` bounds the collective setup here (past it the job
+  /// is ended, mpi_setup_watchdog), the closing barrier and, at
   /// MPI_THREAD_MULTIPLE, the wait for queued writes to finish in an orderly close; past it the
   /// close is treated as failing (nothing freed that a peer might still write). The node grouping
   /// (node_map) is MPI_COMM_TYPE_SHARED's, cut as DTRAIN_RANKS_PER_NODE says (read here, strictly,
@@ -82,6 +83,8 @@ class MpiRmaBackend {
                             "MPI is not initialised: call MPI_Init_thread first (or create a "
                             "dtrain::MpiSession in main)");
     if (thread_rank() < 0) MPI_Comm_rank(MPI_COMM_WORLD, &thread_rank());
+    const IoWatchdog setup_watch = mpi_setup_watchdog(comm, close_timeout_s, "MpiRmaTransport",
+                                                      "the close_timeout_s of MpiRmaTransport");
     DTRAIN_CHECK_MPI(MPI_Comm_dup(comm, &comm_), "MpiRmaTransport");
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
