@@ -16,8 +16,9 @@
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
 // 3. Validation. The model's table is checked at probe sizes 4 KiB to 4 MiB, a factor 4 apart:
-//    every available algorithm runs kProbeReps times (each a burst of calls back to back, as
-//    many as make about 150 us by the model, 3 to 32), the order rotated each repetition; each
+//    every available algorithm runs unmeasured warm-up calls (probe_warm_calls), then
+//    kProbeReps times (each a burst of calls back to back, as many as make about 150 us by the
+//    model, 3 to 32), the order rotated each repetition; each
 //    algorithm's median, fastest and slowest and every repetition are agreed like the model (the
 //    slowest rank's). Each size then follows its nearest probe (bands between geometric middles;
 //    above the probes a time budget skipped, the model alone):
@@ -195,6 +196,25 @@ inline int probe_burst_calls(double predicted) noexcept {
   if (!(predicted > 0)) return kProbeBurstMax;
   const double calls = std::ceil(kProbeBurstSeconds / predicted);
   return calls >= kProbeBurstMax ? kProbeBurstMax : std::max(kProbeBurst, static_cast<int>(calls));
+}
+/// Unmeasured calls of each algorithm before a probe times it: kProbeWarmSeconds worth by the
+/// model's prediction for that algorithm, between 1 and kProbeWarmMax. One call touches the
+/// buffers and opens the connections, but a transport may reach its steady state only after many
+/// messages between the same two ranks: MPICH over UCX's shared-memory transport (Debian 12)
+/// takes page faults on its message queue's pages as they are first used, and messages of 4 to
+/// 8 KB needed 100-130 exchanges with a partner (about 200 minor faults, 3.9 ms) before the time of
+/// one fell from 40-50 us to 1.3-2 us; smaller messages and rendezvous-sized ones were at their
+/// steady state after a few (benchmarks/RESULTS.md). Probes that time such a warm-up measure
+/// the algorithm that sends those messages (rd at 4 KiB on 2 ranks) slower than it runs once
+/// warm, and its later calls slow or fast depending on how far the probes got through it.
+inline constexpr int kProbeWarmMax = 160;
+inline constexpr double kProbeWarmSeconds = 1e-3;
+/// Warm-up calls before a probe of an algorithm predicted to take `predicted` seconds a call.
+/// Pure; every rank computes the same from the agreed model.
+inline int probe_warm_calls(double predicted) noexcept {
+  if (!(predicted > 0)) return 1;
+  const double calls = std::floor(kProbeWarmSeconds / predicted);
+  return calls >= kProbeWarmMax ? kProbeWarmMax : std::max(1, static_cast<int>(calls));
 }
 inline constexpr double kSwitchFactor = 1.1;
 /// Probe sizes (bytes of f32 per rank), a factor 4 apart from latency- to bandwidth-bound, so
@@ -622,7 +642,6 @@ class Calibrator {
         c.validated_to = std::sqrt(static_cast<double>(spent_bytes) * static_cast<double>(bytes));
         break;
       }
-      const double probe_start = now_seconds();
       CalibrationProbe q;
       q.bytes = bytes;
       q.pick = pick;
@@ -642,8 +661,13 @@ class Calibrator {
         s.out = probe_out;
         s.algo = a;
         plans.push_back(std::make_unique<Plan>(st_, s));
-        execute_in_order(st_, *plans.back());  // warm-up
+        const int warm = probe_warm_calls(q.predicted.back());
+        for (int i = 0; i < warm; ++i) execute_in_order(st_, *plans.back());
       }
+      // The budget extrapolates the timed repetitions only: the warm-up's calls are bounded by
+      // the prediction (kProbeWarmSeconds each), and counting them skipped the 16-256 KiB probes
+      // of 2x2 fake nodes on 2 cores, whose calls run at a few times their prediction.
+      const double probe_start = now_seconds();
       std::vector<std::vector<double>> times(n);
       for (int rep = 0; rep < kProbeReps; ++rep)
         for (std::size_t j = 0; j < n; ++j) {
