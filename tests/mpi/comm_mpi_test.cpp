@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +18,7 @@
 #include <dtrain/transports/mpi_rma.hpp>
 
 #include "../unit/comm_test_util.hpp"
+#include "support/watchdog.hpp"
 
 using namespace dtrain;
 
@@ -388,12 +388,7 @@ TEST_CASE("MPI: a rank late to the transports' construction: the others' setup d
     return;
   }
   const bool late = r == p - 1;
-  std::mutex m;
-  std::vector<std::string> fired;
-  detail::io_watchdog_expiry_hook() = [&](const std::string& msg) {
-    std::lock_guard<std::mutex> lock(m);
-    fired.push_back(msg);
-  };
+  test::ExpiryRecorder recorder;
   auto arrive = [&] {
     MPI_Barrier(MPI_COMM_WORLD);
     if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -421,7 +416,8 @@ TEST_CASE("MPI: a rank late to the transports' construction: the others' setup d
     comm.allreduce(BufferView(span<float>(y)), ReduceOp::sum, AllreduceAlgorithm::ring);
     CHECK(y == want);
   }
-  detail::io_watchdog_expiry_hook() = nullptr;
+  recorder.stop();
+  const std::vector<std::string> fired = recorder.messages();
   if (late) {
     CHECK(fired.empty());
     return;

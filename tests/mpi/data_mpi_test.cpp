@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstring>
-#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -16,6 +15,7 @@
 #include <dtrain/data/idx.hpp>
 #include <dtrain/data/loader.hpp>
 
+#include "support/watchdog.hpp"
 #include "unit/data_hdf5_helpers.hpp"
 #include "unit/data_helpers.hpp"
 
@@ -208,12 +208,7 @@ TEST_CASE(
   const std::size_t n = 101;
   SharedFiles files(n, 7, 4);
   IdxDataset ref(files.file("d-images"), files.file("d-labels"));
-  std::mutex m;
-  std::vector<std::string> fired;
-  detail::io_watchdog_expiry_hook() = [&](const std::string& msg) {
-    std::lock_guard<std::mutex> lock(m);
-    fired.push_back(msg);
-  };
+  test::ExpiryRecorder recorder;
   Hdf5Options opt;
   opt.driver = Hdf5Driver::mpio;
   opt.collective = true;
@@ -241,7 +236,8 @@ TEST_CASE(
     ds.read(span<const std::int64_t>(idx.data(), idx.size()), span<float>(f.data(), f.size()),
             span<std::int32_t>(l.data(), l.size()), Normalize{});
   }
-  detail::io_watchdog_expiry_hook() = nullptr;
+  recorder.stop();
+  const std::vector<std::string> fired = recorder.messages();
   if (r == 1) {
     CHECK(fired.empty());
     return;

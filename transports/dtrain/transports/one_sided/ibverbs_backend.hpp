@@ -53,7 +53,10 @@ inline bool ib_device_present() {
 }
 
 /// One rank's verbs backend (interface: one_sided/backend.hpp). Construction is collective over
-/// `comm`; never calls MPI_Init.
+/// `comm`; never calls MPI_Init. `timeout_s` bounds each collective MPI call of the setup (the
+/// communicator's duplication, the exchanges of queue-pair and memory addresses, the barrier
+/// before the first write; past it the job is ended, mpi_setup_watchdog) and the closing
+/// agreement (past it the close leaves the communicator rather than wait).
 class IbverbsBackend {
   using Event = one_sided::Event;
   static constexpr std::uint64_t kImmBit = 1ull << 63;  // wr_id flags, stripped before reporting
@@ -64,15 +67,23 @@ class IbverbsBackend {
  public:
   static constexpr const char* name = "ibverbs";
 
+  /// What the setup's deadline messages name as the setting to change.
+  static constexpr const char* kTimeoutOption = "the timeout_s of IbverbsTransport";
+
   /// Collective over `comm`; opens the device, port and GID `dev` names (reads no environment).
-  IbverbsBackend(MPI_Comm comm, const IbverbsDeviceConfig& dev) : dev_(dev) {
+  IbverbsBackend(MPI_Comm comm, const IbverbsDeviceConfig& dev, double timeout_s)
+      : dev_(dev), timeout_s_(timeout_s) {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized)
       raise<TransportError>("IbverbsTransport",
                             "MPI is not initialised: the verbs transport bootstraps over MPI");
     if (thread_rank() < 0) MPI_Comm_rank(MPI_COMM_WORLD, &thread_rank());
-    DTRAIN_CHECK_MPI(MPI_Comm_dup(comm, &comm_), "IbverbsTransport");
+    {
+      const IoWatchdog setup_watch =
+          mpi_setup_watchdog(comm, timeout_s_, "IbverbsTransport", kTimeoutOption);
+      DTRAIN_CHECK_MPI(MPI_Comm_dup(comm, &comm_), "IbverbsTransport");
+    }
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
@@ -82,11 +93,17 @@ class IbverbsBackend {
     try {
       open_device();
     } catch (...) {
+      failing_ = true;  // no collective call on the way out
       cleanup();
       throw;
     }
   }
-  ~IbverbsBackend() { cleanup(); }
+  /// Without an orderly close() first (the transport's construction failed after this backend's,
+  /// or an exception unwinds), nothing collective is called.
+  ~IbverbsBackend() {
+    if (!closed_) failing_ = true;
+    cleanup();
+  }
   IbverbsBackend(const IbverbsBackend&) = delete;
   IbverbsBackend& operator=(const IbverbsBackend&) = delete;
 
@@ -97,6 +114,8 @@ class IbverbsBackend {
   const std::string& device_description() const noexcept { return description_; }
 
   void exchange(const void* mine, std::size_t bytes, void* all) {
+    const IoWatchdog setup_watch = mpi_setup_watchdog(
+        comm_, timeout_s_, "IbverbsTransport (address exchange)", kTimeoutOption);
     DTRAIN_CHECK_MPI(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all,
                                    static_cast<int>(bytes), MPI_BYTE, comm_),
                      "ibverbs bootstrap");
@@ -191,7 +210,10 @@ class IbverbsBackend {
     credit_src_.assign(p * 8, 0);
     credit_reg_ =
         register_memory(credit_src_.data(), credit_src_.size() * 8, one_sided::Access::local);
-    MPI_Barrier(comm_);  // every peer's QP is ready to receive before anyone writes
+    // Every peer's QP is ready to receive before anyone writes.
+    const IoWatchdog setup_watch =
+        mpi_setup_watchdog(comm_, timeout_s_, "IbverbsTransport (connection)", kTimeoutOption);
+    DTRAIN_CHECK_MPI(MPI_Barrier(comm_), "ibverbs open");
   }
 
   /// ibv_reg_mr with the least access: none for write sources, local + remote write for
@@ -339,11 +361,15 @@ class IbverbsBackend {
     return k;
   }
 
-  /// Waits (up to 30 s) until this rank's own writes completed, then meets the other ranks, so
-  /// no peer writes into memory about to be deregistered.
+  /// Waits (up to 30 s) until this rank's own writes completed, then agrees with the other ranks
+  /// that all of them arrived within timeout_s (mpi_agree_on_close), so no peer writes into
+  /// memory about to be deregistered. Without that agreement the close is failing: a late peer's
+  /// write then meets deregistered memory, which its device refuses, and the communicator is
+  /// left allocated (its free is collective).
   void close(bool failing) noexcept {
-    failing_ = failing;
-    if (failing || failed_ || !cq_) return;
+    closed_ = true;
+    failing_ = failing || failed_;
+    if (failing_ || !cq_) return;
     try {
       for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
@@ -368,7 +394,12 @@ class IbverbsBackend {
         if (!busy || failed_ || d.expired()) break;
         poll(ev, 32);
       }
-      MPI_Barrier(comm_);
+      const CloseAgreement a = mpi_agree_on_close(comm_, timeout_s_);
+      if (a != CloseAgreement::agreed) {
+        failing_ = true;
+        DTRAIN_LOG(warn, "IbverbsTransport close: " << describe(a, timeout_s_)
+                                                    << "; keeping the communicator");
+      }
     } catch (...) {
     }
   }
@@ -496,11 +527,13 @@ class IbverbsBackend {
     ctx_ = nullptr;
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+    // MPI_Comm_free is collective: not while failing, when peers may never arrive.
+    if (!finalized && !failing_ && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
     comm_ = MPI_COMM_NULL;
   }
 
   IbverbsDeviceConfig dev_;
+  double timeout_s_ = 300;
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 1;
   ibv_context* ctx_ = nullptr;
@@ -517,7 +550,7 @@ class IbverbsBackend {
   std::uint8_t port_ = 1;
   std::uint16_t lid_ = 0;
   ibv_mtu mtu_ = IBV_MTU_1024;
-  bool ethernet_ = false, failed_ = false, failing_ = false;
+  bool ethernet_ = false, failed_ = false, failing_ = false, closed_ = false;
   int gid_index_ = -1, gid_table_len_ = 0;
   ibv_gid gid_{};
   unsigned rq_depth_ = 0, sq_depth_ = 0;
