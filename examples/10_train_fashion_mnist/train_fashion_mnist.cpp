@@ -347,6 +347,13 @@ std::string allreduce_choice(Comm& comm) {
   return rows;
 }
 
+}  // namespace
+
+// Outside the unnamed namespace: the library's test for a visit_state member declares it for
+// a probe visitor that never calls it, and nvcc warns about such a declaration in a type with
+// internal linkage.
+namespace ex10 {
+
 // What the run was started with, stored in every checkpoint next to the model ("run/..."), so that
 // a restart can tell whether its options continue the same schedule.
 struct RunRecord {
@@ -373,6 +380,12 @@ struct RunRecord {
     v.scalar("schedule", schedule);
   }
 };
+
+}  // namespace ex10
+
+namespace {
+
+using ex10::RunRecord;
 
 RunRecord plan_run(const Config& c, std::int64_t total_steps, int world) {
   RunRecord r;
