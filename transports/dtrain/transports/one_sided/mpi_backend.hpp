@@ -64,8 +64,9 @@ class MpiRmaBackend {
   /// How long the idle writer thread polls for the next write before it sleeps.
   static constexpr double kLingerSeconds = 100e-6;
 
-  /// Collective over `comm`. `close_timeout_s` bounds the collective setup here (past it the job
-  /// is ended, mpi_setup_watchdog), the closing barrier and, at
+  /// Collective over `comm`. `close_timeout_s` bounds the collective setup here and each
+  /// address exchange (exchange(); past it the job is ended, mpi_setup_watchdog), the closing
+  /// barrier and, at
   /// MPI_THREAD_MULTIPLE, the wait for queued writes to finish in an orderly close; past it the
   /// close is treated as failing (nothing freed that a peer might still write). The node grouping
   /// (node_map) is MPI_COMM_TYPE_SHARED's, cut as DTRAIN_RANKS_PER_NODE says (read here, strictly,
@@ -164,7 +165,12 @@ class MpiRmaBackend {
   /// Local. Writes the writer thread was still executing when a failing close gave up on it.
   std::size_t stuck_writes() const noexcept { return stuck_; }
 
+  /// Collective (the protocol's bootstrap and open), bounded like the construction: past
+  /// close_timeout_s each waiting rank names the exchange and the job is ended.
   void exchange(const void* mine, std::size_t bytes, void* all) {
+    const IoWatchdog setup_watch =
+        mpi_setup_watchdog(comm_, close_timeout_s_, "MpiRmaTransport (address exchange)",
+                           "the close_timeout_s of MpiRmaTransport");
     DTRAIN_CHECK_MPI(MPI_Allgather(mine, static_cast<int>(bytes), MPI_BYTE, all,
                                    static_cast<int>(bytes), MPI_BYTE, comm_),
                      "MpiRmaTransport: bootstrap");
