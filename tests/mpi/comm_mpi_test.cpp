@@ -375,47 +375,13 @@ TEST_CASE("MPI: a late rank that wakes after the others timed out and freed thei
   MPI_Comm_free(&comm_late);
 }
 
-TEST_CASE("MPI: a rank late to the one-sided address exchange: the others' deadline names it") {
-  // The address exchange runs after the backend's construction (the protocol's bootstrap and
-  // open): the last rank comes 1.5 s late to it, the others' 0.4 s deadline fires once each (the
-  // recorder keeps the message instead of ending the job), and the exchange then completes.
-  int r = 0, p = 1;
-  MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  MPI_Comm_size(MPI_COMM_WORLD, &p);
-  if (p < 2) {
-    MESSAGE("skipped: needs 2 or more ranks");
-    return;
-  }
-  const bool late = r == p - 1;
-  test::ExpiryRecorder recorder;
-  {
-    detail::MpiRmaBackend b(MPI_COMM_WORLD, 0.4);
-    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-    const std::uint64_t mine = 10 * static_cast<std::uint64_t>(r) + 1;
-    std::vector<std::uint64_t> all(static_cast<std::size_t>(p));
-    b.exchange(&mine, sizeof mine, all.data());
-    for (int q = 0; q < p; ++q) CHECK(all[static_cast<std::size_t>(q)] == 10u * q + 1);
-    b.close(false);
-  }
-  recorder.stop();
-  const std::vector<std::string> fired = recorder.messages();
-  if (late) {
-    CHECK(fired.empty());
-    return;
-  }
-  REQUIRE(fired.size() == 1);
-  CHECK(fired[0].rfind("dtrain: rank " + std::to_string(r) +
-                           ": MpiRmaTransport (address exchange): the collective setup over the " +
-                           std::to_string(p) + " ranks",
-                       0) == 0);
-  CHECK(fired[0].find("the close_timeout_s of MpiRmaTransport") != std::string::npos);
-}
-
 TEST_CASE("MPI: a rank late to the transports' construction: the others' setup deadline names it") {
   // The last rank comes 1.5 s late to the construction of an MpiTransport and of an
   // MpiRmaTransport; the others wait inside the setup's MPI collectives. With a 0.4 s deadline
   // each waiting rank's watchdog fires once per construction (the expiry hook records the message
-  // instead of ending the job), and once the late rank arrives both transports work.
+  // instead of ending the job), and once the late rank arrives both transports work. Then it comes
+  // late to a one-sided backend's address exchange, which runs after the backend's construction
+  // (the protocol's bootstrap and open): the deadline fires there too, and the exchange completes.
   int r = 0, p = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &r);
   MPI_Comm_size(MPI_COMM_WORLD, &p);
@@ -452,17 +418,31 @@ TEST_CASE("MPI: a rank late to the transports' construction: the others' setup d
     comm.allreduce(BufferView(span<float>(y)), ReduceOp::sum, AllreduceAlgorithm::ring);
     CHECK(y == want);
   }
+  {
+    MPI_Barrier(MPI_COMM_WORLD);
+    detail::MpiRmaBackend b(MPI_COMM_WORLD, 0.4);
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    const std::uint64_t mine = 10 * static_cast<std::uint64_t>(r) + 1;
+    std::vector<std::uint64_t> all(static_cast<std::size_t>(p));
+    b.exchange(&mine, sizeof mine, all.data());
+    for (int q = 0; q < p; ++q) CHECK(all[static_cast<std::size_t>(q)] == 10u * q + 1);
+    b.close(false);
+  }
   recorder.stop();
   const std::vector<std::string> fired = recorder.messages();
   if (late) {
     CHECK(fired.empty());
     return;
   }
-  REQUIRE(fired.size() == 2);
+  REQUIRE(fired.size() == 3);
   const std::string head = "dtrain: rank " + std::to_string(r) + ": ";
   CHECK(fired[0].rfind(head + "MpiTransport: the collective setup over the " + std::to_string(p) +
                            " ranks of its communicator did not finish within 0.4 s",
                        0) == 0);
   CHECK(fired[0].find("SharedSegmentConfig::setup_timeout_s") != std::string::npos);
   CHECK(fired[1].rfind(head + "MpiRmaTransport: the collective setup", 0) == 0);
+  CHECK(fired[2].rfind(head + "MpiRmaTransport (address exchange): the collective setup over the " +
+                           std::to_string(p) + " ranks",
+                       0) == 0);
+  CHECK(fired[2].find("the close_timeout_s of MpiRmaTransport") != std::string::npos);
 }
