@@ -106,6 +106,16 @@ TEST_CASE("NodeMap: labels, local ranks, subdivision, shape") {
   CHECK(d.node_of(1) == 0);
   CHECK(d.node_of(2) == 1);
   CHECK(d.node_of(3) == 2);
+  // The machines are the nodes before the cut: fake nodes share their machine's cores.
+  CHECK(m.machine_ranks(1) == 2);
+  CHECK(m.machine_ranks(3) == 3);
+  CHECK(d.machine_ranks(0) == 3);
+  CHECK(d.machine_ranks(2) == 3);
+  CHECK(d.machine_ranks(3) == 1);
+  CHECK(d.max_machine_ranks() == 3);
+  CHECK(NodeMap::subdivided({0, 0, 0, 0}, 2).machine_ranks(3) == 4);
+  CHECK(NodeMap::subdivided({0, 0, 0, 0}, 0).machine_ranks(3) == 4);
+  CHECK(NodeMap::separate(3).max_machine_ranks() == 1);
   CHECK(NodeMap::single(4).describe() == "1x4");
   CHECK(!NodeMap::separate(4).shape().hierarchical());
   CHECK_THROWS_AS(NodeMap(std::vector<int>{}), InvalidArgument);
@@ -173,6 +183,8 @@ TEST_CASE("DTRAIN_RANKS_PER_NODE as a list of node sizes: uneven fake nodes, str
   CHECK(split.node_of(1) == 0);
   CHECK(split.node_of(2) == 1);
   CHECK(split.node_of(3) == 2);
+  CHECK(split.machine_ranks(0) == 2);
+  CHECK(split.machine_ranks(2) == 2);
 }
 
 TEST_CASE("hier and hier_leader: one node, one rank per node, 1-3 ranks") {

@@ -2,8 +2,8 @@
 // counter (blocked in the kernel, woken by the writer, ended by its deadline, no lost wake-up
 // under many hand-offs and several waiters), the shm all-reduce over many chunks with those
 // waits, its timeout message, and the polling backoff: its memory of a contended core (renewed
-// by evidence only, except on a progress thread), sleeps that grow with the time waited, and the
-// cost of a stalled wait.
+// by evidence only, except on a progress thread), sleeps that grow with the time waited, the
+// cost of a stalled wait, and how long waits on shared segments spin.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -369,6 +369,18 @@ TEST_CASE("a progress thread's waits keep renewing the memory, as before") {
   CHECK(b.past_yield());
   CHECK(h.contended_until > until);
   h = detail::WaitHistory{};
+}
+
+TEST_CASE("segment waits spin a slot's copy only while the machine's ranks fit its cores") {
+  using detail::segment_spin_seconds;
+  const double lone = detail::Backoff::kSpinSeconds;
+  CHECK(segment_spin_seconds(2, 2, 256 * 1024) == doctest::Approx(262144e-9));
+  CHECK(segment_spin_seconds(2, 2, 1024) == doctest::Approx(20e-6));            // at least 20 us
+  CHECK(segment_spin_seconds(2, 2, 64u << 20) == doctest::Approx(1e-3));        // at most 1 ms
+  CHECK(segment_spin_seconds(4, 0, 256 * 1024) == doctest::Approx(262144e-9));  // cores unknown
+  // More ranks on the machine than cores: a partner may be waiting for this core.
+  CHECK(segment_spin_seconds(3, 2, 256 * 1024) == lone);
+  CHECK(segment_spin_seconds(4, 2, 1024) == lone);
 }
 
 TEST_CASE("sleeps between polls grow with the time waited: short waits sleep briefly") {

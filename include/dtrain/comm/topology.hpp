@@ -62,6 +62,9 @@ class NodeMap {
       local_[r] = static_cast<int>(m.size());
       m.push_back(static_cast<int>(r));
     }
+    machine_ranks_.resize(node_of_.size());
+    for (std::size_t r = 0; r < node_of_.size(); ++r)
+      machine_ranks_[r] = static_cast<int>(members_[static_cast<std::size_t>(node_of_[r])].size());
   }
   /// `p` ranks on one node.
   static NodeMap single(int p) { return NodeMap(std::vector<int>(static_cast<std::size_t>(p), 0)); }
@@ -79,7 +82,9 @@ class NodeMap {
     std::vector<int> v(node_label.size());
     for (std::size_t r = 0; r < v.size(); ++r)
       v[r] = base.node_of_[r] * static_cast<int>(v.size()) + base.local_[r] / ranks_per_node;
-    return NodeMap(v);
+    NodeMap cut(v);
+    cut.machine_ranks_ = base.machine_ranks_;
+    return cut;
   }
 
   /// `node_label` cut as DTRAIN_RANKS_PER_NODE says (RanksPerNode): into blocks of `rpn.every`
@@ -105,7 +110,9 @@ class NodeMap {
     for (std::size_t k = 0; k < rpn.sizes.size(); ++k)
       for (int i = 0; i < rpn.sizes[k]; ++i, ++r)
         v[r] = base.node_of_[r] * static_cast<int>(rpn.sizes.size()) + static_cast<int>(k);
-    return NodeMap(v);
+    NodeMap cut(v);
+    cut.machine_ranks_ = base.machine_ranks_;
+    return cut;
   }
 
   int size() const noexcept { return static_cast<int>(node_of_.size()); }
@@ -118,6 +125,14 @@ class NodeMap {
     return members_[static_cast<std::size_t>(node)];
   }
   int node_size(int node) const { return static_cast<int>(members(node).size()); }
+  /// Ranks of the group on the machine of `rank`: its node before `subdivided` cut it (the
+  /// fake nodes of DTRAIN_RANKS_PER_NODE share one machine's cores and caches), else its node.
+  int machine_ranks(int rank) const { return machine_ranks_[static_cast<std::size_t>(rank)]; }
+  /// The largest machine_ranks over the group.
+  int max_machine_ranks() const {
+    return machine_ranks_.empty() ? 0
+                                  : *std::max_element(machine_ranks_.begin(), machine_ranks_.end());
+  }
   Topology shape() const {
     Topology t;
     t.nodes = nodes();
@@ -140,7 +155,7 @@ class NodeMap {
   }
 
  private:
-  std::vector<int> node_of_, local_;
+  std::vector<int> node_of_, local_, machine_ranks_;
   std::vector<std::vector<int>> members_;
 };
 

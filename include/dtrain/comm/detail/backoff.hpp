@@ -70,6 +70,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <thread>
 
 #if defined(__linux__)
@@ -233,6 +234,21 @@ class Backoff {
   bool contended_ = false;   // a yield of this wait gave the core away
   bool remembered_ = false;  // sleeping only because of the thread's memory of contention
 };
+
+/// Spin before a wait on node-shared segments with `slot_bytes` slots yields (the shm and hier
+/// algorithms). While the `machine_ranks` ranks on this machine do not outnumber its `cores`
+/// (0: unknown), the partner runs and answers within about one slot's copy at 1 GB/s or better:
+/// that long, 20 us to 1 ms. Otherwise the partner may be waiting for this very core:
+/// kSpinSeconds. Counted by machine, not by node: DTRAIN_RANKS_PER_NODE's fake nodes of 2 ranks,
+/// 4 ranks on 2 cores, spun up to a slot's copy and measured hier and hier_leader 1.1-1.6x slower
+/// (benchmarks/RESULTS.md). Pure.
+inline double segment_spin_seconds(int machine_ranks, unsigned cores,
+                                   std::size_t slot_bytes) noexcept {
+  if (cores != 0 && machine_ranks > 0 && static_cast<unsigned>(machine_ranks) > cores)
+    return Backoff::kSpinSeconds;
+  const double s = static_cast<double>(slot_bytes) * 1e-9;
+  return s < 20e-6 ? 20e-6 : s > 1e-3 ? 1e-3 : s;
+}
 
 inline double spin_budget(double requested) noexcept {
   double s = requested > Backoff::kSpinSeconds ? requested : Backoff::kSpinSeconds;

@@ -576,7 +576,7 @@ class Calibrator {
                     median_of(s_call),
                     median_of(s_copy_cache),
                     median_of(s_copy_memory),
-                    static_cast<double>(nodes.shape().max_ranks_per_node),
+                    static_cast<double>(nodes.max_machine_ranks()),
                     static_cast<double>(copier ? llc : 0)};
     agree_max(m, 12);
     CostModel cm;

@@ -57,14 +57,13 @@ class ScratchPool {
 };
 
 /// Whether a communicator over `t` with progress setting `mode` runs a progress thread (before
-/// the transport's own consent): `automatic` asks progress_thread_pays with this rank's node size.
-/// Local.
+/// the transport's own consent): `automatic` asks progress_thread_pays with the number of ranks
+/// on this rank's machine (fake nodes of DTRAIN_RANKS_PER_NODE share it). Local.
 template <class Transport>
 bool wants_progress_thread(CommProgress mode, Transport& t) {
   if (mode != CommProgress::automatic) return mode == CommProgress::thread;
-  const NodeMap nodes = node_map_of(t);
   return progress_thread_pays(affinity_cpus(), online_cpus(),
-                              nodes.node_size(nodes.node_of(t.rank())));
+                              node_map_of(t).machine_ranks(t.rank()));
 }
 
 template <class Transport>

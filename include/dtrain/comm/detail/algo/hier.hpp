@@ -74,11 +74,10 @@ class HierBase : public Algorithm {
     L_ = nodes_.node_size(node_);
     l_ = nodes_.local_rank(me);
     if (L_ > 1) seg_ = node_segments_of(ctx.transport());
-    // As in shm.hpp: while the node's ranks do not outnumber the cores, a partner answers within
-    // about one chunk's copy, so waits spin that long before yielding a time slice.
-    const unsigned cores = std::thread::hardware_concurrency();
-    if (seg_ && (cores == 0 || static_cast<unsigned>(L_) <= cores))
-      spin_ = std::min(std::max(static_cast<double>(seg_->slot_bytes) * 1e-9, 20e-6), 1e-3);
+    // As in shm.hpp, counting every rank on this machine (other fake nodes share its cores).
+    if (seg_)
+      spin_ = segment_spin_seconds(nodes_.machine_ranks(me), std::thread::hardware_concurrency(),
+                                   seg_->slot_bytes);
     if (seg_)
       DTRAIN_REQUIRE(seg_->size == L_ && seg_->rank == l_, "allreduce",
                      name << ": node segments of " << seg_->size << " ranks (this is rank "

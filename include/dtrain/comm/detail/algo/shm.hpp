@@ -67,9 +67,7 @@ class ShmAlgorithm : public Algorithm {
     chunk_bytes_ = shm_chunk_bytes(seg_->slot_bytes);
     aligned_ = chunk_bytes_ != seg_->slot_bytes;
     peer_offset_.assign(static_cast<std::size_t>(ctx.size()), 0);
-    const unsigned cores = std::thread::hardware_concurrency();
-    if (cores == 0 || static_cast<unsigned>(ctx.size()) <= cores)
-      spin_ = std::min(std::max(static_cast<double>(seg_->slot_bytes) * kSpinPerByte, 20e-6), 1e-3);
+    spin_ = segment_spin_seconds(ctx.size(), std::thread::hardware_concurrency(), seg_->slot_bytes);
   }
 
   void run() override {
@@ -137,8 +135,6 @@ class ShmAlgorithm : public Algorithm {
     if (!counter_wait(w.flag(q, kind, s), target, ctx_.deadline(), spin_)) ctx_.timeout(q);
   }
 
-  // Spin budget per byte of a slot: a partner copying a chunk at 1 GB/s or better answers in time.
-  static constexpr double kSpinPerByte = 1e-9;
   static constexpr std::size_t kPage = 4096, kLine = 64;
   // Smallest slot whose chunks are placed by offset (the page it gives up is at most 6%).
   static constexpr std::size_t kAlignMinSlot = 64 * 1024;
