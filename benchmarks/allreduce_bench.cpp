@@ -441,11 +441,11 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       std::printf(
           "# cost model (calibrated in %.0f ms): alpha %.2f us, beta %.4f ns/B (%.2f GB/s), "
           "gamma %.4f ns/B, shm alpha %.2f us, shm beta %.4f ns/B, inter alpha %.2f us, inter "
-          "beta %.4f ns/B, per call %.2f us, per-byte terms x%.2f beyond %.0f MiB over %d "
-          "ranks\n",
+          "beta %.4f ns/B (x%.2f from every rank at once), per call %.2f us, per-byte terms "
+          "x%.2f beyond %.0f MiB over %d ranks\n",
           calibration_s * 1e3, m.alpha * 1e6, m.beta * 1e9, 1e-9 / m.beta, m.gamma * 1e9,
           m.shm_alpha * 1e6, m.shm_beta * 1e9, m.inter_alpha * 1e6, m.inter_beta * 1e9,
-          m.call * 1e6, m.mem_factor, m.cache_bytes / (1 << 20), m.cache_ranks);
+          m.inter_share, m.call * 1e6, m.mem_factor, m.cache_bytes / (1 << 20), m.cache_ranks);
       std::printf("# automatic decisions (from bytes per rank):");
       for (const auto& d : comm.allreduce_decisions())
         std::printf(" %zu:%s", d.min_bytes, dtrain::name_of(d.algo));
@@ -662,11 +662,12 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
     std::fprintf(f,
                  " \"cost_model\": {\"alpha\": %.6e, \"beta\": %.6e, \"gamma\": %.6e, "
                  "\"shm_alpha\": %.6e, \"shm_beta\": %.6e, \"shm_chunk\": %.0f, "
-                 "\"inter_alpha\": %.6e, \"inter_beta\": %.6e, \"call\": %.6e, "
-                 "\"cache_bytes\": %.0f, \"mem_factor\": %.4f, \"cache_ranks\": %d},",
+                 "\"inter_alpha\": %.6e, \"inter_beta\": %.6e, \"inter_share\": %.4f, "
+                 "\"call\": %.6e, \"cache_bytes\": %.0f, \"mem_factor\": %.4f, "
+                 "\"cache_ranks\": %d},",
                  cm.alpha, cm.beta, cm.gamma, cm.shm_alpha, cm.shm_beta, cm.shm_chunk,
-                 cm.inter_alpha, cm.inter_beta, cm.call, cm.cache_bytes, cm.mem_factor,
-                 cm.cache_ranks);
+                 cm.inter_alpha, cm.inter_beta, cm.inter_share, cm.call, cm.cache_bytes,
+                 cm.mem_factor, cm.cache_ranks);
   std::fprintf(f, " \"rows\": [\n");
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];

@@ -17,10 +17,10 @@
 // Ranks fill nodes of --ranks-per-node in order; the time of each algorithm is
 // CostModel::predict over that Topology (flat algorithms pay the inter-node alpha and beta on
 // every message once there are several nodes, shm needs one node, hier and hier_leader need
-// several nodes with several ranks). On top of it, the algorithms whose steps cross nodes from
-// every rank of a node at once (rhd, rd, and hier's per-part rings) share the node's NICs: their
-// inter-node beta is multiplied by --ranks-per-nic (at most the ranks on a node). See
-// benchmarks/RESULTS.md for what the model leaves out.
+// several nodes with several ranks). The algorithms whose steps cross nodes from every rank of
+// a node at once (rhd, rd, and hier's per-part rings) share the node's NICs: the model's
+// inter_share, which the projection sets to --ranks-per-nic (at most the ranks on a node),
+// multiplies their inter-node beta. See benchmarks/RESULTS.md for what the model leaves out.
 #include <mpi.h>
 
 #include <algorithm>
@@ -200,13 +200,10 @@ double project(const Machine& m, AllreduceAlgorithm algo, std::size_t bytes, int
   const bool hier = algo == AllreduceAlgorithm::hier || algo == AllreduceAlgorithm::hier_leader;
   if (hier && !topo.hierarchical()) return kUnavailable;  // as CostModel::best decides
   CostModel cm = m.cm;
-  // Every rank of a node crosses to another node at once: rhd and rd at their long-distance
-  // steps, hier in the rings of its parts (one per rank of a node).
-  const bool all_cross = algo == AllreduceAlgorithm::rhd || algo == AllreduceAlgorithm::rd ||
-                         algo == AllreduceAlgorithm::hier;
-  if (topo.nodes > 1 && all_cross)
-    cm.inter_beta = (cm.inter_beta > 0 ? cm.inter_beta : cm.beta) *
-                    std::min(m.ranks_per_nic, topo.max_ranks_per_node);
+  // Where every rank of a node crosses to another node at once (rhd, rd, hier's parts), the
+  // ranks sharing a NIC share its bandwidth: the machine described by --ranks-per-nic, not the
+  // inter_share a calibration measured on the machine it ran on.
+  cm.inter_share = std::min(m.ranks_per_nic, topo.max_ranks_per_node);
   const double t = cm.predict(algo, bytes, p, topo);
   return t >= kUnavailable ? kUnavailable : t;
 }

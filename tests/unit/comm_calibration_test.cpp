@@ -58,6 +58,7 @@ double synthetic(const CalibrationSample& s, int p) {
     case CalibrationQuantity::shm_beta: return m.predict(AllreduceAlgorithm::shm, 4 << 20, p);
     case CalibrationQuantity::inter_alpha: return 5 * m.alpha;
     case CalibrationQuantity::inter_beta: return 5 * m.alpha + big * 4 * m.beta;
+    case CalibrationQuantity::inter_shared: return 5 * m.alpha + big * 4 * m.beta * 1.5;
     case CalibrationQuantity::call: return m.predict(AllreduceAlgorithm::rd, s.bytes, p);
     case CalibrationQuantity::copy_cache: return 0.1e-9;
     case CalibrationQuantity::copy_memory: return 0.3e-9;
@@ -108,7 +109,7 @@ bool same_model(const CostModel& a, const CostModel& b) {
          a.shm_alpha == b.shm_alpha && a.shm_beta == b.shm_beta && a.shm_chunk == b.shm_chunk &&
          a.inter_alpha == b.inter_alpha && a.inter_beta == b.inter_beta && a.call == b.call &&
          a.cache_bytes == b.cache_bytes && a.mem_factor == b.mem_factor &&
-         a.cache_ranks == b.cache_ranks;
+         a.cache_ranks == b.cache_ranks && a.inter_share == b.inter_share;
 }
 
 // The synthetic timings, counting how many were taken.
@@ -627,8 +628,23 @@ TEST_CASE("tuning file parser: names the file and line of what is wrong") {
   const std::string good = detail::format_tuning(
       detail::Tuning{id, truth(), {AllreduceDecision{0, AllreduceAlgorithm::rd}}});
   CHECK_NOTHROW(detail::parse_tuning("f.txt", good));
+  {  // inter_share: written, read back; optional (1), at least 1
+    CostModel shared = truth();
+    shared.inter_share = 2.5;
+    const std::string text = detail::format_tuning(
+        detail::Tuning{id, shared, {AllreduceDecision{0, AllreduceAlgorithm::rd}}});
+    CHECK(detail::parse_tuning("f.txt", text).model.inter_share == 2.5);
+    const auto at = text.find("inter_share 2.5\n");
+    REQUIRE(at != std::string::npos);
+    std::string absent = text, low = text;
+    absent.erase(at, std::string("inter_share 2.5\n").size());
+    CHECK(detail::parse_tuning("f.txt", absent).model.inter_share == 1);
+    low.replace(at, std::string("inter_share 2.5").size(), "inter_share 0.5");
+    CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", low),
+                         doctest::Contains("'0.5' is not a number >= 1"), IoError);
+  }
   CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "alpha 1\n"),
-                       doctest::Contains("f.txt line 20: 'alpha' given twice"), IoError);
+                       doctest::Contains("f.txt line 21: 'alpha' given twice"), IoError);
   CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "colour blue\n"),
                        doctest::Contains("unknown key 'colour'"), IoError);
   CHECK_THROWS_WITH_AS(detail::parse_tuning("f.txt", good + "decision 10 auto\n"),
@@ -639,27 +655,62 @@ TEST_CASE("tuning file parser: names the file and line of what is wrong") {
 
 TEST_CASE("calibration: with two nodes the first ranks of the nodes measure inter_alpha/beta") {
   const int p = 4;
-  Hook h([&](const CalibrationSample& s) { return synthetic(s, p); });
+  std::atomic<int> shm_samples[p] = {};
+  Hook h([&](const CalibrationSample& s) {
+    if (s.quantity == CalibrationQuantity::shm_beta) shm_samples[s.rank].fetch_add(1);
+    return synthetic(s, p);
+  });
   LoopbackWorld world(std::vector<int>{0, 0, 1, 1}, SharedSegmentConfig{});
   std::vector<Outcome> out(p);
   run_loopback(world, [&](LoopbackTransport& t) {
     CommConfig c = config();
     c.check_fingerprints = false;
     detail::CommState<LoopbackTransport> st(t, c);
-    detail::Calibration cal = detail::calibrate(st, detail::flat_model_view(p));
+    detail::Calibration cal =
+        detail::calibrate(st, detail::topology_model_view(p, node_map_of(t).shape()));
     out[static_cast<std::size_t>(t.rank())] = Outcome{cal.model, cal.decisions, cal.probes};
   });
   for (int r = 0; r < p; ++r) {
     CAPTURE(r);
     CHECK(out[r].model.inter_alpha == doctest::Approx(5 * truth().alpha));
     CHECK(out[r].model.inter_beta == doctest::Approx(4 * truth().beta));
+    // Every rank with its counterpart on the other node at once: 1.5 times the time per byte.
+    CHECK(out[r].model.inter_share == doctest::Approx(1.5));
     CHECK(out[r].model.alpha == doctest::Approx(truth().alpha));
     CHECK(same_model(out[r].model, out[0].model));
     CHECK(out[r].model.inter_alpha == out[0].model.inter_alpha);
     CHECK(out[r].decisions == out[0].decisions);
+    // Inside each node, the shm all-reduce on the node's segments (what hier pays there).
+    CHECK(shm_samples[r].load() == detail::kRounds);
+    CHECK(out[r].model.shm_alpha == doctest::Approx(truth().shm_alpha));
+    CHECK(out[r].model.shm_beta == doctest::Approx(truth().shm_beta).epsilon(1e-6));
+  }
+  // Flat shm stays unavailable across the nodes, whatever the shm terms.
+  const Topology two_by_two = world.node_map().shape();
+  CHECK(out[0].model.predict(AllreduceAlgorithm::shm, 4096, p, two_by_two) >= 1e299);
+  CHECK(out[0].model.predict(AllreduceAlgorithm::hier, 4096, p, two_by_two) < 1e299);
+  // Uneven nodes (2 + 1): the rank alone on its node measures no shm and agrees on the others'.
+  {
+    LoopbackWorld uneven(std::vector<int>{0, 0, 1}, SharedSegmentConfig{});
+    std::vector<Outcome> o(3);
+    for (auto& n : shm_samples) n = 0;
+    run_loopback(uneven, [&](LoopbackTransport& t) {
+      CommConfig c = config();
+      c.check_fingerprints = false;
+      detail::CommState<LoopbackTransport> st(t, c);
+      o[static_cast<std::size_t>(t.rank())].model = detail::measure_cost_model(st);
+    });
+    CHECK(shm_samples[0].load() == detail::kRounds);
+    CHECK(shm_samples[2].load() == 0);
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r);
+      CHECK(same_model(o[r].model, o[0].model));
+      CHECK(o[r].model.shm_beta == doctest::Approx(truth().shm_beta).epsilon(1e-6));
+    }
   }
   // One node: no inter-node terms.
   std::vector<Outcome> one = calibrate_all(2);
   CHECK(one[0].model.inter_alpha == 0);
   CHECK(one[0].model.inter_beta == 0);
+  CHECK(one[0].model.inter_share == 1);
 }

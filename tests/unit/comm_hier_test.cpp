@@ -271,13 +271,21 @@ TEST_CASE("hier through AnyTransport keeps the node map and segments") {
   });
 }
 
-TEST_CASE("cost model: hierarchical algorithms only where nodes have several ranks") {
+namespace {
+// 10 GB/s inside a node, 1 GB/s between nodes.
+CostModel two_level_model() {
   CostModel m;
   m.alpha = 2e-6;
-  m.beta = 1e-10;  // 10 GB/s inside a node
+  m.beta = 1e-10;
   m.gamma = 1e-10;
   m.inter_alpha = 5e-6;
-  m.inter_beta = 1e-9;  // 1 GB/s between nodes
+  m.inter_beta = 1e-9;
+  return m;
+}
+}  // namespace
+
+TEST_CASE("cost model: hierarchical algorithms only where nodes have several ranks") {
+  CostModel m = two_level_model();
   const Topology two_by_four{2, 4, 4};
   const std::size_t big = 64u << 20;
   // Across the slow link hier moves 1/4 of the bytes per rank: it must win for large messages.
@@ -303,6 +311,49 @@ TEST_CASE("cost model: hierarchical algorithms only where nodes have several ran
   CHECK(m.best(big, 8, two_by_four) != AllreduceAlgorithm::shm);
   // The flat three-argument form still answers for the hierarchical names (one rank per node).
   CHECK(m.predict(AllreduceAlgorithm::hier, big, 8) > 0);
+}
+
+TEST_CASE("cost model: inter_share slows what crosses nodes from every rank at once") {
+  CostModel m = two_level_model();
+  m.shm_alpha = 1e-7;
+  m.shm_beta = 1e-11;
+  const Topology two_by_four{2, 4, 4};
+  const std::size_t big = 64u << 20;
+  auto at = [&](const CostModel& c, AllreduceAlgorithm a, const Topology& t) {
+    return c.predict(a, big, 8, t);
+  };
+  CostModel shared = m;
+  shared.inter_share = 4;  // four ranks of a node on one link
+  // hier's parts cross from every rank: four times the per-byte cost between the nodes.
+  const CostModel crossing = [&] {
+    CostModel c = m.between_nodes();
+    c.beta *= 4;
+    return c;
+  }();
+  const std::size_t part = big / 4;
+  CHECK(at(shared, AllreduceAlgorithm::hier, two_by_four) ==
+        doctest::Approx(m.call + m.steps(AllreduceAlgorithm::shm, big, 4) +
+                        crossing.steps(crossing.best_inter(part, 2), part, 2)));
+  CHECK(at(shared, AllreduceAlgorithm::rhd, two_by_four) ==
+        doctest::Approx(crossing.steps(AllreduceAlgorithm::rhd, big, 8)));
+  CHECK(at(shared, AllreduceAlgorithm::rd, two_by_four) >
+        at(m, AllreduceAlgorithm::rd, two_by_four));
+  // One rank of a node crosses at a time: unchanged.
+  for (AllreduceAlgorithm a :
+       {AllreduceAlgorithm::hier_leader, AllreduceAlgorithm::ring, AllreduceAlgorithm::tree})
+    CHECK(at(shared, a, two_by_four) == at(m, a, two_by_four));
+  // One rank per node: no sharing, whatever the factor; one node: no crossing at all.
+  for (AllreduceAlgorithm a : {AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd}) {
+    CHECK(at(shared, a, Topology::flat(8)) == at(m, a, Topology::flat(8)));
+    CHECK(at(shared, a, Topology{1, 8, 8}) == at(m, a, Topology{1, 8, 8}));
+  }
+  // Sharing the link makes hier_leader, which crosses with the whole vector from one rank, the
+  // better choice where hier's parts were cheaper.
+  CHECK(at(m, AllreduceAlgorithm::hier, two_by_four) <
+        at(m, AllreduceAlgorithm::hier_leader, two_by_four));
+  shared.inter_share = 8;
+  CHECK(at(shared, AllreduceAlgorithm::hier, two_by_four) >
+        at(shared, AllreduceAlgorithm::hier_leader, two_by_four));
 }
 
 TEST_CASE("cost model: a fixed per-call cost and the cache switch of the per-byte terms") {

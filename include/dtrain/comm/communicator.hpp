@@ -344,18 +344,7 @@ class Communicator {
   std::shared_ptr<Impl> make_plan(const Spec& s) { return std::make_shared<Impl>(*state_, s); }
 
   // How `automatic` applies the cost model here: the candidates and their predictions.
-  detail::ModelView model_view() const {
-    detail::ModelView v = detail::flat_model_view(size());
-    if (topology_.hierarchical()) {
-      v.candidates.push_back(AllreduceAlgorithm::hier);
-      v.candidates.push_back(AllreduceAlgorithm::hier_leader);
-    }
-    v.predict = [p = size(), topo = topology_](const CostModel& cm, AllreduceAlgorithm a,
-                                               std::size_t bytes) {
-      return cm.predict(a, bytes, p, topo);
-    };
-    return v;
-  }
+  detail::ModelView model_view() const { return detail::topology_model_view(size(), topology_); }
   void adopt_model(const CostModel& m) {
     state_->cost = m;
     state_->decisions = detail::model_decisions(m, model_view());

@@ -22,7 +22,8 @@ struct CostModel {
   /// Node-shared segments (0 when the transport has none): one counter hand-off between ranks
   /// in seconds, the shm algorithm's cost per byte of vector (copies in and out, cross-core
   /// traffic and reduction together, measured on a bandwidth-bound vector), and its pipelining
-  /// chunk in bytes.
+  /// chunk in bytes. With several nodes, measured among the ranks of a node on its segments:
+  /// the intra-node part of hier and hier_leader (flat shm is then unavailable).
   double shm_alpha = 0;
   double shm_beta = 0;
   double shm_chunk = 256 * 1024;
@@ -30,6 +31,11 @@ struct CostModel {
   /// alpha and beta then describe messages inside a node. Used by the four-argument predict and
   /// best when the topology has several nodes.
   double inter_alpha = 0, inter_beta = 0;
+  /// The factor by which inter_beta grows when every rank of a node sends to another node at
+  /// once (they share the node's links, or on fake nodes its cores): rhd and rd, whose long
+  /// steps cross nodes from every rank, and hier, whose parts cross from every rank. 1: a link
+  /// per rank, or not measured. hier_leader and the ring cross from one rank of a node at a time.
+  double inter_share = 1;
   /// Seconds every collective call costs whatever the algorithm and size (plan dispatch and the
   /// fingerprint exchange); 0 = not measured.
   double call = 0;
@@ -106,10 +112,12 @@ struct CostModel {
 
   /// Predicted seconds over `p` ranks grouped in nodes as `topo` (pure). With several nodes the
   /// flat algorithms pay inter_alpha / inter_beta on every message (their rings and butterflies
-  /// cross nodes) and shm is unavailable. hier: intra-node reduce-scatter and all-gather (the shm
+  /// cross nodes; rhd and rd at inter_beta * inter_share where nodes have several ranks) and shm
+  /// is unavailable. hier: intra-node reduce-scatter and all-gather (the shm
   /// model over the largest node where shm was measured, else one message round each way at
   /// alpha / beta), plus an all-reduce over the nodes for each of the ceil(Lmax / Lmin) parts of
-  /// bytes / Lmax that a rank of the smallest node owns, at inter_alpha / inter_beta.
+  /// bytes / Lmax that a rank of the smallest node owns, at inter_alpha / inter_beta *
+  /// inter_share.
   /// hier_leader: the leader receives and reduces L - 1 vectors and sends L - 1 back (or the shm
   /// model), plus an all-reduce over the nodes at inter_alpha / inter_beta. Between the nodes
   /// both run the flat algorithm best_inter picks (ring, rhd, rd or tree), as they do.
@@ -126,6 +134,9 @@ struct CostModel {
     const CostModel inter = multi ? between_nodes() : *this;
     const double n = static_cast<double>(bytes);
     const int N = std::max(topo.nodes, 1), L = std::max(topo.max_ranks_per_node, 1);
+    // Every rank of a node sending to another node at once (see inter_share).
+    CostModel crossing = inter;
+    if (multi && L > 1) crossing.beta *= std::max(inter_share, 1.0);
     const int Lmin = std::max(std::min(topo.min_ranks_per_node, L), 1);
     const double fL = L;
     switch (algo) {
@@ -137,7 +148,7 @@ struct CostModel {
                       : 2 * alpha + 2 * (fL - 1) / fL * n * beta + (fL - 1) / fL * n * gamma;
         const double parts = std::ceil(fL / Lmin);
         const auto part_bytes = static_cast<std::size_t>(std::ceil(n / fL));
-        return intra + parts * inter.steps(inter.best_inter(part_bytes, N), part_bytes, N);
+        return intra + parts * crossing.steps(crossing.best_inter(part_bytes, N), part_bytes, N);
       }
       case AllreduceAlgorithm::hier_leader: {
         double intra = 0;
@@ -150,6 +161,8 @@ struct CostModel {
       case AllreduceAlgorithm::ordered_shm:
         if (multi) return 1e300;  // needs every rank on one node
         break;
+      case AllreduceAlgorithm::rhd:
+      case AllreduceAlgorithm::rd: return crossing.steps(algo, bytes, p);
       default: break;
     }
     return inter.steps(algo, bytes, p);

@@ -4,9 +4,12 @@
 // Robust against a noisy machine in three ways:
 // 1. Interleaved rounds, robust statistic. The quantities (a ping-pong with partner r^1 for
 //    alpha, a 4 MiB exchange for beta, a local 4 MiB reduction for gamma, a one-chunk and a 4 MiB
-//    shm all-reduce when the transport has node-shared segments, and with several nodes a
-//    ping-pong and a 4 MiB exchange between the first ranks of nodes 2k and 2k+1 for
-//    inter_alpha and inter_beta; a one-element rd all-reduce for the fixed cost of a call; on a
+//    shm all-reduce where there are node-shared segments (over the whole group on one node; with
+//    several nodes among each node's ranks on its segments, as hier uses them), and with several
+//    nodes a ping-pong and a 4 MiB exchange between the first ranks of nodes 2k and 2k+1 for
+//    inter_alpha and inter_beta, and where nodes have several ranks the same exchange between
+//    every rank and its counterpart there, all pairs at once, for inter_share; a one-element rd
+//    all-reduce for the fixed cost of a call; on a
 //    node's first rank, in the first three rounds, a 4 MiB copy in the last-level cache and one
 //    of the cache's size from memory (source and destination twice the cache), whose ratio is the
 //    factor by which per-byte costs grow once a node's working set leaves the cache) are measured
@@ -82,17 +85,19 @@ class ScopedRegistration {
 
 /// What one raw calibration timing measured.
 enum class CalibrationQuantity {
-  alpha,        // half a ping-pong (minimum of a burst)
-  beta,         // one 4 MiB exchange
-  gamma,        // one local 4 MiB reduction
-  shm_alpha,    // one one-chunk shm all-reduce (minimum of a burst)
-  shm_beta,     // one 4 MiB shm all-reduce
-  inter_alpha,  // half a ping-pong between the first ranks of two nodes (minimum of a burst)
-  inter_beta,   // one 4 MiB exchange between them
-  call,         // one one-element rd all-reduce (minimum of a burst): the fixed cost of a call
-  copy_cache,   // one local 4 MiB copy that stays in the last-level cache (a node's first rank)
-  copy_memory,  // one local copy of one last-level cache's size (a node's first rank), per byte
-  probe         // one validation run of `algo` at `bytes`
+  alpha,         // half a ping-pong (minimum of a burst)
+  beta,          // one 4 MiB exchange
+  gamma,         // one local 4 MiB reduction
+  shm_alpha,     // one one-chunk shm all-reduce (minimum of a burst)
+  shm_beta,      // one 4 MiB shm all-reduce
+  inter_alpha,   // half a ping-pong between the first ranks of two nodes (minimum of a burst)
+  inter_beta,    // one 4 MiB exchange between them
+  inter_shared,  // one 4 MiB exchange of local rank l of node 2k with local rank l of node
+                 // 2k+1, every such pair at once (nodes of several ranks)
+  call,          // one one-element rd all-reduce (minimum of a burst): the fixed cost of a call
+  copy_cache,    // one local 4 MiB copy that stays in the last-level cache (a node's first rank)
+  copy_memory,   // one local copy of one last-level cache's size (a node's first rank), per byte
+  probe          // one validation run of `algo` at `bytes`
 };
 
 /// One raw timing, as the test hook sees it.
@@ -286,6 +291,22 @@ inline ModelView flat_model_view(int p) {
   return v;
 }
 
+/// The view of p ranks grouped in nodes as `topo`: the flat candidates, hier and hier_leader
+/// where the grouping is hierarchical, predicted by the four-argument CostModel::predict (shm
+/// only on one node, whatever the model's shm terms say: with several nodes they are measured
+/// inside a node, for hier). What a Communicator applies.
+inline ModelView topology_model_view(int p, const Topology& topo) {
+  ModelView v = flat_model_view(p);
+  if (topo.hierarchical()) {
+    v.candidates.push_back(AllreduceAlgorithm::hier);
+    v.candidates.push_back(AllreduceAlgorithm::hier_leader);
+  }
+  v.predict = [p, topo](const CostModel& cm, AllreduceAlgorithm a, std::size_t bytes) {
+    return cm.predict(a, bytes, p, topo);
+  };
+  return v;
+}
+
 /// The table the model alone gives under `view`. Pure.
 inline AllreduceDecisions model_decisions(const CostModel& cm, const ModelView& view) {
   if (view.p <= 1) return {AllreduceDecision{0, AllreduceAlgorithm::ring}};
@@ -370,6 +391,17 @@ class Calibrator {
     s.kind = k;
     return s;
   }
+  static PlanSpec allreduce_spec(AllreduceAlgorithm a, DType t, const void* in, void* out,
+                                 std::size_t count, ReduceOp op = ReduceOp::sum) {
+    PlanSpec s = spec(CollectiveKind::allreduce);
+    s.algo = a;
+    s.dtype = t;
+    s.in = in;
+    s.out = out;
+    s.count = count;
+    s.op = op;
+    return s;
+  }
   double sample(CalibrationQuantity q, int round, double seconds,
                 AllreduceAlgorithm algo = AllreduceAlgorithm::ring, std::size_t bytes = 0) const {
     const auto& hook = calibration_hook();
@@ -385,14 +417,7 @@ class Calibrator {
   }
   // In-place all-reduce (max) of `n` doubles by recursive doubling: the agreement step.
   void agree_max(double* v, std::size_t n) {
-    PlanSpec s = spec(CollectiveKind::allreduce);
-    s.op = ReduceOp::max;
-    s.dtype = DType::f64;
-    s.count = n;
-    s.in = v;
-    s.out = v;
-    s.algo = AllreduceAlgorithm::rd;
-    Plan agree(st_, s);
+    Plan agree(st_, allreduce_spec(AllreduceAlgorithm::rd, DType::f64, v, v, n, ReduceOp::max));
     execute_in_order(st_, agree);
   }
   void wait(typename Transport::Request& q, const Deadline& deadline, int partner) {
@@ -400,6 +425,28 @@ class Calibrator {
       raise<TimeoutError>(
           "cost-model calibration",
           concat("wait for rank ", partner, " timed out after ", deadline.budget(), " s"));
+  }
+
+  /// An shm all-reduce of `count` f32 in place on `data` among the ranks of this rank's node,
+  /// on the node's segments `seg`, outside any plan (the calibration's measurement of what hier
+  /// and hier_leader pay inside a node).
+  struct NodeShm {
+    std::unique_ptr<PlanContext<Transport>> root, view;
+    std::unique_ptr<ShmAlgorithm<Transport>> algo;
+    void run(CommState<Transport>& st) {
+      root->begin(st.seq.load());
+      algo->run();
+    }
+  };
+  NodeShm node_shm(const NodeMap& nodes, SharedSegments* seg, float* data, std::size_t count) {
+    NodeShm n;
+    n.root = std::make_unique<PlanContext<Transport>>(
+        st_, allreduce_spec(AllreduceAlgorithm::shm, DType::f32, data, data, count));
+    n.view =
+        std::make_unique<PlanContext<Transport>>(*n.root, nodes.members(nodes.node_of(r_)), count,
+                                                 ReduceOp::sum, kFirstAlgorithmChannel, 0, seg);
+    n.algo = std::make_unique<ShmAlgorithm<Transport>>(*n.view, data, data);
+    return n;
   }
 
   CostModel measure_model() {
@@ -455,18 +502,21 @@ class Calibrator {
     int inter = -1;
     if (multi && nodes.local_rank(r_) == 0 && (nodes.node_of(r_) ^ 1) < nodes.nodes())
       inter = nodes.members(nodes.node_of(r_) ^ 1).front();
+    // ... and every rank with the rank of the same local number there, all pairs at once, where
+    // nodes have several ranks: how far the node's links (or cores) are shared (inter_share).
+    int cross = -1;
+    if (multi && nodes.shape().max_ranks_per_node > 1 && (nodes.node_of(r_) ^ 1) < nodes.nodes()) {
+      const std::vector<int>& there = nodes.members(nodes.node_of(r_) ^ 1);
+      const auto l = static_cast<std::size_t>(nodes.local_rank(r_));
+      if (l < there.size()) cross = there[l];
+    }
 
     // The fixed cost of a call: a one-element rd all-reduce, whose steps the model prices.
     float one[1] = {1.0f};
     std::unique_ptr<Plan> call_plan;
     {
-      PlanSpec s = spec(CollectiveKind::allreduce);
-      s.dtype = DType::f32;
-      s.algo = AllreduceAlgorithm::rd;
-      s.count = 1;
-      s.in = one;
-      s.out = one;
-      call_plan = std::make_unique<Plan>(st_, s);
+      call_plan = std::make_unique<Plan>(
+          st_, allreduce_spec(AllreduceAlgorithm::rd, DType::f32, one, one, 1));
     }
     // Cache against memory: a node's first rank copies 4 MiB (in the last-level cache) and one
     // last-level cache's worth (from memory: source and destination together are twice the
@@ -480,23 +530,29 @@ class Calibrator {
     std::vector<unsigned char> mem_src(mem_bytes, 1), mem_dst(mem_bytes, 0);
     constexpr int kCopyRounds = 3;
 
-    SharedSegments* seg = shared_segments_of(t_);
-    std::vector<float> v(seg ? big / sizeof(float) : 0, 1.0f);
+    // The shm all-reduce: over the whole group where it shares segments (one node); with
+    // several nodes, among the ranks of each node on the node's segments, which is what hier and
+    // hier_leader pay inside a node (a rank alone on its node measures nothing, the agreement
+    // takes the other nodes' figures).
+    SharedSegments* const seg = shared_segments_of(t_);
+    SharedSegments* const node_seg =
+        !seg && multi && nodes.node_size(nodes.node_of(r_)) > 1 ? node_segments_of(t_) : nullptr;
+    SharedSegments* const shm_seg = seg ? seg : node_seg;
+    std::vector<float> v(shm_seg ? big / sizeof(float) : 0, 1.0f);
     float tiny[8] = {};
     std::unique_ptr<Plan> big_plan, tiny_plan;
+    NodeShm node_big, node_tiny;
     if (seg) {
-      PlanSpec s = spec(CollectiveKind::allreduce);
-      s.dtype = DType::f32;
-      s.algo = AllreduceAlgorithm::shm;
-      s.count = v.size();
-      s.in = v.data();
-      s.out = v.data();
-      big_plan = std::make_unique<Plan>(st_, s);
-      s.count = 8;
-      s.in = tiny;
-      s.out = tiny;
-      tiny_plan = std::make_unique<Plan>(st_, s);
+      big_plan = std::make_unique<Plan>(
+          st_, allreduce_spec(AllreduceAlgorithm::shm, DType::f32, v.data(), v.data(), v.size()));
+      tiny_plan = std::make_unique<Plan>(
+          st_, allreduce_spec(AllreduceAlgorithm::shm, DType::f32, tiny, tiny, 8));
+    } else if (node_seg) {
+      node_big = node_shm(nodes, node_seg, v.data(), v.size());
+      node_tiny = node_shm(nodes, node_seg, tiny, 8);
     }
+    auto run_big = [&] { big_plan ? execute_in_order(st_, *big_plan) : node_big.run(st_); };
+    auto run_tiny = [&] { tiny_plan ? execute_in_order(st_, *tiny_plan) : node_tiny.run(st_); };
     // Warm-up, unmeasured: connections, first touch of every buffer and segment.
     if (paired) {
       ping_pong(partner);
@@ -506,22 +562,20 @@ class Calibrator {
       ping_pong(inter);
       exchange(inter);
     }
+    if (cross >= 0) exchange(cross);
     host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
     execute_in_order(st_, *call_plan);
-    if (seg) {
-      execute_in_order(st_, *big_plan);
-      execute_in_order(st_, *tiny_plan);
+    if (shm_seg) {
+      run_big();
+      run_tiny();
     }
 
     std::vector<double> s_alpha, s_beta, s_gamma, s_shm_alpha, s_shm_beta, s_inter_alpha,
-        s_inter_beta, s_call, s_copy_cache, s_copy_memory;
+        s_inter_beta, s_inter_shared, s_call, s_copy_cache, s_copy_memory;
     for (int round = 0; round < kRounds; ++round) {
       if (paired)
         pair_round(partner, round, CalibrationQuantity::alpha, CalibrationQuantity::beta, s_alpha,
                    s_beta);
-      if (inter >= 0)
-        pair_round(inter, round, CalibrationQuantity::inter_alpha, CalibrationQuantity::inter_beta,
-                   s_inter_alpha, s_inter_beta);
       {
         const double t0 = now_seconds();
         host::reduce(ReduceOp::sum, x.data(), x.data(), y.data(), x.size());
@@ -537,6 +591,22 @@ class Calibrator {
         s_call.push_back(
             sample(CalibrationQuantity::call, round, best, AllreduceAlgorithm::rd, sizeof(one)));
       }
+      // Between nodes, right after the all-reduces above: the nodes' first ranks alone while the
+      // other ranks wait in one more all-reduce (rather than run a measurement of their own,
+      // which on fake nodes takes the cores the pair needs), then every rank with its
+      // counterpart, the pairs starting together.
+      if (multi) {
+        if (inter >= 0)
+          pair_round(inter, round, CalibrationQuantity::inter_alpha,
+                     CalibrationQuantity::inter_beta, s_inter_alpha, s_inter_beta);
+        execute_in_order(st_, *call_plan);
+        if (cross >= 0) {
+          const double t0 = now_seconds();
+          exchange(cross);
+          s_inter_shared.push_back(
+              sample(CalibrationQuantity::inter_shared, round, now_seconds() - t0));
+        }
+      }
       if (copier && round < kCopyRounds) {
         double t0 = now_seconds();
         std::memcpy(y.data(), x.data(), big);
@@ -547,18 +617,18 @@ class Calibrator {
         s_copy_memory.push_back(sample(CalibrationQuantity::copy_memory, round,
                                        (now_seconds() - t0) / double(mem_bytes)));
       }
-      if (seg) {
+      if (shm_seg) {
         double best = 1e30;
         for (int i = 0; i < 12; ++i) {
           const double t0 = now_seconds();
-          execute_in_order(st_, *tiny_plan);
+          run_tiny();
           best = std::min(best, now_seconds() - t0);
         }
         s_shm_alpha.push_back(sample(CalibrationQuantity::shm_alpha, round, best,
                                      AllreduceAlgorithm::shm, sizeof(tiny)));
         std::fill(v.begin(), v.end(), 1.0f);
         const double t0 = now_seconds();
-        execute_in_order(st_, *big_plan);
+        run_big();
         s_shm_beta.push_back(sample(CalibrationQuantity::shm_beta, round, now_seconds() - t0,
                                     AllreduceAlgorithm::shm, big));
       }
@@ -566,7 +636,7 @@ class Calibrator {
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
     // Raw medians, agreed (maximum over ranks), then the fit: every rank fits the same numbers.
-    double m[12] = {median_of(s_alpha),
+    double m[14] = {median_of(s_alpha),
                     median_of(s_beta),
                     median_of(s_gamma),
                     median_of(s_shm_alpha),
@@ -577,8 +647,10 @@ class Calibrator {
                     median_of(s_copy_cache),
                     median_of(s_copy_memory),
                     static_cast<double>(nodes.max_machine_ranks()),
-                    static_cast<double>(copier ? llc : 0)};
-    agree_max(m, 12);
+                    static_cast<double>(copier ? llc : 0),
+                    static_cast<double>(shm_seg ? shm_seg->slot_bytes : 0),
+                    median_of(s_inter_shared)};
+    agree_max(m, 14);
     CostModel cm;
     const double alpha = m[0];
     cm.alpha = std::max(alpha, 1e-9);
@@ -587,15 +659,18 @@ class Calibrator {
     if (multi) {  // measured between the nodes' first ranks
       cm.inter_alpha = std::max(m[5], 1e-9);
       cm.inter_beta = std::max((m[6] - m[5]) / double(big), 1e-13);
+      if (m[13] > 0 && m[6] > m[5]) cm.inter_share = std::max((m[13] - m[5]) / (m[6] - m[5]), 1.0);
     }
     // The fixed cost of a call: the one-element rd all-reduce less its modelled steps.
     cm.call = std::max(m[7] - cm.steps(AllreduceAlgorithm::rd, sizeof(one), p_), 0.0);
-    if (seg) {
+    if (m[12] > 0) {  // agreed: some rank measured shm (every rank of one node, or of a node)
       const double tiny_t = m[3], big_t = m[4];
-      // A one-chunk shm all-reduce costs three counter hand-offs after the fixed cost.
+      // A one-chunk shm all-reduce costs three counter hand-offs after the fixed cost (of a
+      // plan's call, which the node measurement, outside a plan, does not pay; the floor below
+      // keeps it from vanishing).
       cm.shm_alpha = std::max(std::max(tiny_t - cm.call, 0.25 * tiny_t) / 3, 1e-9);
       // Per byte: the big run without the fixed cost and its chunks' counter hand-offs.
-      cm.shm_chunk = static_cast<double>(shm_chunk_bytes(seg->slot_bytes));
+      cm.shm_chunk = static_cast<double>(shm_chunk_bytes(static_cast<std::size_t>(m[12])));
       const double chunks = std::ceil(double(big) / cm.shm_chunk);
       cm.shm_beta = std::max(
           std::max(big_t - cm.call - 3 * chunks * cm.shm_alpha, 0.5 * big_t) / double(big), 1e-13);
@@ -654,13 +729,8 @@ class Calibrator {
       std::vector<std::unique_ptr<Plan>> plans;
       for (AllreduceAlgorithm a : q.algos) {
         q.predicted.push_back(view_.predict(c.model, a, bytes));
-        PlanSpec s = spec(CollectiveKind::allreduce);
-        s.dtype = DType::f32;
-        s.count = bytes / sizeof(float);
-        s.in = probe_in;
-        s.out = probe_out;
-        s.algo = a;
-        plans.push_back(std::make_unique<Plan>(st_, s));
+        plans.push_back(std::make_unique<Plan>(
+            st_, allreduce_spec(a, DType::f32, probe_in, probe_out, bytes / sizeof(float))));
         const int warm = probe_warm_calls(q.predicted.back());
         for (int i = 0; i < warm; ++i) execute_in_order(st_, *plans.back());
       }
@@ -721,7 +791,8 @@ class Calibrator {
 /// Measures the model and its validated decision table over `st`'s transport (collective: every
 /// rank calls it at the same point of its collective sequence; queued collectives are drained
 /// first). Every rank returns the same model and table.
-/// `view` says how the model is applied (flat_model_view(p) for p ranks without node structure).
+/// `view` says how the model is applied (flat_model_view(p) for p ranks on one node,
+/// topology_model_view with the transport's node grouping otherwise).
 template <class Transport>
 Calibration calibrate(CommState<Transport>& st, ModelView view) {
   Calibration c = Calibrator<Transport>(st, std::move(view)).run();
@@ -732,7 +803,8 @@ Calibration calibrate(CommState<Transport>& st, ModelView view) {
 /// The model alone (the collective calibration, decision table discarded).
 template <class Transport>
 CostModel measure_cost_model(CommState<Transport>& st) {
-  return calibrate(st, flat_model_view(st.transport->size())).model;
+  Transport& t = *st.transport;
+  return calibrate(st, topology_model_view(t.size(), node_map_of(t).shape())).model;
 }
 
 }  // namespace dtrain::detail

@@ -9,8 +9,8 @@
 //   node_shape 1x2              nodes x ranks per node as the transport groups them (3+1 uneven)
 //   transport mpi               the transport's name
 //   alpha 6.1e-07  beta ...  gamma ...  shm_alpha ...  shm_beta ...  shm_chunk ...
-//   inter_alpha ... inter_beta ... call ... cache_bytes ... mem_factor ... cache_ranks ...
-//                               (optional: 0, 0, 0, 0, 1, 1 when absent, as older files are)
+//   inter_alpha ... inter_beta ... inter_share ... call ... cache_bytes ... mem_factor ...
+//   cache_ranks ...             (optional: 0, 0, 1, 0, 0, 1, 1 when absent, as older files are)
 //   decision 0 rd               one row per line, min_bytes ascending, the first at 0
 //   decision 32768 shm
 // Every key but `decision` exactly once; numbers are written with 17 significant digits, so a
@@ -118,6 +118,7 @@ inline std::string format_tuning(const Tuning& tu) {
      << "shm_chunk " << tu.model.shm_chunk << "\n"
      << "inter_alpha " << tu.model.inter_alpha << "\n"
      << "inter_beta " << tu.model.inter_beta << "\n"
+     << "inter_share " << tu.model.inter_share << "\n"
      << "call " << tu.model.call << "\n"
      << "cache_bytes " << tu.model.cache_bytes << "\n"
      << "mem_factor " << tu.model.mem_factor << "\n"
@@ -212,6 +213,8 @@ inline Tuning parse_tuning(const std::string& path, const std::string& text) {
       tu.model.inter_alpha = number(value, 0);
     } else if (key == "inter_beta") {
       tu.model.inter_beta = number(value, 0);
+    } else if (key == "inter_share") {
+      tu.model.inter_share = number(value, 1);
     } else if (key == "call") {
       tu.model.call = number(value, 0);
     } else if (key == "cache_bytes") {
@@ -276,7 +279,7 @@ Calibration calibrate_or_load(CommState<Transport>& st, const ModelView& view) {
   // the six model numbers, the row count, (min_bytes, algorithm) per row, then the six optional
   // model numbers.
   constexpr std::size_t kMore = 8 + 2 * kMaxTuningRows;
-  std::vector<double> msg(kMore + 6, 0.0);
+  std::vector<double> msg(kMore + 7, 0.0);
   std::string error;
   if (t.rank() == 0) {
     std::ifstream f(path);
@@ -303,9 +306,10 @@ Calibration calibrate_or_load(CommState<Transport>& st, const ModelView& view) {
             msg[8 + 2 * i] = static_cast<double>(tu.decisions[i].min_bytes);
             msg[9 + 2 * i] = static_cast<double>(tu.decisions[i].algo);
           }
-          const double more[6] = {m.inter_alpha, m.inter_beta, m.call,
-                                  m.cache_bytes, m.mem_factor, static_cast<double>(m.cache_ranks)};
-          std::copy(more, more + 6, msg.begin() + kMore);
+          const double more[7] = {m.inter_alpha, m.inter_beta, m.call,
+                                  m.cache_bytes, m.mem_factor, static_cast<double>(m.cache_ranks),
+                                  m.inter_share};
+          std::copy(more, more + 7, msg.begin() + kMore);
         }
       } catch (const IoError& e) {
         error = e.what();
@@ -342,6 +346,7 @@ Calibration calibrate_or_load(CommState<Transport>& st, const ModelView& view) {
     c.model.cache_bytes = msg[kMore + 3];
     c.model.mem_factor = msg[kMore + 4];
     c.model.cache_ranks = static_cast<int>(msg[kMore + 5]);
+    c.model.inter_share = msg[kMore + 6];
     const auto rows = static_cast<std::size_t>(msg[7]);
     for (std::size_t i = 0; i < rows; ++i)
       c.decisions.push_back(AllreduceDecision{static_cast<std::size_t>(msg[8 + 2 * i]),

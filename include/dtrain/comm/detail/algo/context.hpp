@@ -79,7 +79,8 @@ class PlanContext {
         p_(comm.transport->size()),
         r_(comm.transport->rank()),
         caps_(capabilities_of(*comm.transport)),
-        use_channels_(comm.config.persistent_channels && channels_available(*comm.transport)) {
+        use_channels_(comm.config.persistent_channels && channels_available(*comm.transport)),
+        segments_(shared_segments_of(*comm.transport)) {
     const bool widen =
         (s.dtype == DType::f16 || s.dtype == DType::bf16) &&
         (s.kind == CollectiveKind::allreduce || s.kind == CollectiveKind::reduce_scatter);
@@ -93,11 +94,12 @@ class PlanContext {
   /// and holds this rank; the view's vector has `count` elements of the parent's widened type,
   /// reduced with `op`; the algorithm's channel id kFirstAlgorithmChannel + k becomes
   /// `id_offset` + k, and k must stay below `id_span` (ranges given to views sharing a pair of
-  /// ranks are disjoint).
+  /// ranks are disjoint). `segments`: node-shared segments of exactly these ranks, indexed by
+  /// group rank, for the shm algorithm on the view (null: none).
   /// Channels, scratch and registrations go to the plan's own context; the view lives inside
   /// the plan's algorithm.
   PlanContext(PlanContext& parent, std::vector<int> members, std::size_t count, ReduceOp op,
-              int id_offset, int id_span)
+              int id_offset, int id_span, SharedSegments* segments = nullptr)
       : comm_(parent.comm_),
         spec_(parent.spec_),
         p_(static_cast<int>(members.size())),
@@ -105,6 +107,7 @@ class PlanContext {
         caps_(parent.caps_),
         use_channels_(parent.use_channels_),
         root_(parent.root_ ? parent.root_ : &parent),
+        segments_(segments),
         group_(std::move(members)),
         id_offset_(id_offset),
         id_span_(id_span) {
@@ -138,6 +141,10 @@ class PlanContext {
   Transport& transport() noexcept { return *comm_->transport; }
   int size() const noexcept { return p_; }
   int rank() const noexcept { return r_; }
+  /// Segments shared by exactly this context's ranks, indexed by its rank: the transport's
+  /// whole-group segments for a plan's own context, what the view was given for a group view;
+  /// null when there are none.
+  SharedSegments* shared_segments() const noexcept { return segments_; }
   /// Element type the algorithms move and reduce (f32 for 16-bit floats, which are widened once).
   DType wdtype() const noexcept { return wdtype_; }
   bool widened() const noexcept { return wdtype_ != spec_.dtype; }
@@ -416,7 +423,8 @@ class PlanContext {
   Fingerprint fp_{};
   Deadline deadline_{-1};
   PlanContext* root_ = nullptr;  // the plan's own context, for a group view
-  std::vector<int> group_;       // group rank -> transport rank, for a group view
+  SharedSegments* segments_ = nullptr;
+  std::vector<int> group_;  // group rank -> transport rank, for a group view
   int id_offset_ = 0, id_span_ = 0;
   bool quarantined_ = false;
 };

@@ -184,7 +184,7 @@ class OrderedShmAlgorithm : public Algorithm {
       : ctx_(ctx),
         in_(static_cast<const uchar*>(in)),
         out_(static_cast<uchar*>(out)),
-        seg_(shared_segments_of(ctx.transport())) {
+        seg_(ctx.shared_segments()) {
     DTRAIN_REQUIRE(seg_ != nullptr, "allreduce",
                    "algorithm ordered_shm needs a transport with node-shared segments (all ranks "
                    "on one node, DTRAIN_SHM not 0); ordered works on any transport");

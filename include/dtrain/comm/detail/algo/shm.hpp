@@ -38,6 +38,7 @@
 #include <dtrain/comm/detail/algo/context.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/detail/futex_wait.hpp>
+#include <dtrain/comm/topology.hpp>
 
 namespace dtrain::detail {
 
@@ -60,14 +61,16 @@ class ShmAlgorithm : public Algorithm {
       : ctx_(ctx),
         in_(static_cast<const uchar*>(in)),
         out_(static_cast<uchar*>(out)),
-        seg_(shared_segments_of(ctx.transport())) {
+        seg_(ctx.shared_segments()) {
     DTRAIN_REQUIRE(seg_ != nullptr, "allreduce",
                    "algorithm shm needs a transport with node-shared segments (all ranks on one "
                    "node, DTRAIN_SHM not 0)");
     chunk_bytes_ = shm_chunk_bytes(seg_->slot_bytes);
     aligned_ = chunk_bytes_ != seg_->slot_bytes;
     peer_offset_.assign(static_cast<std::size_t>(ctx.size()), 0);
-    spin_ = segment_spin_seconds(ctx.size(), std::thread::hardware_concurrency(), seg_->slot_bytes);
+    Transport& t = ctx.transport();
+    spin_ = segment_spin_seconds(node_map_of(t).machine_ranks(t.rank()),
+                                 std::thread::hardware_concurrency(), seg_->slot_bytes);
   }
 
   void run() override {
@@ -132,7 +135,8 @@ class ShmAlgorithm : public Algorithm {
     return w.slot(q, slot) + off;
   }
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
-    if (!counter_wait(w.flag(q, kind, s), target, ctx_.deadline(), spin_)) ctx_.timeout(q);
+    if (!counter_wait(w.flag(q, kind, s), target, ctx_.deadline(), spin_))
+      ctx_.timeout(ctx_.transport_rank(q));
   }
 
   static constexpr std::size_t kPage = 4096, kLine = 64;
