@@ -240,7 +240,7 @@ class Backoff {
 /// (0: unknown), the partner runs and answers within about one slot's copy at 1 GB/s or better:
 /// that long, 20 us to 1 ms. Otherwise the partner may be waiting for this very core:
 /// kSpinSeconds. Counted by machine, not by node: DTRAIN_RANKS_PER_NODE's fake nodes of 2 ranks,
-/// 4 ranks on 2 cores, spun up to a slot's copy and measured hier and hier_leader 1.1-1.6x slower
+/// 4 ranks on 2 cores, spun up to a slot's copy and measured hier and hier_leader 1.2-1.8x slower
 /// (benchmarks/RESULTS.md). Pure.
 inline double segment_spin_seconds(int machine_ranks, unsigned cores,
                                    std::size_t slot_bytes) noexcept {

@@ -9,10 +9,10 @@
 //    nodes a ping-pong and a 4 MiB exchange between the first ranks of nodes 2k and 2k+1 for
 //    inter_alpha and inter_beta, and where nodes have several ranks the same exchange between
 //    every rank and its counterpart there, all pairs at once, for inter_share; a one-element rd
-//    all-reduce for the fixed cost of a call; on a
-//    node's first rank, in the first three rounds, a 4 MiB copy in the last-level cache and one
-//    of the cache's size from memory (source and destination twice the cache), whose ratio is the
-//    factor by which per-byte costs grow once a node's working set leaves the cache) are measured
+//    all-reduce for the fixed cost of a call; on a node's first rank, in the first three rounds,
+//    a 4 MiB copy in the last-level cache and one of the cache's size from memory (source and
+//    destination twice the cache), whose ratio is the factor by which per-byte costs grow once a
+//    node's working set leaves the cache) are measured
 //    once per round, one after the other, for kRounds rounds; each quantity takes the median over
 //    the rounds (a latency sample is the minimum of a short burst), so a burst of load from another
 //    process spoils at most a round or two of each quantity, not the result.
