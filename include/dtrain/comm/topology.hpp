@@ -82,9 +82,7 @@ class NodeMap {
     std::vector<int> v(node_label.size());
     for (std::size_t r = 0; r < v.size(); ++r)
       v[r] = base.node_of_[r] * static_cast<int>(v.size()) + base.local_[r] / ranks_per_node;
-    NodeMap cut(v);
-    cut.machine_ranks_ = base.machine_ranks_;
-    return cut;
+    return NodeMap(v, base);
   }
 
   /// `node_label` cut as DTRAIN_RANKS_PER_NODE says (RanksPerNode): into blocks of `rpn.every`
@@ -110,9 +108,7 @@ class NodeMap {
     for (std::size_t k = 0; k < rpn.sizes.size(); ++k)
       for (int i = 0; i < rpn.sizes[k]; ++i, ++r)
         v[r] = base.node_of_[r] * static_cast<int>(rpn.sizes.size()) + static_cast<int>(k);
-    NodeMap cut(v);
-    cut.machine_ranks_ = base.machine_ranks_;
-    return cut;
+    return NodeMap(v, base);
   }
 
   int size() const noexcept { return static_cast<int>(node_of_.size()); }
@@ -155,6 +151,11 @@ class NodeMap {
   }
 
  private:
+  /// `node_label`, a cut of `machines` (whose nodes are the machines).
+  NodeMap(const std::vector<int>& node_label, const NodeMap& machines) : NodeMap(node_label) {
+    machine_ranks_ = machines.machine_ranks_;
+  }
+
   std::vector<int> node_of_, local_, machine_ranks_;
   std::vector<std::vector<int>> members_;
 };

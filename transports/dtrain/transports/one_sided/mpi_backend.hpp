@@ -66,11 +66,10 @@ class MpiRmaBackend {
 
   /// Collective over `comm`. `close_timeout_s` bounds the collective setup here and each
   /// address exchange (exchange(); past it the job is ended, mpi_setup_watchdog), the closing
-  /// barrier and, at
-  /// MPI_THREAD_MULTIPLE, the wait for queued writes to finish in an orderly close; past it the
-  /// close is treated as failing (nothing freed that a peer might still write). The node grouping
-  /// (node_map) is MPI_COMM_TYPE_SHARED's, cut as DTRAIN_RANKS_PER_NODE says (read here, strictly,
-  /// through SharedSegmentConfig::from_env; every rank must see the same value).
+  /// barrier and, at MPI_THREAD_MULTIPLE, the wait for queued writes to finish in an orderly close;
+  /// past it the close is treated as failing (nothing freed that a peer might still write). The
+  /// node grouping (node_map) is MPI_COMM_TYPE_SHARED's, cut as DTRAIN_RANKS_PER_NODE says (read
+  /// here, strictly, through SharedSegmentConfig::from_env; every rank must see the same value).
   explicit MpiRmaBackend(MPI_Comm comm, double close_timeout_s = 300)
       : MpiRmaBackend(comm, close_timeout_s, SharedSegmentConfig::from_env().ranks_per_node) {}
   /// Collective over `comm`; as above with the node grouping cut as `ranks_per_node` says
