@@ -532,8 +532,14 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       for (std::size_t j = 0; j < na; ++j) {
         Cell& c = cells[si * na + (j + static_cast<std::size_t>(round)) % na];
         fill(ip, o.dtype, c.count, o.op, r);  // keeps in-place values bounded
-        for (int i = 0; i < o.warmup; ++i) once(c);
+        // Timed in the algorithm's own steady state: the ranks start together, the waits'
+        // memory of contention that the previous cell (or the barrier) may have left is
+        // cleared, and the warm-up calls let this algorithm's waits set it again if they find
+        // the cores contended (detail/backoff.hpp). Carried over, it timed each algorithm in the
+        // state of the one before it in the rotation, always the same (benchmarks/RESULTS.md).
         comm.barrier();
+        dtrain::detail::forget_contention();
+        for (int i = 0; i < o.warmup; ++i) once(c);
         const double t0 = dtrain::now_seconds();
         for (int i = 0; i < o.iters; ++i) once(c);
         double dt = (dtrain::now_seconds() - t0) / std::max(1, o.iters);

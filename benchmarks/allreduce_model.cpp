@@ -15,8 +15,9 @@
 // B/s, K/M/G = 1024^k, as allreduce_bench and nccl-tests report them.
 //
 // Ranks fill nodes of --ranks-per-node in order; the time of each algorithm is
-// CostModel::predict over that Topology (flat algorithms pay the inter-node alpha and beta on
-// every message once there are several nodes, shm needs one node, hier and hier_leader need
+// CostModel::predict over that Topology (flat algorithms pay the slower of the inside-node and
+// inter-node alpha and beta on every message once there are several nodes, since each of their
+// steps runs hops of both kinds at once; shm needs one node, hier and hier_leader need
 // several nodes with several ranks). The algorithms whose steps cross nodes from every rank of
 // a node at once (rhd, rd, and hier's per-part rings) share the node's NICs: the model's
 // inter_share, which the projection sets to --ranks-per-nic (at most the ranks on a node),

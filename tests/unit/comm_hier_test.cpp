@@ -356,6 +356,35 @@ TEST_CASE("cost model: inter_share slows what crosses nodes from every rank at o
         at(shared, AllreduceAlgorithm::hier_leader, two_by_four));
 }
 
+TEST_CASE(
+    "cost model: a flat algorithm across nodes pays the slower of the links inside and between") {
+  // Every rank of a flat algorithm sends at once, some inside a node, some between nodes: each
+  // step ends with the slower link. On a cluster that is the one between nodes; on fake nodes
+  // the pair between nodes, measured while the other ranks sleep, can be the faster.
+  const Topology two_by_two{2, 2, 2};
+  const std::size_t big = 4u << 20;
+  CostModel slow_between = two_level_model();  // inter 5 us, 1 ns/B; inside 2 us, 0.1 ns/B
+  CostModel fast_between = slow_between;
+  fast_between.inter_alpha = 1e-6;
+  fast_between.inter_beta = 2e-11;
+  const CostModel inside = slow_between;  // alpha, beta as measured inside a node
+  for (AllreduceAlgorithm a : {AllreduceAlgorithm::ring, AllreduceAlgorithm::tree,
+                               AllreduceAlgorithm::rhd, AllreduceAlgorithm::rd}) {
+    CAPTURE(a);
+    CHECK(slow_between.predict(a, big, 4, two_by_two) ==
+          doctest::Approx(slow_between.between_nodes().steps(a, big, 4)));
+    CHECK(fast_between.predict(a, big, 4, two_by_two) == doctest::Approx(inside.steps(a, big, 4)));
+  }
+  // hier_leader's leaders cross alone: it keeps the fast link between nodes (inside its node,
+  // one message round each way where shm was not measured).
+  const CostModel& m = fast_between;
+  const CostModel leaders = m.between_nodes();
+  const double n = static_cast<double>(big);
+  CHECK(m.predict(AllreduceAlgorithm::hier_leader, big, 4, two_by_two) ==
+        doctest::Approx(2 * m.alpha + n * (2 * m.beta + m.gamma) +
+                        leaders.steps(leaders.best_inter(big, 2), big, 2)));
+}
+
 TEST_CASE("cost model: a fixed per-call cost and the cache switch of the per-byte terms") {
   CostModel m;
   m.alpha = 1e-6;

@@ -335,6 +335,45 @@ TEST_CASE("a lone switched yield is remembered briefly, a second within the wind
   h = detail::WaitHistory{};
 }
 
+TEST_CASE("a forgotten memory of contention: the next wait yields again, a switch counts as lone") {
+  // What a measurement does before timing one algorithm after another: the previous one's
+  // memory must not send this one's waits to the sleeps, nor make its first switch a second one.
+  static long count = 0;
+  count = 0;
+  static bool switching = false;
+  switching = false;
+  detail::involuntary_switches_hook() = [] { return switching ? ++count : count; };
+  detail::wait_yield_hook() = [] {
+    const double t = now_seconds();
+    while (now_seconds() - t < 100e-6) detail::wait_pause();
+  };
+  detail::WaitHistory& h = detail::wait_history();
+  h = detail::WaitHistory{};
+  const double t_set = now_seconds();
+  h.contended_until = t_set + 10;  // a predecessor found the core contended just now
+  h.last_switch = t_set;
+  detail::forget_contention();
+  CHECK(h.contended_until < t_set);
+  CHECK(h.last_switch < t_set);
+  // Long yields in which nothing else ran: the wait stays in its yield phase.
+  {
+    detail::Backoff b;
+    const double t0 = now_seconds();
+    while (now_seconds() - t0 < 1e-3) b.pause();
+    CHECK_FALSE(b.past_yield());
+  }
+  // A switched yield now is a lone one: remembered for kLoneSwitchSeconds only.
+  switching = true;
+  const double t0 = now_seconds();
+  CHECK(detail::poll_until([&] { return now_seconds() - t0 > 1e-3; }, Deadline(10)));
+  const double memory = h.contended_until - now_seconds();
+  CHECK(memory > 0);
+  CHECK(memory <= detail::Backoff::kLoneSwitchSeconds);
+  detail::wait_yield_hook() = nullptr;
+  detail::involuntary_switches_hook() = nullptr;
+  h = detail::WaitHistory{};
+}
+
 TEST_CASE("a wait that sleeps only because of the memory of contention does not renew it") {
   // Alone on its core, this thread sleeps from the spin on (the memory says contended) and never
   // yields, so it finds no new evidence: the memory must run out when it was going to. Renewing

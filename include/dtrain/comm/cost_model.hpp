@@ -111,12 +111,12 @@ struct CostModel {
   }
 
   /// Predicted seconds over `p` ranks grouped in nodes as `topo` (pure). With several nodes the
-  /// flat algorithms pay inter_alpha / inter_beta on every message (their rings and butterflies
-  /// cross nodes; rhd and rd at inter_beta * inter_share where nodes have several ranks) and shm
-  /// is unavailable. hier: intra-node reduce-scatter and all-gather (the shm
-  /// model over the largest node where shm was measured, else one message round each way at
-  /// alpha / beta), plus an all-reduce over the nodes for each of the ceil(Lmax / Lmin) parts of
-  /// bytes / Lmax that a rank of the smallest node owns, at inter_alpha / inter_beta *
+  /// flat algorithms pay the larger of alpha and inter_alpha, of beta and inter_beta, on every
+  /// message (their rings and butterflies cross nodes; rhd and rd at inter_beta * inter_share
+  /// where nodes have several ranks) and shm is unavailable. hier: intra-node reduce-scatter and
+  /// all-gather (the shm model over the largest node where shm was measured, else one message round
+  /// each way at alpha / beta), plus an all-reduce over the nodes for each of the ceil(Lmax / Lmin)
+  /// parts of bytes / Lmax that a rank of the smallest node owns, at inter_alpha / inter_beta *
   /// inter_share.
   /// hier_leader: the leader receives and reduces L - 1 vectors and sends L - 1 back (or the shm
   /// model), plus an all-reduce over the nodes at inter_alpha / inter_beta. Between the nodes
@@ -137,6 +137,17 @@ struct CostModel {
     // Every rank of a node sending to another node at once (see inter_share).
     CostModel crossing = inter;
     if (multi && L > 1) crossing.beta *= std::max(inter_share, 1.0);
+    // A flat algorithm's step has every rank send at once, some inside a node and some between
+    // nodes: it ends with the slower of the two. (Usually the link between nodes; a NIC can
+    // outrun a message inside a node, and on fake nodes the pair between nodes, measured while
+    // the other ranks sleep, moved 0.2 ns/B where the pairs inside a node, all at once, moved
+    // 1.07: the ring priced at the former predicted 1.9 ms for 4 MiB and ran 5.3;
+    // benchmarks/RESULTS.md.)
+    const auto slower = [this](CostModel m) {
+      m.alpha = std::max(m.alpha, alpha);
+      m.beta = std::max(m.beta, beta);
+      return m;
+    };
     const int Lmin = std::max(std::min(topo.min_ranks_per_node, L), 1);
     const double fL = L;
     switch (algo) {
@@ -162,10 +173,10 @@ struct CostModel {
         if (multi) return 1e300;  // needs every rank on one node
         break;
       case AllreduceAlgorithm::rhd:
-      case AllreduceAlgorithm::rd: return crossing.steps(algo, bytes, p);
+      case AllreduceAlgorithm::rd: return slower(crossing).steps(algo, bytes, p);
       default: break;
     }
-    return inter.steps(algo, bytes, p);
+    return slower(inter).steps(algo, bytes, p);
   }
 
   /// The algorithm with the smallest predicted time over `p` ranks grouped as `topo`: the

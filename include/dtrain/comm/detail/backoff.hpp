@@ -103,6 +103,15 @@ inline WaitHistory& wait_history() noexcept {
   return h;
 }
 
+/// Clears the calling thread's memory of contention, so that its next waits start from the spin
+/// and judge the core afresh (a measurement that times one algorithm after another, so that the
+/// one timed is not paced by what its predecessor found). Local.
+inline void forget_contention() noexcept {
+  WaitHistory& h = wait_history();
+  h.contended_until = -1;
+  h.last_switch = -1;
+}
+
 /// Test knob: when set, involuntary_switches() returns what this returns (tests stand in for a
 /// yield that let another thread run). Set and clear it while no other thread waits.
 inline long (*&involuntary_switches_hook() noexcept)() {

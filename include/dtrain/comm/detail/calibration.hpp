@@ -591,14 +591,21 @@ class Calibrator {
         s_call.push_back(
             sample(CalibrationQuantity::call, round, best, AllreduceAlgorithm::rd, sizeof(one)));
       }
-      // Between nodes, right after the all-reduces above: the nodes' first ranks alone while the
-      // other ranks wait in one more all-reduce (rather than run a measurement of their own,
-      // which on fake nodes takes the cores the pair needs), then every rank with its
-      // counterpart, the pairs starting together.
+      // Between nodes, right after the all-reduces above: the nodes' first ranks alone, as
+      // hier_leader's leaders run, with no memory of the contention that the all-reduces of
+      // all ranks left, while the other ranks of each node wait for theirs in an shm all-reduce
+      // on the node's segments, blocked in the kernel as hier_leader's do; then every rank with
+      // its counterpart, the pairs starting together after one more all-reduce. (Measured
+      // while the others polled in an all-reduce over the transport and with the memory left
+      // set, which paces MPI's waits with sleeps: on 2x2 fake nodes a 4 MiB exchange took
+      // 3.2-5.6 ms instead of 0.6-1.0; benchmarks/RESULTS.md.)
       if (multi) {
-        if (inter >= 0)
+        if (inter >= 0) {
+          forget_contention();
           pair_round(inter, round, CalibrationQuantity::inter_alpha,
                      CalibrationQuantity::inter_beta, s_inter_alpha, s_inter_beta);
+        }
+        if (node_seg) run_tiny();
         execute_in_order(st_, *call_plan);
         if (cross >= 0) {
           const double t0 = now_seconds();
@@ -742,6 +749,14 @@ class Calibrator {
       for (int rep = 0; rep < kProbeReps; ++rep)
         for (std::size_t j = 0; j < n; ++j) {
           const std::size_t k = (static_cast<std::size_t>(rep) + j) % n;  // rotate the order
+          // In the algorithm's own steady state: without the memory of contention that the
+          // previous burst's waits may have left (it outlasts a burst), and after one untimed
+          // call whose waits set it again if this algorithm finds the cores contended. With
+          // that memory carried over, each algorithm was timed in its predecessor's state, and
+          // the rotation gives it the same predecessor in every repetition (on 2x2 fake nodes
+          // hier_leader measured 1.7-1.9 ms at 1 MiB after tree, 1.3-1.5 after hier).
+          forget_contention();
+          execute_in_order(st_, *plans[k]);
           const double t0 = now_seconds();
           for (int i = 0; i < burst; ++i) execute_in_order(st_, *plans[k]);
           times[k].push_back(sample(CalibrationQuantity::probe, rep, (now_seconds() - t0) / burst,
