@@ -310,8 +310,9 @@ void print_probes(const dtrain::detail::Calibration& c, double calibration_s) {
       "reps of N calls):\n",
       dtrain::detail::kProbeReps);
   for (const auto& q : c.probes) {
-    std::printf("#   %8zu B N=%d pick %s winner %s%s:", q.bytes, q.burst, dtrain::name_of(q.pick),
-                dtrain::name_of(q.winner), q.replaced ? " (replaced)" : "");
+    std::printf("#   %8zu B N=%d pick %s winner %s%s%s:", q.bytes, q.burst, dtrain::name_of(q.pick),
+                dtrain::name_of(q.winner), q.replaced ? " (replaced)" : "",
+                q.narrowed ? " (narrowed)" : "");
     for (std::size_t k = 0; k < q.algos.size() && k < q.measured.size(); ++k)
       std::printf(" %s %.1f/%.1f[%.1f..%.1f]", dtrain::name_of(q.algos[k]), q.predicted[k] * 1e6,
                   q.measured[k] * 1e6, q.fastest[k] * 1e6, q.slowest[k] * 1e6);

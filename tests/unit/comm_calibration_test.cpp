@@ -486,6 +486,65 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
     CHECK(lookup_decision(fixed[0].decisions, 1) == lookup_decision(base[0].decisions, 1));
 }
 
+TEST_CASE("calibration: probes run with the model they validate in place, restored afterwards") {
+  // hier and hier_leader take their algorithm between nodes from the communicator's model when
+  // their plan is built: the probes' plans must see the model under validation, or they time
+  // fallbacks that the communicator does not run afterwards.
+  const int p = 2;
+  thread_local detail::CommState<LoopbackTransport>* state = nullptr;
+  std::vector<int> probes_with(p, 0), probes_without(p, 0);
+  std::vector<CostModel> seen(p);
+  Hook h([&](const CalibrationSample& s) {
+    if (s.quantity == CalibrationQuantity::probe) {
+      const auto r = static_cast<std::size_t>(s.rank);
+      if (state->cost.valid()) {
+        ++probes_with[r];
+        seen[r] = state->cost;
+      } else {
+        ++probes_without[r];
+      }
+    }
+    return synthetic(s, p);
+  });
+  std::vector<Outcome> out(p);
+  std::vector<bool> restored(p, false);
+  run_loopback(p, [&](LoopbackTransport& t) {
+    CommConfig c = config();
+    c.check_fingerprints = false;
+    detail::CommState<LoopbackTransport> st(t, c);
+    state = &st;
+    const detail::Calibration cal = detail::calibrate(st, detail::flat_model_view(p));
+    restored[static_cast<std::size_t>(t.rank())] = !st.cost.valid();
+    out[static_cast<std::size_t>(t.rank())] = Outcome{cal.model, cal.decisions, cal.probes};
+    state = nullptr;
+  });
+  for (int r = 0; r < p; ++r) {
+    CAPTURE(r);
+    const auto i = static_cast<std::size_t>(r);
+    CHECK(probes_with[i] > 0);
+    CHECK(probes_without[i] == 0);
+    CHECK(same_model(seen[i], out[i].model));
+    CHECK(restored[i]);  // the communicator installs the model itself, with its table
+  }
+}
+
+TEST_CASE("narrowed probe: the pick and what measured close to the previous probe's fastest") {
+  using A = AllreduceAlgorithm;
+  const std::vector<A> available{A::hier, A::ring, A::rhd, A::rd, A::tree, A::hier_leader};
+  const std::vector<A> prev{A::hier, A::ring, A::rhd, A::rd, A::tree, A::hier_leader};
+  const std::vector<double> med{1.0e-3, 1.8e-3, 1.4e-3, 1.6e-3, 2.7e-3, 0.9e-3};
+  // Fastest 0.9 ms: within 1.5x (1.35 ms) hier and hier_leader; rhd at 1.4 ms is out.
+  CHECK(detail::narrowed_probe(available, A::hier, prev, med) ==
+        std::vector<A>{A::hier, A::hier_leader});
+  // The pick comes first even where it measured slow; it is not repeated.
+  CHECK(detail::narrowed_probe(available, A::tree, prev, med) ==
+        std::vector<A>{A::tree, A::hier, A::hier_leader});
+  // An algorithm not available at this size is left out; without a previous probe, the pick.
+  const std::vector<A> no_leader{A::hier, A::ring, A::rhd, A::rd, A::tree};
+  CHECK(detail::narrowed_probe(no_leader, A::ring, prev, med) == std::vector<A>{A::ring, A::hier});
+  CHECK(detail::narrowed_probe(available, A::ring, {}, {}) == std::vector<A>{A::ring});
+}
+
 TEST_CASE("calibration: a probe's winner does not reach past the probes the time budget skipped") {
   // Only the 4 KiB probe fits a budget of (almost) nothing; there the model's pick measures twice
   // as slow as its runner-up. The winner takes the 4 KiB probe's band, which now ends at 8 KiB

@@ -18,13 +18,17 @@
 //    process spoils at most a round or two of each quantity, not the result.
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
-// 3. Validation. The model's table is checked at probe sizes 4 KiB to 4 MiB, a factor 4 apart:
+// 3. Validation. The model's table is checked at probe sizes 4 KiB to 4 MiB, a factor 4 apart,
+//    with the model in place, so the probes' plans are built as the communicator's will be:
 //    every available algorithm runs unmeasured warm-up calls (probe_warm_calls), then
 //    kProbeReps times (each a burst of calls back to back, as many as make about 150 us by the
-//    model, 3 to 32), the order rotated each repetition; each
+//    model, 3 to 32, after one untimed call with the waits' memory of contention cleared), the
+//    order rotated each repetition; each
 //    algorithm's median, fastest and slowest and every repetition are agreed like the model (the
-//    slowest rank's). Each size then follows its nearest probe (bands between geometric middles;
-//    above the probes a time budget skipped, the model alone):
+//    slowest rank's). A probe that the time budget would skip runs narrowed to the model's pick
+//    and the algorithms close to the previous probe's fastest where that fits the budget. Each
+//    size then follows its nearest probe (bands between geometric middles; above the probes a
+//    time budget skipped, the model alone):
 //    where the model's pick for that size measured more than kSwitchFactor (10%) slower than the
 //    probe's fastest algorithm (medians), and slower than it in at least 4 of the 5 rotation
 //    rounds taken pair by pair (a difference beyond the noise), the prediction is taken as wrong
@@ -142,6 +146,9 @@ struct CalibrationProbe {
   /// every other algorithm's repetition i.
   std::vector<double> reps;
   bool replaced = false;
+  /// Only the pick and the algorithms close to the previous probe's fastest (kNarrowFactor):
+  /// the full probe would have exceeded the time budget.
+  bool narrowed = false;
   int burst = 0;  // calls per repetition (probe_burst_calls of the pick's prediction)
 
   /// Whether `algo`, measured here, lost to the winner beyond the noise: its median more than
@@ -231,12 +238,35 @@ inline constexpr double kSwitchFactor = 1.1;
 inline constexpr std::size_t kProbeBytes[] = {4096, 16384, 65536, 262144, 1u << 20, 4u << 20};
 /// Wall-time budget of one validation probe size (all its algorithms and repetitions).
 inline constexpr double kProbeBudgetSeconds = 0.5;
+/// A probe the budget would skip runs narrowed instead where that fits the budget: the model's
+/// pick and the algorithms the previous probe measured within this factor of its fastest (4
+/// ranks on 2 cores skipped the 4 MiB probe of all six algorithms, and on 2x2 fake nodes the
+/// model alone then chose between hier and hier_leader, 1.1-1.2x apart at 1-4 MiB, from an
+/// exchange between the nodes whose speed varies 5x with where the scheduler puts the pair;
+/// benchmarks/RESULTS.md).
+inline constexpr double kNarrowFactor = 1.5;
 /// Test knob: that budget (kProbeBudgetSeconds unless set). Tests whose samples come from
 /// calibration_hook() lift it, so that which probes run does not depend on how fast the machine
 /// (or a sanitizer build) executes them. Set it before any rank calibrates.
 inline double& calibration_probe_budget() {
   static double budget = kProbeBudgetSeconds;
   return budget;
+}
+
+/// The algorithms of a narrowed probe: `pick` first, then those of `available` that the previous
+/// probe (`prev_algos`, their agreed medians `prev_med`) measured within kNarrowFactor of its
+/// fastest, in the previous probe's order. Pure; every rank computes the same from agreed inputs.
+inline std::vector<AllreduceAlgorithm> narrowed_probe(
+    const std::vector<AllreduceAlgorithm>& available, AllreduceAlgorithm pick,
+    const std::vector<AllreduceAlgorithm>& prev_algos, const std::vector<double>& prev_med) {
+  std::vector<AllreduceAlgorithm> close{pick};
+  if (prev_med.empty() || prev_med.size() != prev_algos.size()) return close;
+  const double fastest = *std::min_element(prev_med.begin(), prev_med.end());
+  for (std::size_t k = 0; k < prev_algos.size(); ++k)
+    if (prev_algos[k] != pick && prev_med[k] <= kNarrowFactor * fastest &&
+        std::find(available.begin(), available.end(), prev_algos[k]) != available.end())
+      close.push_back(prev_algos[k]);
+  return close;
 }
 
 inline bool CalibrationProbe::beaten(AllreduceAlgorithm algo, double factor) const {
@@ -691,6 +721,17 @@ class Calibrator {
   }
 
   void validate(Calibration& c) {
+    // The probes' plans are built as the communicator's will be once this model is in place:
+    // hier and hier_leader take their algorithm between nodes from the communicator's model,
+    // and without one fall back to ring and rd, which the probes then timed instead of what
+    // ran afterwards (on 2x2 fake nodes hier_leader's leaders ran rd in the probes and ring
+    // after: 5.3 ms against 3.4 at 4 MiB; benchmarks/RESULTS.md). Restored on the way out.
+    struct Installed {
+      CostModel& slot;
+      CostModel saved;
+      ~Installed() { slot = saved; }
+    } installed{st_.cost, st_.cost};
+    st_.cost = c.model;
     const std::size_t max_bytes =
         std::min(kProbeBytes[std::size(kProbeBytes) - 1], calibration_probe_limit());
     // Input and output at the same offset within a page, as two buffers from one allocator (or
@@ -705,25 +746,17 @@ class Calibrator {
     float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
     std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes
     std::vector<double> all;              // ... and each of their repetitions
-    double spent = 0;  // the previous probe's wall time per call of a burst, agreed (slowest rank)
+    // The previous probe: its wall time per call of a burst and per algorithm, and each
+    // algorithm's median, agreed (slowest rank), so every rank takes the same decisions below.
+    double spent = 0;
     std::size_t spent_bytes = 0;
+    std::vector<AllreduceAlgorithm> prev_algos;
+    std::vector<double> prev_med;
     for (std::size_t bytes : kProbeBytes) {
       if (bytes > max_bytes) break;
       const AllreduceAlgorithm pick = lookup_decision(c.decisions, bytes);
       // The burst length follows the model's pick, its fastest prediction (every rank alike).
       const int burst = probe_burst_calls(view_.predict(c.model, pick, bytes));
-      // A slow transport (MPI-RMA through a software progress path, more ranks than cores)
-      // would spend minutes on the larger probes: a probe whose cost, extrapolated from the
-      // previous one linearly in size and in calls per burst, exceeds the budget is skipped with
-      // every larger one (the decision agreed, since `spent` is the maximum over ranks). The
-      // model's table then stands unvalidated from the middle between the last probe taken and
-      // this one (validated_to).
-      if (spent_bytes &&
-          spent * burst * static_cast<double>(bytes) / static_cast<double>(spent_bytes) >
-              calibration_probe_budget()) {
-        c.validated_to = std::sqrt(static_cast<double>(spent_bytes) * static_cast<double>(bytes));
-        break;
-      }
       CalibrationProbe q;
       q.bytes = bytes;
       q.pick = pick;
@@ -732,6 +765,26 @@ class Calibrator {
       q.algos.push_back(q.pick);
       for (AllreduceAlgorithm a : view_.candidates)
         if (a != q.pick && view_.predict(c.model, a, bytes) < 1e299) q.algos.push_back(a);
+      // A slow transport (MPI-RMA through a software progress path, more ranks than cores)
+      // would spend minutes on the larger probes: a probe whose cost, extrapolated from the
+      // previous one linearly in size, in calls per burst and in algorithms, exceeds the budget
+      // runs narrowed (kNarrowFactor) where that fits, else is skipped with every larger one.
+      // The model's table then stands unvalidated from the middle between the last probe taken
+      // and this one (validated_to).
+      const auto cost = [&](std::size_t algos) {
+        return spent * static_cast<double>(algos) * burst * static_cast<double>(bytes) /
+               static_cast<double>(spent_bytes);
+      };
+      if (spent_bytes && cost(q.algos.size()) > calibration_probe_budget()) {
+        std::vector<AllreduceAlgorithm> close =
+            narrowed_probe(q.algos, q.pick, prev_algos, prev_med);
+        if (close.size() < 2 || cost(close.size()) > calibration_probe_budget()) {
+          c.validated_to = std::sqrt(static_cast<double>(spent_bytes) * static_cast<double>(bytes));
+          break;
+        }
+        q.algos = std::move(close);
+        q.narrowed = true;
+      }
       const std::size_t n = q.algos.size();
       std::vector<std::unique_ptr<Plan>> plans;
       for (AllreduceAlgorithm a : q.algos) {
@@ -768,10 +821,14 @@ class Calibrator {
         fast.push_back(*std::min_element(t.begin(), t.end()));
         all.insert(all.end(), t.begin(), t.end());
       }
-      c.probes.push_back(std::move(q));
-      spent = (now_seconds() - probe_start) / burst;
-      agree_max(&spent, 1);
+      prev_algos = q.algos;
+      prev_med.assign(med.end() - static_cast<std::ptrdiff_t>(n), med.end());
+      prev_med.push_back((now_seconds() - probe_start) / burst / static_cast<double>(n));
+      agree_max(prev_med.data(), prev_med.size());
+      spent = prev_med.back();
+      prev_med.pop_back();
       spent_bytes = bytes;
+      c.probes.push_back(std::move(q));
     }
     const std::size_t n_med = med.size();
     med.insert(med.end(), slow.begin(), slow.end());
