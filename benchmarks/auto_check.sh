@@ -14,6 +14,7 @@
 #   benchmarks/auto_check.sh build /tmp/auto_check
 #   REPS=2 ROUNDS=3 benchmarks/auto_check.sh build-calib /tmp/ac   # a short validation
 #   LAUNCHES="p2 2x2" benchmarks/auto_check.sh build /tmp/ac        # some launches only
+#   ITERS=10 LAUNCHES=2x2 benchmarks/auto_check.sh build /tmp/ac    # timed calls per round
 #
 # About 3-4 minutes at the defaults on an idle 2-core machine (4 ranks busy-poll on 2 cores).
 set -euo pipefail
@@ -46,6 +47,7 @@ start=$(date -u +%H:%M)
 load0=$(cut -d' ' -f1 /proc/loadavg)
 for cfg in "${CONFIGS[@]}"; do
   read -r name np rpn max iters algos <<<"$cfg"
+  iters=${ITERS:-$iters}
   [[ " $LAUNCHES " == *" $name "* ]] || continue
   for ((i = 1; i <= REPS; ++i)); do
     env_rpn=()
