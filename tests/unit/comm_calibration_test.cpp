@@ -543,6 +543,13 @@ TEST_CASE("narrowed probe: the pick and what measured close to the previous prob
   const std::vector<A> no_leader{A::hier, A::ring, A::rhd, A::rd, A::tree};
   CHECK(detail::narrowed_probe(no_leader, A::ring, prev, med) == std::vector<A>{A::ring, A::hier});
   CHECK(detail::narrowed_probe(available, A::ring, {}, {}) == std::vector<A>{A::ring});
+  // What such a probe costs against the previous one: its algorithms' share of the time there
+  // (1 for the same algorithms; one not timed there counts as the mean).
+  CHECK(detail::probe_share(available, prev, med) == doctest::Approx(1.0));
+  CHECK(detail::probe_share({A::hier, A::hier_leader}, prev, med) == doctest::Approx(1.9 / 9.4));
+  CHECK(detail::probe_share({A::hier, A::shm}, prev, med) ==
+        doctest::Approx((1.0 + 9.4 / 6) / 9.4));
+  CHECK(detail::probe_share({A::ring}, {}, {}) == 1.0);
 }
 
 TEST_CASE("calibration: a probe's winner does not reach past the probes the time budget skipped") {

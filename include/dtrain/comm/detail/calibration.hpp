@@ -269,6 +269,26 @@ inline std::vector<AllreduceAlgorithm> narrowed_probe(
   return close;
 }
 
+/// The share of the previous probe's time that `algos` would take: the sum of their medians
+/// there over the sum of all (an algorithm it did not time counts as its mean), so 1 for the same
+/// algorithms; scales the previous probe's wall time to a probe of `algos`. Pure.
+inline double probe_share(const std::vector<AllreduceAlgorithm>& algos,
+                          const std::vector<AllreduceAlgorithm>& prev_algos,
+                          const std::vector<double>& prev_med) {
+  if (prev_med.empty() || prev_med.size() != prev_algos.size()) return 1;
+  double total = 0;
+  for (double m : prev_med) total += m;
+  if (!(total > 0)) return 1;
+  const double mean = total / static_cast<double>(prev_med.size());
+  double share = 0;
+  for (AllreduceAlgorithm a : algos) {
+    const auto it = std::find(prev_algos.begin(), prev_algos.end(), a);
+    share +=
+        it == prev_algos.end() ? mean : prev_med[static_cast<std::size_t>(it - prev_algos.begin())];
+  }
+  return share / total;
+}
+
 inline bool CalibrationProbe::beaten(AllreduceAlgorithm algo, double factor) const {
   const auto n = algos.size(), reps_per = static_cast<std::size_t>(kProbeReps);
   const auto it = std::find(algos.begin(), algos.end(), algo);
@@ -746,8 +766,8 @@ class Calibrator {
     float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
     std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes
     std::vector<double> all;              // ... and each of their repetitions
-    // The previous probe: its wall time per call of a burst and per algorithm, and each
-    // algorithm's median, agreed (slowest rank), so every rank takes the same decisions below.
+    // The previous probe: its wall time per call of a burst and each algorithm's median, agreed
+    // (slowest rank), so every rank takes the same decisions below.
     double spent = 0;
     std::size_t spent_bytes = 0;
     std::vector<AllreduceAlgorithm> prev_algos;
@@ -767,18 +787,19 @@ class Calibrator {
         if (a != q.pick && view_.predict(c.model, a, bytes) < 1e299) q.algos.push_back(a);
       // A slow transport (MPI-RMA through a software progress path, more ranks than cores)
       // would spend minutes on the larger probes: a probe whose cost, extrapolated from the
-      // previous one linearly in size, in calls per burst and in algorithms, exceeds the budget
+      // previous one linearly in size and in calls per burst, and by the share of its time the
+      // algorithms taken spent there (probe_share), exceeds the budget
       // runs narrowed (kNarrowFactor) where that fits, else is skipped with every larger one.
       // The model's table then stands unvalidated from the middle between the last probe taken
       // and this one (validated_to).
-      const auto cost = [&](std::size_t algos) {
-        return spent * static_cast<double>(algos) * burst * static_cast<double>(bytes) /
-               static_cast<double>(spent_bytes);
+      const auto cost = [&](const std::vector<AllreduceAlgorithm>& algos) {
+        return spent * probe_share(algos, prev_algos, prev_med) * burst *
+               static_cast<double>(bytes) / static_cast<double>(spent_bytes);
       };
-      if (spent_bytes && cost(q.algos.size()) > calibration_probe_budget()) {
+      if (spent_bytes && cost(q.algos) > calibration_probe_budget()) {
         std::vector<AllreduceAlgorithm> close =
             narrowed_probe(q.algos, q.pick, prev_algos, prev_med);
-        if (close.size() < 2 || cost(close.size()) > calibration_probe_budget()) {
+        if (close.size() < 2 || cost(close) > calibration_probe_budget()) {
           c.validated_to = std::sqrt(static_cast<double>(spent_bytes) * static_cast<double>(bytes));
           break;
         }
@@ -823,7 +844,7 @@ class Calibrator {
       }
       prev_algos = q.algos;
       prev_med.assign(med.end() - static_cast<std::ptrdiff_t>(n), med.end());
-      prev_med.push_back((now_seconds() - probe_start) / burst / static_cast<double>(n));
+      prev_med.push_back((now_seconds() - probe_start) / burst);
       agree_max(prev_med.data(), prev_med.size());
       spent = prev_med.back();
       prev_med.pop_back();
