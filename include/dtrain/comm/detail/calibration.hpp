@@ -240,10 +240,9 @@ inline constexpr std::size_t kProbeBytes[] = {4096, 16384, 65536, 262144, 1u << 
 inline constexpr double kProbeBudgetSeconds = 0.5;
 /// A probe the budget would skip runs narrowed instead where that fits the budget: the model's
 /// pick and the algorithms the previous probe measured within this factor of its fastest (4
-/// ranks on 2 cores skipped the 4 MiB probe of all six algorithms, and on 2x2 fake nodes the
-/// model alone then chose between hier and hier_leader, 1.1-1.2x apart at 1-4 MiB, from an
-/// exchange between the nodes whose speed varies 5x with where the scheduler puts the pair;
-/// benchmarks/RESULTS.md).
+/// ranks on 2 cores skipped the 4 MiB probe of every algorithm, 2x2 fake nodes that one and at
+/// times the 1 MiB one, and the model alone then chose between hier and hier_leader, which lie
+/// 1.1-1.5x apart there; benchmarks/RESULTS.md).
 inline constexpr double kNarrowFactor = 1.5;
 /// Test knob: that budget (kProbeBudgetSeconds unless set). Tests whose samples come from
 /// calibration_hook() lift it, so that which probes run does not depend on how fast the machine
@@ -824,11 +823,11 @@ class Calibrator {
         for (std::size_t j = 0; j < n; ++j) {
           const std::size_t k = (static_cast<std::size_t>(rep) + j) % n;  // rotate the order
           // In the algorithm's own steady state: without the memory of contention that the
-          // previous burst's waits may have left (it outlasts a burst), and after one untimed
-          // call whose waits set it again if this algorithm finds the cores contended. With
-          // that memory carried over, each algorithm was timed in its predecessor's state, and
-          // the rotation gives it the same predecessor in every repetition (on 2x2 fake nodes
-          // hier_leader measured 1.7-1.9 ms at 1 MiB after tree, 1.3-1.5 after hier).
+          // previous burst's waits may have left (it outlasts a burst, and MPI's waits sleep
+          // between polls while it lasts), and after one untimed call whose waits set it again
+          // if this algorithm finds the cores contended. Carried over, it timed each algorithm
+          // in its predecessor's state, and the rotation gives it the same predecessor in every
+          // repetition (benchmarks/RESULTS.md).
           forget_contention();
           execute_in_order(st_, *plans[k]);
           const double t0 = now_seconds();
