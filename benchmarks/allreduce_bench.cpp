@@ -7,8 +7,8 @@
 //
 // Flags (strict; --help lists them): -b min bytes, -e max bytes, -f step factor, -n iterations,
 // -w warm-up iterations, -R rounds (interleaved: every round times every algorithm of a size
-// one after the other, the order rotated each round), --stat min|median (what a cell reports of
-// its rounds: the best, the default, or the median), -c 0|1 check results,
+// one after the other, each algorithm after every other one in turn), --stat min|median (what a
+// cell reports of its rounds: the best, the default, or the median), -c 0|1 check results,
 // -d dtype, -o op, --algo LIST (ring tree rhd rd shm hier hier_leader auto mpi; mpi =
 // MPI_Allreduce on the same buffers), --transport LIST (mpi mpi-rma ibverbs loopback; each runs
 // the suite in turn),
@@ -434,7 +434,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
         p, o.transport.c_str(), bc, p);
     std::printf(
         "# %s, dtype %s, op %s, %d iterations after %d warm-up, %s of %d interleaved "
-        "rounds (order rotated each round), slowest rank, check %s\n",
+        "rounds (each algorithm after every other in turn), slowest rank, check %s\n",
         o.inplace ? "in-place" : "out-of-place", dtrain::name_of(o.dtype), dtrain::name_of(o.op),
         o.iters, o.warmup, o.median ? "median" : "best", o.rounds, o.check ? "on" : "off");
     if (automatic) {
@@ -524,14 +524,17 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
                    AllreduceAlgorithm::rd);
     c.wrong = static_cast<long long>(w);
   }
-  // Each round times the algorithms of one size one after the other, starting one further along
-  // each round, so that neither a burst of load nor the cache state left by the previous
-  // algorithm favours one of them.
+  // Each round times the algorithms of one size one after the other, in an order that changes
+  // each round so that every algorithm follows each other one equally often
+  // (detail::balanced_order), so that neither a burst of load nor what the previous algorithm
+  // left behind (its cache state, its waits' state) favours one of them.
   const std::size_t na = algos.size();
-  for (int round = 0; round < o.rounds; ++round)
+  for (int round = 0; round < o.rounds; ++round) {
+    const std::vector<std::size_t> order =
+        dtrain::detail::balanced_order(na, static_cast<std::size_t>(round));
     for (std::size_t si = 0; si < sizes.size(); ++si)
       for (std::size_t j = 0; j < na; ++j) {
-        Cell& c = cells[si * na + (j + static_cast<std::size_t>(round)) % na];
+        Cell& c = cells[si * na + order[j]];
         fill(ip, o.dtype, c.count, o.op, r);  // keeps in-place values bounded
         // Timed in the algorithm's own steady state: the ranks start together, the waits'
         // memory of contention that the previous cell (or the barrier) may have left is
@@ -548,6 +551,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
                        AllreduceAlgorithm::rd);
         c.times.push_back(dt);
       }
+  }
   for (Cell& c : cells) {
     std::vector<double> t = c.times;
     std::sort(t.begin(), t.end());

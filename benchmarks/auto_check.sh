@@ -4,7 +4,7 @@
 # Runs allreduce_bench with every algorithm and `auto` REPS times (default 5) in each of three
 # launches: 2 ranks, 4 ranks, and 4 ranks as two fake nodes of two (DTRAIN_RANKS_PER_NODE=2).
 # Every bench run calibrates afresh (no tuning file), times each algorithm in ROUNDS interleaved
-# rounds (default 15; order rotated each round) and reports per size the median round. Then it
+# rounds (default 15; each algorithm after every other in turn) and reports per size the median round. Then it
 # evaluates, per run and per size, whether the algorithm `auto` chose measured within 10% of the
 # fastest dtrain algorithm at that size (the headline criterion), and separately whether it lay
 # within the fastest one's spread over the rounds (its median at or below the fastest one's third

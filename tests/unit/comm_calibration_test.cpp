@@ -4,6 +4,7 @@
 // rewritten when stale.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -526,6 +527,29 @@ TEST_CASE("calibration: probes run with the model they validate in place, restor
     CHECK(same_model(seen[i], out[i].model));
     CHECK(restored[i]);  // the communicator installs the model itself, with its table
   }
+}
+
+TEST_CASE("probe order: every algorithm follows each other one equally often") {
+  // A rotation let each algorithm follow the same one in every repetition, so what that one
+  // left behind weighed on it alone.
+  for (std::size_t n = 1; n <= 8; ++n) {
+    CAPTURE(n);
+    const std::size_t rows = n % 2 == 0 ? n : 2 * n;
+    std::vector<std::vector<int>> follows(n, std::vector<int>(n, 0));
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::vector<std::size_t> o = detail::balanced_order(n, r);
+      std::vector<std::size_t> sorted = o;
+      std::sort(sorted.begin(), sorted.end());
+      for (std::size_t k = 0; k < n; ++k) REQUIRE(sorted[k] == k);  // a permutation
+      for (std::size_t j = 1; j < n; ++j) ++follows[o[j]][o[j - 1]];
+      CHECK(detail::balanced_order(n, r + rows) == o);  // the design repeats
+    }
+    const int each = n % 2 == 0 ? 1 : 2;
+    for (std::size_t a = 0; a < n; ++a)
+      for (std::size_t b = 0; b < n; ++b)
+        if (a != b) CHECK(follows[a][b] == each);
+  }
+  CHECK(detail::balanced_order(0, 3).empty());
 }
 
 TEST_CASE("narrowed probe: the pick and what measured close to the previous probe's fastest") {

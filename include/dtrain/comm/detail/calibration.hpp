@@ -22,8 +22,9 @@
 //    with the model in place, so the probes' plans are built as the communicator's will be:
 //    every available algorithm runs unmeasured warm-up calls (probe_warm_calls), then
 //    kProbeReps times (each a burst of calls back to back, as many as make about 150 us by the
-//    model, 3 to 32, after one untimed call with the waits' memory of contention cleared), the
-//    order rotated each repetition; each
+//    model, 3 to 32, after one untimed call with the waits' memory of contention cleared), in
+//    an order that changes each repetition so that every algorithm follows each other one
+//    (balanced_order); each
 //    algorithm's median, fastest and slowest and every repetition are agreed like the model (the
 //    slowest rank's). A probe that the time budget would skip runs narrowed to the model's pick
 //    and the algorithms close to the previous probe's fastest where that fits the budget. Each
@@ -250,6 +251,26 @@ inline constexpr double kNarrowFactor = 1.5;
 inline double& calibration_probe_budget() {
   static double budget = kProbeBudgetSeconds;
   return budget;
+}
+
+/// The order in which repetition `row` times `n` algorithms (a permutation of 0..n-1): a Williams
+/// design, balanced for the one before. Over n rows (even n; 2n for odd n, the rows and their
+/// reverses) each algorithm follows every other one equally often, where a rotation made it
+/// follow the same one in every row; what an algorithm leaves behind then weighs on all the
+/// others alike (on 2x2 fake nodes hier ran about 15% slower right after tree than after rd at
+/// 16 KiB; benchmarks/RESULTS.md). Pure.
+inline std::vector<std::size_t> balanced_order(std::size_t n, std::size_t row) {
+  std::vector<std::size_t> order(n);
+  if (n == 0) return order;
+  const bool odd = n % 2 == 1;
+  const std::size_t r = row % (odd ? 2 * n : n);
+  std::size_t lo = 0, hi = n;
+  for (std::size_t j = 0; j < n; ++j) {  // 0, n-1, 1, n-2, ...: every step a different distance
+    const std::size_t first = j % 2 == 0 ? lo++ : --hi;
+    order[j] = (first + r) % n;
+  }
+  if (odd && r >= n) std::reverse(order.begin(), order.end());
+  return order;
 }
 
 /// The algorithms of a narrowed probe: `pick` first, then those of `available` that the previous
@@ -819,15 +840,15 @@ class Calibrator {
       // of 2x2 fake nodes on 2 cores, whose calls run at a few times their prediction.
       const double probe_start = now_seconds();
       std::vector<std::vector<double>> times(n);
-      for (int rep = 0; rep < kProbeReps; ++rep)
+      for (int rep = 0; rep < kProbeReps; ++rep) {
+        const std::vector<std::size_t> order = balanced_order(n, static_cast<std::size_t>(rep));
         for (std::size_t j = 0; j < n; ++j) {
-          const std::size_t k = (static_cast<std::size_t>(rep) + j) % n;  // rotate the order
+          const std::size_t k = order[j];
           // In the algorithm's own steady state: without the memory of contention that the
           // previous burst's waits may have left (it outlasts a burst, and MPI's waits sleep
           // between polls while it lasts), and after one untimed call whose waits set it again
           // if this algorithm finds the cores contended. Carried over, it timed each algorithm
-          // in its predecessor's state, and the rotation gives it the same predecessor in every
-          // repetition (benchmarks/RESULTS.md).
+          // in its predecessor's state (benchmarks/RESULTS.md).
           forget_contention();
           execute_in_order(st_, *plans[k]);
           const double t0 = now_seconds();
@@ -835,6 +856,7 @@ class Calibrator {
           times[k].push_back(sample(CalibrationQuantity::probe, rep, (now_seconds() - t0) / burst,
                                     q.algos[k], bytes));
         }
+      }
       for (const auto& t : times) {
         med.push_back(median_of(t));
         slow.push_back(*std::max_element(t.begin(), t.end()));
