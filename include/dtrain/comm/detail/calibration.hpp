@@ -31,10 +31,10 @@
 //    size then follows its nearest probe (bands between geometric middles; above the probes a
 //    time budget skipped, the model alone):
 //    where the model's pick for that size measured more than kSwitchFactor (10%) slower than the
-//    probe's fastest algorithm (medians), and slower than it in at least 4 of the 5 rotation
-//    rounds taken pair by pair (a difference beyond the noise), the prediction is taken as wrong
-//    and the measured winner replaces it. Neither one descheduled repetition of the winner nor
-//    one lucky repetition of the pick decides: an earlier test on extremes was fooled by either
+//    probe's fastest algorithm (medians), and slower than it in at least 4 of the 5
+//    repetitions taken pair by pair (a difference beyond the noise), the prediction is taken as
+//    wrong and the measured winner replaces it. Neither one descheduled repetition of the winner
+//    nor one lucky repetition of the pick decides: an earlier test on extremes was fooled by either
 //    (the winner's slowest repetition kept shm at 1 MiB, 1.5x slower than ring, in two of five
 //    quiet 2-rank runs; the pick's fastest kept ring at 256 KiB, 1.95x slower than shm).
 //    All algorithms, not just the model's runner-up, because a model fitted on a loaded machine
@@ -143,8 +143,8 @@ struct CalibrationProbe {
   std::vector<double> slowest;  // each algorithm's slowest repetition (the slowest rank's)
   std::vector<double> fastest;  // each algorithm's fastest repetition (the slowest rank's)
   /// Every repetition of every algorithm (the slowest rank's), algorithm-major: reps[k *
-  /// kProbeReps + i] is algorithm k in repetition i, which ran in the same rotation round as
-  /// every other algorithm's repetition i.
+  /// kProbeReps + i] is algorithm k in repetition i, which ran in the same round as every
+  /// other algorithm's repetition i.
   std::vector<double> reps;
   bool replaced = false;
   /// Only the pick and the algorithms close to the previous probe's fastest (kNarrowFactor):
@@ -154,7 +154,7 @@ struct CalibrationProbe {
 
   /// Whether `algo`, measured here, lost to the winner beyond the noise: its median more than
   /// `factor` times the winner's, and slower than the winner in all repetitions but at most one
-  /// (kPairedLosses of kProbeReps, each pair from one rotation round). False for an algorithm not
+  /// (kPairedLosses of kProbeReps, each pair from one round). False for an algorithm not
   /// measured here.
   bool beaten(AllreduceAlgorithm algo, double factor) const;
 };
