@@ -70,7 +70,8 @@ configure_build() {
     -DMPIEXEC_EXECUTABLE="$(command -v mpiexec.mpich)" "$@"
 }
 
-# Number of parallel build jobs: all cores, but at least 1.
+# Number of parallel build jobs: all online cores (getconf, not nproc: nproc honours
+# OMP_NUM_THREADS, which a user's job environment often sets to 1).
 build_jobs() {
-  nproc 2>/dev/null || echo 2
+  getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2
 }

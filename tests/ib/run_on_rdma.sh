@@ -32,7 +32,7 @@ fi
 log "configure + build in $BUILD"
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DDTRAIN_ENABLE_IBVERBS=ON \
   -DMPIEXEC_EXECUTABLE="$MPIEXEC" > "$OUT/configure.log" 2>&1 || { log "configure failed (see configure.log)"; exit 1; }
-cmake --build "$BUILD" --target ib_transport_test allreduce_bench -j "$(nproc)" > "$OUT/build.log" 2>&1 \
+cmake --build "$BUILD" --target ib_transport_test allreduce_bench -j "$(getconf _NPROCESSORS_ONLN)" > "$OUT/build.log" 2>&1 \
   || { log "build failed (see build.log)"; exit 1; }
 
 log "ib tests on $NP ranks"

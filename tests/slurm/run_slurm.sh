@@ -40,7 +40,7 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 host=$(hostname -s)
-ncpu=$(nproc)
+ncpu=$(getconf _NPROCESSORS_ONLN)
 (( ncpu < 2 )) && ncpu=2
 
 dd if=/dev/urandom of="$tmp/munge/munge.key" bs=1024 count=1 status=none
