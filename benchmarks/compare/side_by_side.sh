@@ -7,7 +7,9 @@
 # --load N: after the quiet pair of runs of a configuration, start N CPU-bound busy loops (one
 # process each), run both frameworks again under that load, then stop the loops; the second table
 # compares each framework's loaded throughput with its own quiet one, so "dtrain's slowdown under
-# load is no worse than PyTorch's" is read off one run (last column >= 1).
+# load is no worse than PyTorch's" is read off one run (last column >= 1), and the third splits
+# that "kept" into the share of the machine each job received under load (its cores loaded over
+# its cores quiet, from /proc/stat and the loops' own CPU time) and the work it did per core.
 # --configs: the configurations to run (default "256 64 adamw;1024 128 sgd;1024 128 adamw").
 set -euo pipefail
 LOAD=0
@@ -56,14 +58,44 @@ start_load() {
 }
 trap stop_load EXIT
 
-# run_pair TAG SUFFIX: dtrain then PyTorch for one configuration, results as *-TAG-SUFFIX.json.
+# CPU accounting of a run, so that a loaded run can be read as "how much of the machine did the
+# job get" and "what did it do with it": the machine's busy jiffies and all jiffies so far
+# (/proc/stat), and the busy loops' own (utime + stime).
+machine_jiffies() { awk '/^cpu /{print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9}' /proc/stat; }
+load_jiffies() {
+  local pid sum=0 t
+  for pid in "${load_pids[@]}"; do
+    t=$(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0)
+    sum=$((sum + t))
+  done
+  echo "$sum"
+}
+# timed_cpu FILE CMD...: runs CMD and writes to FILE the cores the job used on average over its
+# run: the machine's busy cores less the busy loops' (any other process counts as the job's, so
+# run on an otherwise idle machine). Cores by getconf: nproc honours the OMP_NUM_THREADS=1 above.
+timed_cpu() {
+  local file=$1 b0 t0 l0 b1 t1 l1
+  shift
+  read -r b0 t0 < <(machine_jiffies)
+  l0=$(load_jiffies)
+  "$@"
+  read -r b1 t1 < <(machine_jiffies)
+  l1=$(load_jiffies)
+  echo "$b0 $t0 $l0 $b1 $t1 $l1 $(getconf _NPROCESSORS_ONLN)" |
+    awk '{cores = $7 * (($4 - $1) - ($6 - $3)) / ($5 - $2); printf "%.3f\n", cores}' >"$file"
+}
+
+# run_pair TAG SUFFIX: dtrain then PyTorch for one configuration, results as *-TAG-SUFFIX.json
+# and the cores each job used as cpu-*-TAG-SUFFIX.txt.
 run_pair() {
   local tag=$1 suffix=$2
   echo "== $tag ($suffix): dtrain train_bench"
-  mpiexec.mpich -n 2 "$BUILD/benchmarks/train_bench" --hidden "$hidden" --batch "$batch" \
+  timed_cpu "$OUT/cpu-dtrain-$tag-$suffix.txt" \
+    mpiexec.mpich -n 2 "$BUILD/benchmarks/train_bench" --hidden "$hidden" --batch "$batch" \
     --optimizer "$opt" --steps "$STEPS" --json "$OUT/dtrain-$tag-$suffix.json"
   echo "== $tag ($suffix): PyTorch DDP"
-  /usr/bin/python3 "$HERE/ddp_bench.py" --hidden "$hidden" --batch "$batch" --optimizer "$opt" \
+  timed_cpu "$OUT/cpu-torch-$tag-$suffix.txt" \
+    /usr/bin/python3 "$HERE/ddp_bench.py" --hidden "$hidden" --batch "$batch" --optimizer "$opt" \
     --steps "$STEPS" --json "$OUT/torch-$tag-$suffix.json"
 }
 
@@ -112,4 +144,22 @@ if load:
               f"{dl['samples_per_s_2']:.0f} | {dk:.2f} | {tq['samples_per_s_2']:.0f} | "
               f"{tl['samples_per_s_2']:.0f} | {tk:.2f} | "
               f"{dl['samples_per_s_2'] / tl['samples_per_s_2']:.2f}x | {dk / tk:.2f} |")
+    print()
+    print("Where the loaded throughput went: the cores each job used (the whole run, 1- and 2-rank "
+          "figures; loaded: the machine's busy cores less the loops'), the share of them it kept under "
+          "load (CPU kept), and its 2-rank samples/s kept per core kept (1.00: the load cost it only "
+          "CPU time; below: the cores it got did less work than quiet ones):")
+    print("| model | optimizer | dtrain cores quiet / loaded | dtrain CPU kept | dtrain kept per CPU | "
+          "PyTorch cores quiet / loaded | PyTorch CPU kept | PyTorch kept per CPU |")
+    print("|---|---|---|---|---|---|---|---|")
+    def cores(fw, tag, suffix):
+        return float(open(f"{out}/cpu-{fw}-{tag}-{suffix}.txt").read())
+    for h, b, o in configs:
+        tag = f"h{h}-b{b}-{o}"
+        row = f"| 784-{h}-{h}-10 | {o} |"
+        for fw, key in (("dtrain", "dtrain"), ("torch", "torch")):
+            q, l = cores(fw, tag, "quiet"), cores(fw, tag, f"load{load}")
+            kept = get(fw, tag, f"load{load}")["samples_per_s_2"] / get(fw, tag, "quiet")["samples_per_s_2"]
+            row += f" {q:.2f} / {l:.2f} | {l / q:.2f} | {kept / (l / q):.2f} |"
+        print(row)
 PY
