@@ -325,7 +325,7 @@ host::SgdParams sgd_test_params(double momentum, bool nesterov, bool first) {
   host::SgdParams h;
   h.lr = 0.05;
   h.momentum = momentum;
-  h.dampening = 0.1;
+  h.dampening = 0.25;  // 1 - dampening differs from momentum, so swapping the two shows
   h.weight_decay = 0.01;
   h.nesterov = nesterov;
   h.first_step = first;
@@ -371,7 +371,7 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
       for (bool nesterov : {false, true})
         for (bool first : {false, true}) {
           const host::SgdParams h = sgd_test_params(momentum, nesterov, first);
-          const T lr = T(h.lr), wd = T(h.weight_decay), mu = T(h.momentum), damp = T(0.9);
+          const T lr = T(h.lr), wd = T(h.weight_decay), mu = T(h.momentum), damp = T(0.75);
           auto pw = p0, bw = b0;
           for (std::size_t i = 0; i < n; ++i) {
             const T d = g[i] + wd * pw[i];

@@ -136,10 +136,39 @@ inline std::size_t adamw_lanes(T* __restrict p, const T* __restrict g, T* __rest
   }
   return i;
 }
+// SSE2 lanes of sgd_element (below): d = g + wd p; b = First ? d : mu b + damp d;
+// p - lr (Nesterov ? d + mu b : b), one rounding per operation as in the scalar code. Written with
+// intrinsics so that the lanes do not depend on the optimisation level: GCC vectorised the plain
+// loop at -O3 only, and at -O2 (nvcc's host default, CMake's RelWithDebInfo) SGD ran 2-4x slower.
+// Returns how many leading elements it updated (whole lanes).
+template <bool Momentum, bool First, bool Nesterov, class T>
+inline std::size_t sgd_lanes(T* __restrict p, const T* __restrict g, T* __restrict b, std::size_t n,
+                             T lr, T wd, T mu, T damp) noexcept {
+  using S = Sse2<T>;
+  const auto lrv = S::set1(lr), wdv = S::set1(wd), muv = S::set1(mu), dampv = S::set1(damp);
+  const std::size_t end = n - n % S::width;
+  std::size_t i = 0;
+  for (; i < end; i += S::width) {
+    const auto pi = S::load(p + i);
+    const auto d = S::add(S::load(g + i), S::mul(wdv, pi));
+    if constexpr (!Momentum) {
+      S::store(p + i, S::sub(pi, S::mul(lrv, d)));
+    } else {
+      const auto bi = First ? d : S::add(S::mul(muv, S::load(b + i)), S::mul(dampv, d));
+      S::store(b + i, bi);
+      S::store(p + i, S::sub(pi, S::mul(lrv, Nesterov ? S::add(d, S::mul(muv, bi)) : bi)));
+    }
+  }
+  return i;
+}
 #else
-// Other targets: the scalar loop below does all elements.
+// Other targets: the scalar loops below do all elements.
 template <class T>
 inline std::size_t adamw_lanes(T*, const T*, T*, T*, std::size_t, const AdamWCoeffs<T>&) noexcept {
+  return 0;
+}
+template <bool Momentum, bool First, bool Nesterov, class T>
+inline std::size_t sgd_lanes(T*, const T*, T*, std::size_t, T, T, T, T) noexcept {
   return 0;
 }
 #endif
@@ -228,10 +257,37 @@ __attribute__((target("avx"))) std::size_t adamw_lanes_avx(T* __restrict p, cons
   }
   return i;
 }
+// AVX lanes of sgd_element: sgd_lanes' operations in 256-bit lanes (written out again for the
+// reason given above adamw_lanes_avx).
+template <bool Momentum, bool First, bool Nesterov, class T>
+__attribute__((target("avx"))) std::size_t sgd_lanes_avx(T* __restrict p, const T* __restrict g,
+                                                         T* __restrict b, std::size_t n, T lr, T wd,
+                                                         T mu, T damp) noexcept {
+  using S = Avx<T>;
+  const auto lrv = S::set1(lr), wdv = S::set1(wd), muv = S::set1(mu), dampv = S::set1(damp);
+  const std::size_t end = n - n % S::width;
+  std::size_t i = 0;
+  for (; i < end; i += S::width) {
+    const auto pi = S::load(p + i);
+    const auto d = S::add(S::load(g + i), S::mul(wdv, pi));
+    if constexpr (!Momentum) {
+      S::store(p + i, S::sub(pi, S::mul(lrv, d)));
+    } else {
+      const auto bi = First ? d : S::add(S::mul(muv, S::load(b + i)), S::mul(dampv, d));
+      S::store(b + i, bi);
+      S::store(p + i, S::sub(pi, S::mul(lrv, Nesterov ? S::add(d, S::mul(muv, bi)) : bi)));
+    }
+  }
+  return i;
+}
 #else
 inline bool cpu_has_avx() noexcept { return false; }
 template <class T>
 std::size_t adamw_lanes_avx(T*, const T*, T*, T*, std::size_t, const AdamWCoeffs<T>&) noexcept {
+  return 0;
+}
+template <bool Momentum, bool First, bool Nesterov, class T>
+std::size_t sgd_lanes_avx(T*, const T*, T*, std::size_t, T, T, T, T) noexcept {
   return 0;
 }
 #endif
@@ -282,8 +338,8 @@ void adamw_update(T* p, const T* g, T* m, T* v, std::size_t n, const AdamWParams
 namespace detail {
 // One SGD element in T arithmetic (d = g + wd p; b = first ? d : mu b + damp d;
 // p -= lr (nesterov ? d + mu b : b)), the order every host path reproduces. The switches are
-// template arguments so each combination compiles to a branch-free loop the compiler vectorises
-// (no square root, no reassociation: the vector lanes round exactly as this scalar code).
+// template arguments, so each combination compiles to a branch-free loop (no square root, no
+// reassociation: the SIMD lanes above round exactly as this scalar code).
 template <class T>
 inline void sgd_element(T& p, T g, T lr, T wd) noexcept {
   p -= lr * (g + wd * p);
@@ -295,13 +351,8 @@ inline void sgd_element(T& p, T g, T& b, T lr, T wd, T mu, T damp) noexcept {
   b = bi;
   p -= lr * (Nesterov ? d + mu * bi : bi);
 }
-// Always inlined, so that sgd_loop_avx's copy is compiled (and vectorised) for AVX: a function
-// may inline a callee built for a subset of its instruction set.
 template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
-__attribute__((always_inline)) inline void sgd_loop(T* p, const T* g, T* buf, std::size_t n,
-                                                    const SgdParams& h) noexcept {
-  const T lr = static_cast<T>(h.lr), wd = static_cast<T>(h.weight_decay);
-  const T mu = static_cast<T>(h.momentum), damp = static_cast<T>(1.0 - h.dampening);
+inline void sgd_loop(T* p, const T* g, T* buf, std::size_t n, T lr, T wd, T mu, T damp) noexcept {
   using P = std::conditional_t<Restrict, T* __restrict, T*>;
   using G = std::conditional_t<Restrict, const T* __restrict, const T*>;
   const P pr = p;
@@ -314,30 +365,24 @@ __attribute__((always_inline)) inline void sgd_loop(T* p, const T* g, T* buf, st
       sgd_element(pr[i], gr[i], lr, wd);
   }
 }
-#if defined(DTRAIN_HOST_OPTIM_X86_AVX)
-// sgd_loop compiled for AVX: GCC vectorises it with 256-bit lanes. "avx" only, never "fma" (a
-// contracted multiply-add would round differently from sgd_element).
-template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
-__attribute__((target("avx"))) void sgd_loop_avx(T* p, const T* g, T* buf, std::size_t n,
-                                                 const SgdParams& h) noexcept {
-  sgd_loop<Momentum, First, Nesterov, Restrict>(p, g, buf, n, h);
-}
-#else
-template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
-void sgd_loop_avx(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
-  sgd_loop<Momentum, First, Nesterov, Restrict>(p, g, buf, n, h);
-}
-#endif
-// The switches turned into template arguments; Avx selects the AVX-compiled loop.
-template <bool Restrict, bool Avx, class T>
+// How an SGD update runs: element by element (the reference), or SIMD lanes (SSE2 or AVX) with
+// the scalar loop for the last partial lane.
+enum class SgdPath { scalar, sse2, avx };
+// The switches turned into template arguments.
+template <SgdPath Path, class T>
 void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
+  const T lr = static_cast<T>(h.lr), wd = static_cast<T>(h.weight_decay);
+  const T mu = static_cast<T>(h.momentum), damp = static_cast<T>(1.0 - h.dampening);
   const auto loop = [&](auto momentum, auto first, auto nesterov) {
     constexpr bool M = decltype(momentum)::value, F = decltype(first)::value,
                    N = decltype(nesterov)::value;
-    if constexpr (Avx)
-      sgd_loop_avx<M, F, N, Restrict>(p, g, buf, n, h);
-    else
-      sgd_loop<M, F, N, Restrict>(p, g, buf, n, h);
+    std::size_t i = 0;
+    if constexpr (Path == SgdPath::avx)
+      i = sgd_lanes_avx<M, F, N>(p, g, buf, n, lr, wd, mu, damp);
+    else if constexpr (Path == SgdPath::sse2)
+      i = sgd_lanes<M, F, N>(p, g, buf, n, lr, wd, mu, damp);
+    sgd_loop<M, F, N, Path != SgdPath::scalar>(p + i, g + i, M ? buf + i : nullptr, n - i, lr, wd,
+                                               mu, damp);
   };
   using Y = std::true_type;
   using No = std::false_type;
@@ -352,7 +397,7 @@ void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) n
 /// momentum == 0. Local.
 template <class T>
 void sgd_update_scalar(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
-  detail::sgd_dispatch<false, false>(p, g, buf, n, h);
+  detail::sgd_dispatch<detail::SgdPath::scalar>(p, g, buf, n, h);
 }
 
 /// SGD step over n elements in one pass, no temporaries, vectorised (on x86-64 with AVX lanes
@@ -362,9 +407,9 @@ void sgd_update_scalar(T* p, const T* g, T* buf, std::size_t n, const SgdParams&
 template <class T>
 void sgd_update(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
   if (detail::host_simd_avx())
-    detail::sgd_dispatch<true, true>(p, g, buf, n, h);
+    detail::sgd_dispatch<detail::SgdPath::avx>(p, g, buf, n, h);
   else
-    detail::sgd_dispatch<true, false>(p, g, buf, n, h);
+    detail::sgd_dispatch<detail::SgdPath::sse2>(p, g, buf, n, h);
 }
 
 /// AdamW step element by element in T arithmetic: the operation order the fast path reproduces
