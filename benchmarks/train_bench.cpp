@@ -64,6 +64,7 @@ struct Args {
   std::int64_t steps = 300;
   std::int64_t warmup = 20;
   std::int64_t bucket_kib = 256;
+  std::int64_t rounds = 1;
   double lr = 1e-3;
   std::uint64_t seed = 1;
   std::string json;
@@ -238,6 +239,14 @@ std::string split_json(const Phases& p) {
   return b;
 }
 
+// The result with the median samples/s of `rs` (non-empty; of an even count, the lower of the
+// middle two), with its own phase split.
+Result median_result(std::vector<Result> rs) {
+  std::sort(rs.begin(), rs.end(),
+            [](const Result& x, const Result& y) { return x.samples_per_s < y.samples_per_s; });
+  return rs[(rs.size() - 1) / 2];
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -261,6 +270,10 @@ int main(int argc, char** argv) {
     dtrain_cli::add_int(app, "--warmup", a.warmup, "untimed steps before each figure", 0, 100000);
     dtrain_cli::add_int(app, "--bucket-kib", a.bucket_kib, "gradient bucket size in KiB", 1,
                         1 << 20);
+    dtrain_cli::add_int(app, "--rounds", a.rounds,
+                        "interleaved rounds of the 1- and 2-rank figures of every mode; each "
+                        "figure is the median over the rounds",
+                        1, 100);
     dtrain_cli::add_lr(app, a.lr);
     dtrain_cli::add_seed(app, a.seed);
     dtrain_cli::add_json(app, a.json);
@@ -318,21 +331,42 @@ int main(int argc, char** argv) {
     dtrain::Communicator world_comm(world_transport);
 
     const Mode modes[] = {Mode::overlap, Mode::no_overlap, Mode::fused};
+    // Every round measures each mode's 1-rank figure and then its 2-rank figure, so a drift of the
+    // machine's speed over the run (this one is shared) reaches both figures of a round alike;
+    // each figure is the median over the rounds, and the rounds' own efficiencies give its spread.
+    const auto rounds = static_cast<std::size_t>(a.rounds);
+    std::vector<Result> one_r[3], two_r[3];
+    for (std::size_t r = 0; r < rounds; ++r)
+      for (int m = 0; m < 3; ++m) {
+        // 1 rank: rank 0 on its own communicator; rank 1 sleeps in a polled non-blocking barrier.
+        Result solo_result;
+        if (rank == 0) {
+          dtrain::MpiTransport t(solo);
+          dtrain::Communicator c(t);
+          solo_result = run(c, modes[m]);
+        }
+        one_r[m].push_back(solo_result);
+        MPI_Request req;
+        MPI_Ibarrier(MPI_COMM_WORLD, &req);
+        for (int done = 0; !done;) {
+          MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+          if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        two_r[m].push_back(run(world_comm, modes[m]));
+      }
     Result one[3], two[3];
+    double eff_lo[3], eff_hi[3];
     for (int m = 0; m < 3; ++m) {
-      // 1 rank: rank 0 on its own communicator; rank 1 sleeps in a polled non-blocking barrier.
-      if (rank == 0) {
-        dtrain::MpiTransport t(solo);
-        dtrain::Communicator c(t);
-        one[m] = run(c, modes[m]);
+      one[m] = median_result(one_r[m]);
+      two[m] = median_result(two_r[m]);
+      eff_lo[m] = 1e300;
+      eff_hi[m] = 0;
+      for (std::size_t r = 0; r < rounds; ++r) {
+        if (one_r[m][r].samples_per_s <= 0) continue;  // rank 1: no 1-rank figure
+        const double e = two_r[m][r].samples_per_s / (2 * one_r[m][r].samples_per_s);
+        eff_lo[m] = std::min(eff_lo[m], e);
+        eff_hi[m] = std::max(eff_hi[m], e);
       }
-      MPI_Request req;
-      MPI_Ibarrier(MPI_COMM_WORLD, &req);
-      for (int done = 0; !done;) {
-        MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-        if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-      }
-      two[m] = run(world_comm, modes[m]);
     }
     // Both ranks alone at once (each on a communicator of its own, no communication): what the
     // machine gives two independent trainings sharing it (cores, memory bandwidth, the helper
@@ -370,10 +404,11 @@ int main(int argc, char** argv) {
       const double state_mib = 4.0 * (state_floats + act_floats + prefetch_floats) / (1 << 20);
       std::printf(
           "# train_bench: MLP 784-%lld-%lld-10 (%.0f parameters), %s, batch %lld per rank, %lld "
-          "timed steps, synthetic data, on %s; 1 rank on a sub-communicator, then 2 ranks\n",
+          "timed steps, synthetic data, on %s; 1 rank on a sub-communicator, then 2 ranks; "
+          "median of %lld interleaved round(s)\n",
           static_cast<long long>(a.hidden), static_cast<long long>(a.hidden), params,
           a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.steps),
-          device.describe().c_str());
+          device.describe().c_str(), static_cast<long long>(a.rounds));
       std::printf("# %-11s %12s %12s %10s   rank 0 split on 2 ranks: %s\n", "mode", "1 rank sps",
                   "2 ranks sps", "efficiency",
                   "data / forward / backward / sync wait / optimizer, step ms");
@@ -387,6 +422,12 @@ int main(int argc, char** argv) {
             two[m].samples_per_s / (2 * one[m].samples_per_s), 100 * p.data / t,
             100 * p.forward / t, 100 * p.backward / t, 100 * p.sync / t, 100 * p.optimizer / t,
             1e3 * t);
+      }
+      if (rounds > 1) {
+        std::printf("# efficiency of the single rounds (min - max):");
+        for (int m = 0; m < 3; ++m)
+          std::printf(" %s %.3f - %.3f%s", name_of(modes[m]), eff_lo[m], eff_hi[m],
+                      m < 2 ? "," : "\n");
       }
       std::printf("# all-reduce on 2 ranks, automatic decisions (from bytes per rank): %s\n",
                   decisions.c_str());
@@ -411,6 +452,9 @@ int main(int argc, char** argv) {
             .add("samples_per_s_1", one[0].samples_per_s)
             .add("samples_per_s_2", two[0].samples_per_s)
             .add("scaling_efficiency", two[0].samples_per_s / (2 * one[0].samples_per_s))
+            .add("rounds", a.rounds)
+            .add("scaling_efficiency_round_min", eff_lo[0])
+            .add("scaling_efficiency_round_max", eff_hi[0])
             .add("samples_per_s_solo_pair", pair_sps)
             .add("efficiency_vs_solo_pair", two[0].samples_per_s / pair_sps)
             .add("allreduce_decisions", decisions)
