@@ -332,6 +332,16 @@ host::SgdParams sgd_test_params(double momentum, bool nesterov, bool first) {
   return h;
 }
 
+// The documented update below is written out in this file, so it is compiled without
+// floating-point contraction too, as the library's own loops are (<dtrain/kernels/host/optim.hpp>):
+// under -march=native a fused multiply-add would round it differently from the scalar order.
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
 TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit for bit", T, float,
                    double) {
   // Sizes around every SIMD width and remainder, and a large odd one.
@@ -394,6 +404,11 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
         }
   }
 }
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
 
 namespace {
 // Restores the optimizer kernels' SIMD limit when a test case ends, whatever happened in it.

@@ -20,6 +20,26 @@
 #define DTRAIN_HOST_OPTIM_X86_AVX 1
 #endif
 
+// No floating-point contraction in this header's functions, whatever the including translation
+// unit's flags: with FMA in the target (-march=native, -mfma), GCC's default -ffp-contract=fast
+// fuses a multiply and an add into one rounding, in the scalar loops and in the SIMD lanes alike
+// (intrinsics are plain vector arithmetic to it), and the paths stop giving the scalar order's
+// bits; clang's default contracts within one expression (the scalar loops). Measured with
+// -march=native on an FMA machine: every bit-for-bit check of unit_kernels_host failed before.
+// Closed at the end of the header. Not under nvcc, whose front end drops the GCC pragmas before its
+// host compiler sees them (and warns); its host code keeps the host compiler's flags (no FMA
+// unless the build asks for it with -Xcompiler). Device passes never emit these functions.
+#if !defined(__NVCC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define DTRAIN_HOST_OPTIM_NO_CONTRACT 1
+#if defined(__clang__)
+#pragma float_control(push)
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
+#endif
+
 namespace dtrain {
 namespace host {
 
@@ -435,3 +455,12 @@ void adamw_update(T* __restrict p, const T* __restrict g, T* __restrict m, T* __
 
 }  // namespace host
 }  // namespace dtrain
+
+#if defined(DTRAIN_HOST_OPTIM_NO_CONTRACT)
+#undef DTRAIN_HOST_OPTIM_NO_CONTRACT
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__)
+#pragma GCC pop_options
+#endif
+#endif
