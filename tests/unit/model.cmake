@@ -9,6 +9,20 @@ dtrain_add_unit_test(NAME unit_kernels_host
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_host_test.cpp
   LINK ${_dtrain_model_blas}
   TIMEOUT 120)
+# The same tests compiled for this machine's own instruction set (FMA where the CPU has it): the
+# optimizer paths promise the scalar order's bits whatever the flags, and a compiler that fused a
+# multiply and an add in one path and not in another (GCC's default with FMA in the target) broke
+# that before <dtrain/kernels/host/optim.hpp> turned contraction off. On a CPU without FMA this
+# build checks what the plain one does.
+include(CheckCXXCompilerFlag)
+check_cxx_compiler_flag(-march=native DTRAIN_CXX_HAS_MARCH_NATIVE)
+if(DTRAIN_CXX_HAS_MARCH_NATIVE)
+  dtrain_add_unit_test(NAME unit_kernels_host_native
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_host_test.cpp
+    LINK ${_dtrain_model_blas}
+    TIMEOUT 120)
+  target_compile_options(unit_kernels_host_native PRIVATE -march=native)
+endif()
 
 dtrain_add_unit_test(NAME unit_model
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_test.cpp
