@@ -157,7 +157,7 @@ if load:
     for h, b, o in configs:
         tag = f"h{h}-b{b}-{o}"
         row = f"| 784-{h}-{h}-10 | {o} |"
-        for fw, key in (("dtrain", "dtrain"), ("torch", "torch")):
+        for fw in ("dtrain", "torch"):
             q, l = cores(fw, tag, "quiet"), cores(fw, tag, f"load{load}")
             kept = get(fw, tag, f"load{load}")["samples_per_s_2"] / get(fw, tag, "quiet")["samples_per_s_2"]
             row += f" {q:.2f} / {l:.2f} | {l / q:.2f} | {kept / (l / q):.2f} |"
