@@ -38,6 +38,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -662,6 +663,85 @@ void rma_ceiling(const Options& o, bool print) {
   MPI_Comm_free(&node);
 }
 
+// Round trip of one cache line between the first two ranks of rank 0's node, through a
+// node-shared window, in ns: the median of 5 bursts of 2000 round trips. It tells where the two
+// cores sit relative to each other: on the machine measured 50-65 ns where they share an L3 and
+// 310-350 ns where they do not, and a virtual machine's cores moved between the two within a
+// run (benchmarks/RESULTS.md). Negative where it does not apply: fewer than 2 ranks on the node,
+// more ranks than cores (a spinning partner would hold the core the other needs), or a burst past
+// its 2 s deadline. Collective over MPI_COMM_WORLD.
+double core_round_trip_ns() {
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  int n = 0, r = 0;
+  MPI_Comm_size(node, &n);
+  MPI_Comm_rank(node, &r);
+  const unsigned cores = std::thread::hardware_concurrency();
+  const bool apply = n >= 2 && (cores == 0 || static_cast<unsigned>(n) <= cores);
+  MPI_Win win;
+  unsigned char* base = nullptr;
+  MPI_Win_allocate_shared(r == 0 ? 128 : 0, 64, MPI_INFO_NULL, node, &base, &win);
+  MPI_Aint qbytes = 0;
+  int disp = 0;
+  unsigned char* line = nullptr;
+  MPI_Win_shared_query(win, 0, &qbytes, &disp, &line);
+  auto* a = reinterpret_cast<std::atomic<std::uint64_t>*>(line);
+  if (r == 0) new (a) std::atomic<std::uint64_t>(0);
+  MPI_Win_lock_all(MPI_MODE_NOCHECK, win);
+  MPI_Win_sync(win);
+  MPI_Barrier(node);
+  constexpr int kBursts = 5, kTrips = 2000;
+  std::vector<double> ns;
+  int failed = 0;
+  for (int b = 0; b < kBursts && apply; ++b) {
+    MPI_Barrier(node);
+    const std::uint64_t first = static_cast<std::uint64_t>(b) * 2 * kTrips;
+    const double t0 = MPI_Wtime();
+    if (r < 2) {
+      for (int k = 0; k < kTrips && !failed; ++k) {
+        // Rank 0 answers even values, rank 1 odd ones; each waits for the other's store.
+        const std::uint64_t want = first + 2 * static_cast<std::uint64_t>(k) + r;
+        for (unsigned spins = 0; a->load(std::memory_order_acquire) != want;)
+          if (++spins % 4096 == 0 && MPI_Wtime() - t0 > 2.0) {
+            failed = 1;
+            break;
+          }
+        if (!failed) a->store(want + 1, std::memory_order_release);
+      }
+    }
+    ns.push_back((MPI_Wtime() - t0) / kTrips * 1e9);
+    MPI_Allreduce(MPI_IN_PLACE, &failed, 1, MPI_INT, MPI_MAX, node);
+    if (failed) break;  // else the counter stands at the next burst's first value
+  }
+  MPI_Win_unlock_all(win);
+  MPI_Win_free(&win);
+  MPI_Comm_free(&node);
+  double out = -1;
+  if (apply && !failed) {
+    std::sort(ns.begin(), ns.end());
+    out = ns[ns.size() / 2];
+  }
+  // Rank 0 of the world reports its node's figure.
+  MPI_Bcast(&out, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  return out;
+}
+
+void print_round_trip(const char* when) {
+  const double ns = core_round_trip_ns();
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (r != 0) return;
+  if (ns > 0)
+    std::printf("# core-to-core round trip %s (node ranks 0 and 1, one shared line): %.0f ns\n",
+                when, ns);
+  else
+    std::printf(
+        "# core-to-core round trip %s: not measured (needs 2 to as many ranks as cores "
+        "on rank 0's node)\n",
+        when);
+  std::fflush(stdout);
+}
+
 // `cm`: the cost model the last suite calibrated (written when valid; allreduce_model reads it).
 void write_json(const std::string& path, const std::vector<Row>& rows, const Options& o, int p,
                 const dtrain::CostModel& cm, const std::vector<AutoRow>& autos) {
@@ -732,6 +812,7 @@ int main(int argc, char** argv) {
     int p = 0;
     dtrain::CostModel model;
     std::vector<AutoRow> auto_rows;
+    print_round_trip("at the start");
     if (o.rma_ceiling) rma_ceiling(o, world_rank == 0);
     for (const std::string& tr : o.transports) {
       o.transport = tr;
@@ -777,6 +858,7 @@ int main(int argc, char** argv) {
       }
       rows.insert(rows.end(), got.begin(), got.end());
     }
+    print_round_trip("at the end");
     long long wrong = 0;
     for (const Row& r : rows) wrong += r.wrong;
     if (world_rank == 0) {
