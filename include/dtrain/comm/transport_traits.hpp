@@ -156,12 +156,20 @@ struct RanksPerNode {
 
 /// Shared-segment sizing: whether the capability is on (DTRAIN_SHM, boolean), the pipelining
 /// chunk (DTRAIN_SHM_SLOT_BYTES, 256 B .. 1 GiB, rounded down to 64 B; default 256 KiB) and how
-/// many chunks may be in flight (DTRAIN_SHM_SLOTS, 2..64, default 4). Transports take one in
+/// many chunks may be in flight (DTRAIN_SHM_SLOTS, 2..64, default 16). Transports take one in
 /// their constructor; their single-argument constructors read it with from_env.
+///
+/// Why 16 slots (4 MiB a rank) and not 4 (1 MiB, one core's L2 on the machine measured): a slot
+/// is written again once every rank has read it, and with 1 MiB of slots its lines are probably
+/// still in the reader's cache then. Where the two cores share no L3 (other dies of a multi-die
+/// CPU, other sockets), each rewrite then waits for lines held on the other die, and the shm
+/// all-reduce of 2 ranks ran 2.5-3x slower than where they share one (1-16 MiB), 1.1-1.8x behind
+/// ring. With 16 slots it ran 1.4-2.1x faster than with 4 across dies at 256 KiB-16 MiB, and
+/// 2-17% slower than with 4 where the cores share an L3 (benchmarks/RESULTS.md).
 struct SharedSegmentConfig {
   bool enabled = true;
   std::size_t slot_bytes = 256 * 1024;
-  int slots = 4;
+  int slots = 16;
   /// Fake nodes for the hierarchical algorithms (DTRAIN_RANKS_PER_NODE: a block size, 1..65536,
   /// or a list of node sizes such as 3,1; unset = as the system groups them), see RanksPerNode
   /// and NodeMap::subdivided (<dtrain/comm/topology.hpp>).
