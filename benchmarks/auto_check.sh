@@ -9,7 +9,8 @@
 # fastest dtrain algorithm at that size (the headline criterion), and separately whether it lay
 # within the fastest one's spread over the rounds (its median at or below the fastest one's third
 # quartile: the two are then not told apart by this run's own repetitions). Prints a markdown
-# summary for benchmarks/RESULTS.md; raw outputs and JSON are kept in OUT.
+# summary for benchmarks/RESULTS.md, with each run's core-to-core round trip at its start and end
+# (where its two cores sat: one L3 or two; 2 ranks only); raw outputs and JSON are kept in OUT.
 #
 #   benchmarks/auto_check.sh build /tmp/auto_check
 #   REPS=2 ROUNDS=3 benchmarks/auto_check.sh build-calib /tmp/ac   # a short validation
@@ -74,9 +75,9 @@ def kib(b):
     return f"{b >> 20}M" if b >= 1 << 20 else f"{b >> 10}K"
 print(f"Runs {start}-{end} UTC, load average {load0} at the start, {load1} at the end; "
       f"{reps} runs per launch, {rounds} rounds per cell (median).\n")
-print("| launch | run | load | calibration | decision table | within 10% | within 10% or spread "
-      "| misses (size: chosen vs best, ratio) |")
-print("|---|---|---|---|---|---|---|---|")
+print("| launch | run | load | round trip, ns (start, end) | calibration | decision table | within 10% "
+      "| within 10% or spread | misses (size: chosen vs best, ratio) |")
+print("|---|---|---|---|---|---|---|---|---|")
 per_size = {}
 passed = {}
 for key, label in configs:
@@ -85,6 +86,10 @@ for key, label in configs:
         txt = open(f"{out}/{key}_{i}.txt").read()
         doc = json.load(open(f"{out}/{key}_{i}.json"))
         load = open(f"{out}/{key}_{i}.load").read().strip()
+        # The bench's core-to-core round trip (node ranks 0 and 1) at its start and end: where
+        # the two cores sat, one L3 or two (benchmarks/RESULTS.md); "-" where not measured.
+        trips = re.findall(r"core-to-core round trip at the (?:start|end) \(.*\): (\d+) ns", txt)
+        trip = ", ".join(trips) if trips else "-"
         m = re.search(r"calibrated in (\d+) ms", txt)
         cal = f"{m.group(1)} ms" if m else "?"
         m = re.search(r"# automatic decisions \(from bytes per rank\):(.*)", txt)
@@ -106,7 +111,7 @@ for key, label in configs:
             s[1] += r["within_10pct"]
             s[2] += r["within_spread"]
             s[3].append(r["chosen_over_best"])
-        print(f"| {label} | {i} | {load} | {cal} | {table} | {w} of {len(rows)} "
+        print(f"| {label} | {i} | {load} | {trip} | {cal} | {table} | {w} of {len(rows)} "
               f"| {ws} of {len(rows)} | {misses or '-'} |")
 print()
 print("| launch | size | within 10% (runs) | within 10% or spread (runs) | chosen / best: median, worst |")
