@@ -12,11 +12,12 @@
 # and avoids CMake's CUDA language needing a newer CMake for newer toolkits.
 #
 # dtrain_add_gpu_executable(NAME n SOURCE file DIALECT cuda|hip [DEFINES d...] [INCLUDES dir...]
-#                           [LIBS lib...] [OUT var])
+#                           [FLAGS flag...] [LIBS lib...] [OUT var])
 #   builds ${CMAKE_CURRENT_BINARY_DIR}/<n> and a target <n> (part of ALL). DTRAIN_GPU_DIALECTS lists
 #   the dialects whose compiler was found (cuda, hip); DTRAIN_GPU_INCLUDE_DIRS the include roots
 #   every unit gets (set by the includer: the installed include dir, or the source tree's roots).
 #   With cuBLAS / hipBLAS found, units get DTRAIN_HAVE_CUBLAS / DTRAIN_HAVE_HIPBLAS and the library.
+#   FLAGS go to the compiler as they are (e.g. -Xcompiler=-march=native for nvcc's host compiler).
 
 # Directory-scoped: the settings are variables, and each directory that compiles units needs them.
 include_guard(DIRECTORY)
@@ -159,7 +160,7 @@ if(NOT DEFINED DTRAIN_GPU_DEPENDS)
 endif()
 
 function(dtrain_add_gpu_executable)
-  cmake_parse_arguments(A "" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;LIBS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;FLAGS;LIBS" ${ARGN})
   set(_exe "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}")
   set(_defs "")
   foreach(_d IN LISTS A_DEFINES)
@@ -170,7 +171,7 @@ function(dtrain_add_gpu_executable)
   endforeach()
   if(A_DIALECT STREQUAL "cuda")
     add_custom_command(OUTPUT "${_exe}"
-      COMMAND "${DTRAIN_NVCC}" ${_dtrain_cuda_flags} -DDTRAIN_HAVE_CUDA=1 ${_defs}
+      COMMAND "${DTRAIN_NVCC}" ${_dtrain_cuda_flags} -DDTRAIN_HAVE_CUDA=1 ${_defs} ${A_FLAGS}
               ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_dtrain_cuda_libs}
       DEPENDS "${A_SOURCE}" ${DTRAIN_GPU_DEPENDS}
       COMMENT "nvcc (sm ${DTRAIN_CUDA_ARCHS}) ${A_NAME}" VERBATIM)
@@ -181,6 +182,7 @@ function(dtrain_add_gpu_executable)
     add_executable(${A_NAME} "${_copy}")
     set_source_files_properties("${_copy}" PROPERTIES LANGUAGE HIP)
     target_compile_definitions(${A_NAME} PRIVATE DTRAIN_HAVE_HIP=1 ${A_DEFINES})
+    target_compile_options(${A_NAME} PRIVATE ${A_FLAGS})
     target_include_directories(${A_NAME} PRIVATE ${A_INCLUDES})
     target_link_libraries(${A_NAME} PRIVATE ${A_LIBS})
     target_include_directories(${A_NAME} PRIVATE ${DTRAIN_GPU_INCLUDE_DIRS})
@@ -197,7 +199,7 @@ function(dtrain_add_gpu_executable)
       file(MAKE_DIRECTORY "${DTRAIN_HIPCC_TMPDIR}")
     endif()
     add_custom_command(OUTPUT "${_exe}"
-      COMMAND "${CMAKE_COMMAND}" -E env "TMPDIR=${DTRAIN_HIPCC_TMPDIR}" "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} -DDTRAIN_HAVE_HIP=1 ${_defs}
+      COMMAND "${CMAKE_COMMAND}" -E env "TMPDIR=${DTRAIN_HIPCC_TMPDIR}" "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} -DDTRAIN_HAVE_HIP=1 ${_defs} ${A_FLAGS}
               ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_dtrain_hip_libs}
       DEPENDS "${A_SOURCE}" ${DTRAIN_GPU_DEPENDS}
       COMMENT "hipcc (${DTRAIN_HIP_ARCHS_EFFECTIVE}) ${A_NAME}" VERBATIM)

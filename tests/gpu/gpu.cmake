@@ -14,6 +14,22 @@ if(DTRAIN_HAVE_HIP)
     LINK dtrain::hip TIMEOUT 60 LABELS gpu)
 endif()
 
+# The host optimizer kernels' bit-for-bit tests compiled by nvcc with an FMA host target: nvcc's
+# front end drops the GCC pragmas that keep them uncontracted, so the header gives its functions
+# the option as an attribute instead (<dtrain/kernels/host/optim.hpp>). Host code only: it runs,
+# and must pass, without a GPU.
+if("cuda" IN_LIST DTRAIN_GPU_DIALECTS AND CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  include(CheckCXXCompilerFlag)
+  check_cxx_compiler_flag(-march=native DTRAIN_CXX_HAS_MARCH_NATIVE)
+  if(DTRAIN_CXX_HAS_MARCH_NATIVE)
+    dtrain_add_gpu_executable(NAME unit_kernels_host_nvcc_native
+      SOURCE "${PROJECT_SOURCE_DIR}/tests/unit/kernels_host_test.cpp" DIALECT cuda
+      DEFINES DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN FLAGS -Xcompiler=-march=native OUT _exe)
+    add_test(NAME unit_kernels_host_nvcc_native COMMAND "${_exe}")
+    set_tests_properties(unit_kernels_host_nvcc_native PROPERTIES LABELS "unit;cuda" TIMEOUT 300)
+  endif()
+endif()
+
 # The GPU execution policy: conformance and Sequential / AdamW / Sgd instantiated on it (compile
 # time, both dialects); on a GPU, a short training run against the host run of the same seed.
 dtrain_add_gpu_test(NAME gpu_exec SOURCE "${CMAKE_CURRENT_LIST_DIR}/gpu_exec_test.cpp" TIMEOUT 300)

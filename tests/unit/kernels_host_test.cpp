@@ -332,16 +332,58 @@ host::SgdParams sgd_test_params(double momentum, bool nesterov, bool first) {
   return h;
 }
 
-// The documented update below is written out in this file, so it is compiled without
-// floating-point contraction too, as the library's own loops are (<dtrain/kernels/host/optim.hpp>):
-// under -march=native a fused multiply-add would round it differently from the scalar order.
+// The documented updates, written out here independently of the library in T arithmetic. They
+// are compiled without floating-point contraction, as the library's own loops are
+// (<dtrain/kernels/host/optim.hpp>: the pragmas, and DTRAIN_HOST_NO_CONTRACT under nvcc): under
+// -march=native a fused multiply-add would round them differently from the scalar order.
 #if defined(__clang__)
 #pragma float_control(push)
 #pragma clang fp contract(off)
-#elif defined(__GNUC__)
+#elif defined(__GNUC__) && !defined(__NVCC__)
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
+namespace {
+template <class T>
+DTRAIN_HOST_NO_CONTRACT void documented_adamw(std::vector<T>& p, const std::vector<T>& g,
+                                              std::vector<T>& m, std::vector<T>& v,
+                                              const host::AdamWParams& h) {
+  const double t = static_cast<double>(h.step);
+  const T b1 = T(h.beta1), b2 = T(h.beta2), c1 = T(1.0 - h.beta1), c2 = T(1.0 - h.beta2);
+  const T decay = T(1.0 - h.lr * h.weight_decay), eps = T(h.eps);
+  const T step_size = T(h.lr / (1.0 - std::pow(h.beta1, t)));
+  const T inv_bc2 = T(1.0 / (1.0 - std::pow(h.beta2, t)));
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const T mi = b1 * m[i] + c1 * g[i];
+    const T vi = b2 * v[i] + c2 * g[i] * g[i];
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - step_size * mi / (std::sqrt(vi * inv_bc2) + eps);
+  }
+}
+// `damp` is 1 - dampening, given in T.
+template <class T>
+DTRAIN_HOST_NO_CONTRACT void documented_sgd(std::vector<T>& p, const std::vector<T>& g,
+                                            std::vector<T>& b, const host::SgdParams& h, T damp) {
+  const T lr = T(h.lr), wd = T(h.weight_decay), mu = T(h.momentum);
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const T d = g[i] + wd * p[i];
+    if (h.momentum == 0.0) {
+      p[i] -= lr * d;
+      continue;
+    }
+    const T bi = h.first_step ? d : mu * b[i] + damp * d;
+    b[i] = bi;
+    p[i] -= lr * (h.nesterov ? d + mu * bi : bi);
+  }
+}
+}  // namespace
+#if defined(__clang__)
+#pragma float_control(pop)
+#elif defined(__GNUC__) && !defined(__NVCC__)
+#pragma GCC pop_options
+#endif
+
 TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit for bit", T, float,
                    double) {
   // Sizes around every SIMD width and remainder, and a large odd one.
@@ -353,20 +395,8 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
       h.lr = 3e-3;
       h.weight_decay = 0.05;
       h.step = step;
-      // The update written out here, independently of the library, in T arithmetic.
-      const double t = static_cast<double>(step);
-      const T b1 = T(h.beta1), b2 = T(h.beta2), c1 = T(1.0 - h.beta1), c2 = T(1.0 - h.beta2);
-      const T decay = T(1.0 - h.lr * h.weight_decay), eps = T(h.eps);
-      const T step_size = T(h.lr / (1.0 - std::pow(h.beta1, t)));
-      const T inv_bc2 = T(1.0 / (1.0 - std::pow(h.beta2, t)));
       auto pw = p0, mw = m0, vw = v0;
-      for (std::size_t i = 0; i < n; ++i) {
-        const T mi = b1 * mw[i] + c1 * g[i];
-        const T vi = b2 * vw[i] + c2 * g[i] * g[i];
-        mw[i] = mi;
-        vw[i] = vi;
-        pw[i] = pw[i] * decay - step_size * mi / (std::sqrt(vi * inv_bc2) + eps);
-      }
+      documented_adamw(pw, g, mw, vw, h);
       auto pf = p0, mf = m0, vf = v0, ps = p0, ms = m0, vs = v0;
       host::adamw_update(pf.data(), g.data(), mf.data(), vf.data(), n, h);
       host::adamw_update_scalar(ps.data(), g.data(), ms.data(), vs.data(), n, h);
@@ -381,18 +411,8 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
       for (bool nesterov : {false, true})
         for (bool first : {false, true}) {
           const host::SgdParams h = sgd_test_params(momentum, nesterov, first);
-          const T lr = T(h.lr), wd = T(h.weight_decay), mu = T(h.momentum), damp = T(0.75);
           auto pw = p0, bw = b0;
-          for (std::size_t i = 0; i < n; ++i) {
-            const T d = g[i] + wd * pw[i];
-            if (momentum == 0.0) {
-              pw[i] -= lr * d;
-              continue;
-            }
-            const T bi = first ? d : mu * bw[i] + damp * d;
-            bw[i] = bi;
-            pw[i] -= lr * (nesterov ? d + mu * bi : bi);
-          }
+          documented_sgd(pw, g, bw, h, T(0.75));
           auto pf = p0, bf = b0, ps = p0, bs = b0;
           host::sgd_update(pf.data(), g.data(), momentum != 0.0 ? bf.data() : nullptr, n, h);
           host::sgd_update_scalar(ps.data(), g.data(), momentum != 0.0 ? bs.data() : nullptr, n, h);
@@ -404,11 +424,6 @@ TEST_CASE_TEMPLATE("optimizer fast paths give the documented scalar update bit f
         }
   }
 }
-#if defined(__clang__)
-#pragma float_control(pop)
-#elif defined(__GNUC__)
-#pragma GCC pop_options
-#endif
 
 namespace {
 // Restores the optimizer kernels' SIMD limit when a test case ends, whatever happened in it.

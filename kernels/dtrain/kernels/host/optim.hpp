@@ -26,9 +26,9 @@
 // (intrinsics are plain vector arithmetic to it), and the paths stop giving the scalar order's
 // bits; clang's default contracts within one expression (the scalar loops). Measured with
 // -march=native on an FMA machine: every bit-for-bit check of unit_kernels_host failed before.
-// Closed at the end of the header. Not under nvcc, whose front end drops the GCC pragmas before its
-// host compiler sees them (and warns); its host code keeps the host compiler's flags (no FMA
-// unless the build asks for it with -Xcompiler). Device passes never emit these functions.
+// Closed at the end of the header. Not under nvcc, whose front end drops these pragmas before its
+// host compiler sees them (and warns); see DTRAIN_HOST_NO_CONTRACT below for that case. Device
+// passes never emit these functions.
 #if !defined(__NVCC__) && !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
 #define DTRAIN_HOST_OPTIM_NO_CONTRACT 1
 #if defined(__clang__)
@@ -38,6 +38,18 @@
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=off")
 #endif
+#endif
+
+// Under nvcc with GCC as the host compiler, each function of this header that computes carries
+// the same option as a function attribute, which nvcc's front end passes on (the pragmas above
+// it drops): built by nvcc with -Xcompiler -march=native, 6 of the 24 cases of the bit-for-bit
+// tests failed without it (unit_kernels_host_nvcc_native). Empty elsewhere, and with clang as
+// nvcc's host compiler, which ignores the attribute. Left defined, so that a caller's own
+// written-out reference of these updates can be compiled the same way.
+#if defined(__NVCC__) && !defined(__CUDA_ARCH__) && defined(__GNUC__) && !defined(__clang__)
+#define DTRAIN_HOST_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define DTRAIN_HOST_NO_CONTRACT
 #endif
 
 namespace dtrain {
@@ -73,7 +85,7 @@ struct AdamWCoeffs {
   T b1, b2, c1, c2, decay, step_size, inv_bc2, eps;
 };
 template <class T>
-AdamWCoeffs<T> adamw_coeffs(const AdamWParams& h) {
+DTRAIN_HOST_NO_CONTRACT AdamWCoeffs<T> adamw_coeffs(const AdamWParams& h) {
   const double t = static_cast<double>(h.step);
   AdamWCoeffs<T> k;
   k.b1 = static_cast<T>(h.beta1);
@@ -91,7 +103,8 @@ AdamWCoeffs<T> adamw_coeffs(const AdamWParams& h) {
 // One AdamW element in T arithmetic, in the operation order every host path reproduces:
 // m' = b1 m + c1 g; v' = b2 v + (c2 g) g; p' = p decay - (step_size m') / (sqrt(v' inv_bc2) + eps).
 template <class T>
-inline void adamw_element(T& p, T g, T& m, T& v, const AdamWCoeffs<T>& k) noexcept {
+DTRAIN_HOST_NO_CONTRACT inline void adamw_element(T& p, T g, T& m, T& v,
+                                                  const AdamWCoeffs<T>& k) noexcept {
   const T mi = k.b1 * m + k.c1 * g;
   const T vi = k.b2 * v + k.c2 * g * g;
   m = mi;
@@ -111,31 +124,33 @@ template <>
 struct Sse2<float> {
   using V = __m128;
   static constexpr std::size_t width = 4;
-  static V set1(float x) noexcept { return _mm_set1_ps(x); }
-  static V load(const float* p) noexcept { return _mm_loadu_ps(p); }
-  static void store(float* p, V x) noexcept { _mm_storeu_ps(p, x); }
-  static V add(V a, V b) noexcept { return _mm_add_ps(a, b); }
-  static V sub(V a, V b) noexcept { return _mm_sub_ps(a, b); }
-  static V mul(V a, V b) noexcept { return _mm_mul_ps(a, b); }
-  static V div(V a, V b) noexcept { return _mm_div_ps(a, b); }
-  static V sqrt(V a) noexcept { return _mm_sqrt_ps(a); }
+  DTRAIN_HOST_NO_CONTRACT static V set1(float x) noexcept { return _mm_set1_ps(x); }
+  DTRAIN_HOST_NO_CONTRACT static V load(const float* p) noexcept { return _mm_loadu_ps(p); }
+  DTRAIN_HOST_NO_CONTRACT static void store(float* p, V x) noexcept { _mm_storeu_ps(p, x); }
+  DTRAIN_HOST_NO_CONTRACT static V add(V a, V b) noexcept { return _mm_add_ps(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V sub(V a, V b) noexcept { return _mm_sub_ps(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V mul(V a, V b) noexcept { return _mm_mul_ps(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V div(V a, V b) noexcept { return _mm_div_ps(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V sqrt(V a) noexcept { return _mm_sqrt_ps(a); }
 };
 template <>
 struct Sse2<double> {
   using V = __m128d;
   static constexpr std::size_t width = 2;
-  static V set1(double x) noexcept { return _mm_set1_pd(x); }
-  static V load(const double* p) noexcept { return _mm_loadu_pd(p); }
-  static void store(double* p, V x) noexcept { _mm_storeu_pd(p, x); }
-  static V add(V a, V b) noexcept { return _mm_add_pd(a, b); }
-  static V sub(V a, V b) noexcept { return _mm_sub_pd(a, b); }
-  static V mul(V a, V b) noexcept { return _mm_mul_pd(a, b); }
-  static V div(V a, V b) noexcept { return _mm_div_pd(a, b); }
-  static V sqrt(V a) noexcept { return _mm_sqrt_pd(a); }
+  DTRAIN_HOST_NO_CONTRACT static V set1(double x) noexcept { return _mm_set1_pd(x); }
+  DTRAIN_HOST_NO_CONTRACT static V load(const double* p) noexcept { return _mm_loadu_pd(p); }
+  DTRAIN_HOST_NO_CONTRACT static void store(double* p, V x) noexcept { _mm_storeu_pd(p, x); }
+  DTRAIN_HOST_NO_CONTRACT static V add(V a, V b) noexcept { return _mm_add_pd(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V sub(V a, V b) noexcept { return _mm_sub_pd(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V mul(V a, V b) noexcept { return _mm_mul_pd(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V div(V a, V b) noexcept { return _mm_div_pd(a, b); }
+  DTRAIN_HOST_NO_CONTRACT static V sqrt(V a) noexcept { return _mm_sqrt_pd(a); }
 };
 template <class T>
-inline std::size_t adamw_lanes(T* __restrict p, const T* __restrict g, T* __restrict m,
-                               T* __restrict v, std::size_t n, const AdamWCoeffs<T>& k) noexcept {
+DTRAIN_HOST_NO_CONTRACT inline std::size_t adamw_lanes(T* __restrict p, const T* __restrict g,
+                                                       T* __restrict m, T* __restrict v,
+                                                       std::size_t n,
+                                                       const AdamWCoeffs<T>& k) noexcept {
   using S = Sse2<T>;
   const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),
              decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2),
@@ -162,8 +177,9 @@ inline std::size_t adamw_lanes(T* __restrict p, const T* __restrict g, T* __rest
 // loop at -O3 only, and at -O2 (nvcc's host default, CMake's RelWithDebInfo) SGD ran 2-4x slower.
 // Returns how many leading elements it updated (whole lanes).
 template <bool Momentum, bool First, bool Nesterov, class T>
-inline std::size_t sgd_lanes(T* __restrict p, const T* __restrict g, T* __restrict b, std::size_t n,
-                             T lr, T wd, T mu, T damp) noexcept {
+DTRAIN_HOST_NO_CONTRACT inline std::size_t sgd_lanes(T* __restrict p, const T* __restrict g,
+                                                     T* __restrict b, std::size_t n, T lr, T wd,
+                                                     T mu, T damp) noexcept {
   using S = Sse2<T>;
   const auto lrv = S::set1(lr), wdv = S::set1(wd), muv = S::set1(mu), dampv = S::set1(damp);
   const std::size_t end = n - n % S::width;
@@ -225,41 +241,65 @@ template <>
 struct Avx<float> {
   using V = __m256;
   static constexpr std::size_t width = 8;
-  __attribute__((target("avx"))) static V set1(float x) noexcept { return _mm256_set1_ps(x); }
-  __attribute__((target("avx"))) static V load(const float* p) noexcept {
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V set1(float x) noexcept {
+    return _mm256_set1_ps(x);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V load(const float* p) noexcept {
     return _mm256_loadu_ps(p);
   }
-  __attribute__((target("avx"))) static void store(float* p, V x) noexcept {
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static void store(float* p, V x) noexcept {
     _mm256_storeu_ps(p, x);
   }
-  __attribute__((target("avx"))) static V add(V a, V b) noexcept { return _mm256_add_ps(a, b); }
-  __attribute__((target("avx"))) static V sub(V a, V b) noexcept { return _mm256_sub_ps(a, b); }
-  __attribute__((target("avx"))) static V mul(V a, V b) noexcept { return _mm256_mul_ps(a, b); }
-  __attribute__((target("avx"))) static V div(V a, V b) noexcept { return _mm256_div_ps(a, b); }
-  __attribute__((target("avx"))) static V sqrt(V a) noexcept { return _mm256_sqrt_ps(a); }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V add(V a, V b) noexcept {
+    return _mm256_add_ps(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V sub(V a, V b) noexcept {
+    return _mm256_sub_ps(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V mul(V a, V b) noexcept {
+    return _mm256_mul_ps(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V div(V a, V b) noexcept {
+    return _mm256_div_ps(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V sqrt(V a) noexcept {
+    return _mm256_sqrt_ps(a);
+  }
 };
 template <>
 struct Avx<double> {
   using V = __m256d;
   static constexpr std::size_t width = 4;
-  __attribute__((target("avx"))) static V set1(double x) noexcept { return _mm256_set1_pd(x); }
-  __attribute__((target("avx"))) static V load(const double* p) noexcept {
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V set1(double x) noexcept {
+    return _mm256_set1_pd(x);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V load(const double* p) noexcept {
     return _mm256_loadu_pd(p);
   }
-  __attribute__((target("avx"))) static void store(double* p, V x) noexcept {
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static void store(double* p,
+                                                                           V x) noexcept {
     _mm256_storeu_pd(p, x);
   }
-  __attribute__((target("avx"))) static V add(V a, V b) noexcept { return _mm256_add_pd(a, b); }
-  __attribute__((target("avx"))) static V sub(V a, V b) noexcept { return _mm256_sub_pd(a, b); }
-  __attribute__((target("avx"))) static V mul(V a, V b) noexcept { return _mm256_mul_pd(a, b); }
-  __attribute__((target("avx"))) static V div(V a, V b) noexcept { return _mm256_div_pd(a, b); }
-  __attribute__((target("avx"))) static V sqrt(V a) noexcept { return _mm256_sqrt_pd(a); }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V add(V a, V b) noexcept {
+    return _mm256_add_pd(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V sub(V a, V b) noexcept {
+    return _mm256_sub_pd(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V mul(V a, V b) noexcept {
+    return _mm256_mul_pd(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V div(V a, V b) noexcept {
+    return _mm256_div_pd(a, b);
+  }
+  DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) static V sqrt(V a) noexcept {
+    return _mm256_sqrt_pd(a);
+  }
 };
 template <class T>
-__attribute__((target("avx"))) std::size_t adamw_lanes_avx(T* __restrict p, const T* __restrict g,
-                                                           T* __restrict m, T* __restrict v,
-                                                           std::size_t n,
-                                                           const AdamWCoeffs<T>& k) noexcept {
+DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) std::size_t adamw_lanes_avx(
+    T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, std::size_t n,
+    const AdamWCoeffs<T>& k) noexcept {
   using S = Avx<T>;
   const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),
              decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2),
@@ -280,9 +320,9 @@ __attribute__((target("avx"))) std::size_t adamw_lanes_avx(T* __restrict p, cons
 // AVX lanes of sgd_element: sgd_lanes' operations in 256-bit lanes (written out again for the
 // reason given above adamw_lanes_avx).
 template <bool Momentum, bool First, bool Nesterov, class T>
-__attribute__((target("avx"))) std::size_t sgd_lanes_avx(T* __restrict p, const T* __restrict g,
-                                                         T* __restrict b, std::size_t n, T lr, T wd,
-                                                         T mu, T damp) noexcept {
+DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) std::size_t sgd_lanes_avx(
+    T* __restrict p, const T* __restrict g, T* __restrict b, std::size_t n, T lr, T wd, T mu,
+    T damp) noexcept {
   using S = Avx<T>;
   const auto lrv = S::set1(lr), wdv = S::set1(wd), muv = S::set1(mu), dampv = S::set1(damp);
   const std::size_t end = n - n % S::width;
@@ -320,7 +360,8 @@ inline bool host_simd_avx() noexcept { return host_simd_limit() >= HostSimd::avx
 namespace ref {
 /// Serial reference SGD step in long double. buf may be null when momentum == 0.
 template <class T>
-void sgd_update(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
+DTRAIN_HOST_NO_CONTRACT void sgd_update(T* p, const T* g, T* buf, std::size_t n,
+                                        const SgdParams& h) {
   for (std::size_t i = 0; i < n; ++i) {
     long double d =
         static_cast<long double>(g[i]) + h.weight_decay * static_cast<long double>(p[i]);
@@ -337,7 +378,8 @@ void sgd_update(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
 }
 /// Serial reference AdamW step in long double, written as the published update equations.
 template <class T>
-void adamw_update(T* p, const T* g, T* m, T* v, std::size_t n, const AdamWParams& h) {
+DTRAIN_HOST_NO_CONTRACT void adamw_update(T* p, const T* g, T* m, T* v, std::size_t n,
+                                          const AdamWParams& h) {
   const long double t = static_cast<long double>(h.step);
   for (std::size_t i = 0; i < n; ++i) {
     long double theta = p[i];
@@ -361,18 +403,20 @@ namespace detail {
 // template arguments, so each combination compiles to a branch-free loop (no square root, no
 // reassociation: the SIMD lanes above round exactly as this scalar code).
 template <class T>
-inline void sgd_element(T& p, T g, T lr, T wd) noexcept {
+DTRAIN_HOST_NO_CONTRACT inline void sgd_element(T& p, T g, T lr, T wd) noexcept {
   p -= lr * (g + wd * p);
 }
 template <bool First, bool Nesterov, class T>
-inline void sgd_element(T& p, T g, T& b, T lr, T wd, T mu, T damp) noexcept {
+DTRAIN_HOST_NO_CONTRACT inline void sgd_element(T& p, T g, T& b, T lr, T wd, T mu,
+                                                T damp) noexcept {
   const T d = g + wd * p;
   const T bi = First ? d : mu * b + damp * d;
   b = bi;
   p -= lr * (Nesterov ? d + mu * bi : bi);
 }
 template <bool Momentum, bool First, bool Nesterov, bool Restrict, class T>
-inline void sgd_loop(T* p, const T* g, T* buf, std::size_t n, T lr, T wd, T mu, T damp) noexcept {
+DTRAIN_HOST_NO_CONTRACT inline void sgd_loop(T* p, const T* g, T* buf, std::size_t n, T lr, T wd,
+                                             T mu, T damp) noexcept {
   using P = std::conditional_t<Restrict, T* __restrict, T*>;
   using G = std::conditional_t<Restrict, const T* __restrict, const T*>;
   const P pr = p;
@@ -390,7 +434,8 @@ inline void sgd_loop(T* p, const T* g, T* buf, std::size_t n, T lr, T wd, T mu, 
 enum class SgdPath { scalar, sse2, avx };
 // The switches turned into template arguments.
 template <SgdPath Path, class T>
-void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) noexcept {
+DTRAIN_HOST_NO_CONTRACT void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n,
+                                          const SgdParams& h) noexcept {
   const T lr = static_cast<T>(h.lr), wd = static_cast<T>(h.weight_decay);
   const T mu = static_cast<T>(h.momentum), damp = static_cast<T>(1.0 - h.dampening);
   const auto loop = [&](auto momentum, auto first, auto nesterov) {
@@ -416,7 +461,8 @@ void sgd_dispatch(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) n
 /// sgd_update reproduces bit for bit, and kernels_bench's baseline. buf may be null when
 /// momentum == 0. Local.
 template <class T>
-void sgd_update_scalar(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
+DTRAIN_HOST_NO_CONTRACT void sgd_update_scalar(T* p, const T* g, T* buf, std::size_t n,
+                                               const SgdParams& h) {
   detail::sgd_dispatch<detail::SgdPath::scalar>(p, g, buf, n, h);
 }
 
@@ -425,7 +471,8 @@ void sgd_update_scalar(T* p, const T* g, T* buf, std::size_t n, const SgdParams&
 /// buf (the momentum buffer) may be null when momentum == 0. Local, blocking; p, g, buf must not
 /// overlap.
 template <class T>
-void sgd_update(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
+DTRAIN_HOST_NO_CONTRACT void sgd_update(T* p, const T* g, T* buf, std::size_t n,
+                                        const SgdParams& h) {
   if (detail::host_simd_avx())
     detail::sgd_dispatch<detail::SgdPath::avx>(p, g, buf, n, h);
   else
@@ -435,7 +482,8 @@ void sgd_update(T* p, const T* g, T* buf, std::size_t n, const SgdParams& h) {
 /// AdamW step element by element in T arithmetic: the operation order the fast path reproduces
 /// bit for bit, and the baseline kernels_bench times it against. Local; buffers must not overlap.
 template <class T>
-void adamw_update_scalar(T* p, const T* g, T* m, T* v, std::size_t n, const AdamWParams& h) {
+DTRAIN_HOST_NO_CONTRACT void adamw_update_scalar(T* p, const T* g, T* m, T* v, std::size_t n,
+                                                 const AdamWParams& h) {
   const auto k = detail::adamw_coeffs<T>(h);
   for (std::size_t i = 0; i < n; ++i) detail::adamw_element(p[i], g[i], m[i], v[i], k);
 }
@@ -445,8 +493,8 @@ void adamw_update_scalar(T* p, const T* g, T* m, T* v, std::size_t n, const Adam
 /// it, chosen at run time, else SSE2), and the same bits as adamw_update_scalar for every n and
 /// every path. Local, blocking; the buffers must not overlap.
 template <class T>
-void adamw_update(T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v,
-                  std::size_t n, const AdamWParams& h) {
+DTRAIN_HOST_NO_CONTRACT void adamw_update(T* __restrict p, const T* __restrict g, T* __restrict m,
+                                          T* __restrict v, std::size_t n, const AdamWParams& h) {
   const auto k = detail::adamw_coeffs<T>(h);
   std::size_t i = detail::host_simd_avx() ? detail::adamw_lanes_avx(p, g, m, v, n, k)
                                           : detail::adamw_lanes(p, g, m, v, n, k);
