@@ -508,7 +508,7 @@ TEST_CASE("calibration: probes run with the model they validate in place, restor
     return synthetic(s, p);
   });
   std::vector<Outcome> out(p);
-  std::vector<bool> restored(p, false);
+  std::vector<char> restored(p, 0);  // one byte a rank: vector<bool> packs the ranks into one word
   run_loopback(p, [&](LoopbackTransport& t) {
     CommConfig c = config();
     c.check_fingerprints = false;
