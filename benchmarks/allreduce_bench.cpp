@@ -77,7 +77,9 @@ struct Options {
 struct AutoRow {
   std::string transport;
   std::size_t bytes = 0;
-  std::string chosen;
+  std::string chosen;  // the algorithm in use at the end of the run
+  std::string first;   // what the decision table gave (an adaptive plan may have changed since)
+  int changes = 0;     // how often the adaptive plan changed algorithm (CommConfig::adaptive)
   std::vector<std::pair<std::string, double>> predicted, measured;
   std::string best;
   double best_s = 0, chosen_s = 0, auto_s = 0;
@@ -360,6 +362,8 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
       if (c.bytes != bytes) continue;
       if (c.algo == "auto") {
         a.chosen = dtrain::name_of(c.plan.algorithm());
+        a.first = c.first;
+        a.changes = c.plan.algorithm_changes();
         a.auto_s = c.best;
         continue;
       }
@@ -392,14 +396,24 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
   std::printf("%12s %9s", "size(B)", "chosen");
   for (const auto& [name, s] : out.front().predicted) std::printf(" %9s", ("p:" + name).c_str());
   for (const auto& [name, s] : out.front().measured) std::printf(" %9s", ("m:" + name).c_str());
-  std::printf(" %9s %9s %12s %7s\n", "m:auto", "best", "chosen/best", "<=1.1");
+  std::printf(" %9s %9s %12s %7s %10s %9s\n", "m:auto", "best", "chosen/best", "<=1.1", "auto/best",
+              "changes");
+  int auto_within = 0, changed = 0;
   for (const AutoRow& a : out) {
     std::printf("%12zu %9s", a.bytes, a.chosen.c_str());
     for (const auto& [name, s] : a.predicted) std::printf(" %9.1f", s * 1e6);
     for (const auto& [name, s] : a.measured) std::printf(" %9.1f", s * 1e6);
-    std::printf(" %9.1f %9s %12.3f %7s\n", a.auto_s * 1e6, a.best.c_str(), a.chosen_s / a.best_s,
-                a.within ? "yes" : (a.tie ? "tie" : "NO"));
+    std::printf(" %9.1f %9s %12.3f %7s %10.3f %9s\n", a.auto_s * 1e6, a.best.c_str(),
+                a.chosen_s / a.best_s, a.within ? "yes" : (a.tie ? "tie" : "NO"),
+                a.auto_s / a.best_s,
+                a.changes ? (std::to_string(a.changes) + ":" + a.first).c_str() : "-");
+    auto_within += a.auto_s <= 1.1 * a.best_s;
+    changed += a.changes > 0;
   }
+  std::printf(
+      "# `auto` itself (its own cell, adaptive windows included) within 10%% of the best at %d "
+      "of %zu sizes; %d size(s) changed algorithm while timed (changes:first choice)\n",
+      auto_within, out.size(), changed);
   bool all_timed = true;
   for (const auto& [name, s] : out.front().predicted)
     all_timed = all_timed && std::find(algos.begin(), algos.end(), name) != algos.end();
@@ -470,6 +484,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
     bool is_mpi = false;
     std::size_t bytes = 0, count = 0;
     dtrain::CollectivePlan<Transport> plan;
+    std::string first;          // auto: the algorithm the plan started with
     std::vector<double> times;  // per round
     double best = 1e30;         // what the cell reports (--stat), and the rounds' third quartile
     double q75 = 1e30;
@@ -504,7 +519,10 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
         c.plan = comm.plan_allreduce(dtrain::BufferView(ip, c.count, o.dtype),
                                      dtrain::BufferView(op, c.count, o.dtype), o.op,
                                      dtrain::allreduce_algorithm_from_name(a));
-        if (a == "auto") c.shown = std::string("auto:") + dtrain::name_of(c.plan.algorithm());
+        if (a == "auto") {
+          c.first = dtrain::name_of(c.plan.algorithm());
+          c.shown = "auto:" + c.first;
+        }
       }
       cells.push_back(std::move(c));
     }
@@ -785,9 +803,11 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
     pairs(a.measured);
     std::fprintf(f,
                  ", \"auto_us\": %.3f, \"best\": \"%s\", \"chosen_over_best\": %.4f, "
-                 "\"within_10pct\": %s, \"within_spread\": %s}%s\n",
+                 "\"within_10pct\": %s, \"within_spread\": %s, \"first_choice\": \"%s\", "
+                 "\"changes\": %d, \"auto_over_best\": %.4f}%s\n",
                  a.auto_s * 1e6, a.best.c_str(), a.chosen_s / a.best_s, a.within ? "true" : "false",
-                 a.within || a.tie ? "true" : "false", i + 1 < autos.size() ? "," : "");
+                 a.within || a.tie ? "true" : "false", a.first.c_str(), a.changes,
+                 a.auto_s / a.best_s, i + 1 < autos.size() ? "," : "");
   }
   std::fprintf(f, "]}\n");
   std::fclose(f);

@@ -82,6 +82,12 @@ TEST_CASE("CommConfig::from_env is strict and names the variable") {
     CHECK(!CommConfig::from_env().persistent_channels);
   }
   {
+    ::unsetenv("DTRAIN_ALLREDUCE_ADAPT");
+    CHECK(CommConfig::from_env().adaptive);
+    ScopedEnv e("DTRAIN_ALLREDUCE_ADAPT", "0");
+    CHECK(!CommConfig::from_env().adaptive);
+  }
+  {
     ScopedEnv e("DTRAIN_COMM_TIMEOUT_S", "12.5");
     CHECK(CommConfig::from_env().timeout_s == 12.5);
   }
@@ -102,7 +108,8 @@ TEST_CASE("CommConfig::from_env is strict and names the variable") {
   } bad[] = {{"DTRAIN_COMM_CHECK", "maybe"},         {"DTRAIN_COMM_PERSISTENT", "2"},
              {"DTRAIN_COMM_TIMEOUT_S", "abc"},       {"DTRAIN_COMM_TIMEOUT_S", "0"},
              {"DTRAIN_COMM_SEGMENT_BYTES", "64abc"}, {"DTRAIN_COMM_PROGRESS", "threads"},
-             {"DTRAIN_ALLREDUCE_ALGO", "Ring"},      {"DTRAIN_COMM_ALPHA", "-1"}};
+             {"DTRAIN_ALLREDUCE_ALGO", "Ring"},      {"DTRAIN_COMM_ALPHA", "-1"},
+             {"DTRAIN_ALLREDUCE_ADAPT", "sometimes"}};
   for (const auto& b : bad) {
     CAPTURE(b.name);
     CAPTURE(b.value);

@@ -56,3 +56,33 @@ TEST_CASE("plan execution does not allocate") {
     for (long c : counts) CHECK(c == 0);
   }
 }
+
+TEST_CASE("an adaptive plan's windows, votes and change of algorithm do not allocate") {
+  // `automatic` with a given model: the plan times its runner-up now and then (executions 4-10,
+  // 27-33, 66-72) and agrees on the medians; the hook makes the runner-up faster, so the plan
+  // also changes algorithm in the first window and checks the change in the second.
+  detail::adapt_hook() = [](const detail::AdaptSample& s) { return s.execution % 2 ? 1e-4 : 1e-5; };
+  std::vector<long> counts(3, -1);
+  std::vector<int> checks(3, 0);
+  run_loopback(3, [&](LoopbackTransport& t) {
+    CommConfig c;
+    c.segment_bytes = 512;
+    c.timeout_s = 30;
+    c.cost_model.alpha = 2e-6;
+    c.cost_model.beta = 1.0 / 4e9;
+    c.cost_model.gamma = 1.0 / 8e9;
+    Communicator comm(t, c);
+    std::vector<float> x(5000, 1.0f);
+    auto plan =
+        comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)), ReduceOp::max);
+    // Both algorithms' first executions (the runner-up's at 4) may touch lazily created state.
+    for (int i = 0; i < 12; ++i) plan.execute();
+    const long before = g_allocations;
+    for (int i = 0; i < 70; ++i) plan.execute();
+    counts[t.rank()] = g_allocations - before;
+    checks[t.rank()] = plan.algorithm_checks();
+  });
+  detail::adapt_hook() = nullptr;
+  for (long c : counts) CHECK(c == 0);
+  for (int k : checks) CHECK(k == 3);
+}

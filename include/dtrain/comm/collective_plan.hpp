@@ -49,8 +49,26 @@ class CollectivePlan {
 
   /// True once constructed by a communicator.
   bool valid() const noexcept { return impl_ != nullptr; }
-  /// The algorithm the plan runs (automatic already resolved).
-  AllreduceAlgorithm algorithm() const noexcept { return impl_->spec().algo; }
+  /// The algorithm the plan runs (automatic already resolved; for an adaptive plan, the one in
+  /// use now, which may have changed since construction).
+  AllreduceAlgorithm algorithm() const noexcept { return impl_->algorithm_in_use(); }
+  /// The algorithm an adaptive `automatic` plan checks itself against (CommConfig::adaptive),
+  /// or `automatic` when it keeps its algorithm for good.
+  AllreduceAlgorithm runner_up() const noexcept {
+    const detail::AdaptSchedule* a = impl_->adapt_schedule();
+    if (!a) return AllreduceAlgorithm::automatic;
+    return a->swapped() ? impl_->spec().algo : impl_->spec().runner_up;
+  }
+  /// How often an adaptive plan changed its algorithm so far (0 for other plans).
+  int algorithm_changes() const noexcept {
+    const detail::AdaptSchedule* a = impl_->adapt_schedule();
+    return a ? a->switches() : 0;
+  }
+  /// Checking windows an adaptive plan has closed so far (0 for other plans).
+  int algorithm_checks() const noexcept {
+    const detail::AdaptSchedule* a = impl_->adapt_schedule();
+    return a ? a->windows() : 0;
+  }
 
  private:
   detail::CommState<Transport>* state() const {

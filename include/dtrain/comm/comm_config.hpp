@@ -57,6 +57,13 @@ struct CommConfig {
   /// rank-order reduction ((x0 + x1) + x2) + ... whatever algorithm, bucket size, transport or
   /// timing. Costs about what ring costs in bandwidth; see benchmarks/RESULTS.md.
   bool reproducible = false;
+  /// Let `automatic` all-reduce plans check their algorithm while in use (DTRAIN_ALLREDUCE_ADAPT,
+  /// boolean): each keeps its runner-up's plan, times it against its own in a short window now
+  /// and then (every 16 executions at first, the gap doubling up to 1024 while the choice
+  /// holds), and all ranks change to it together when it was faster by more than 10%
+  /// (detail/adaptive.hpp). Applies only where the choice is not promised to repeat: not with a
+  /// tuning file (every run chooses alike) and not in reproducible mode.
+  bool adaptive = true;
 
   /// Defaults overridden by the environment variables named above, parsed strictly
   /// (<dtrain/core/env.hpp>): an unset or empty variable keeps the default, a malformed value
@@ -82,6 +89,7 @@ struct CommConfig {
     c.cost_model.gamma = env::get_double("DTRAIN_COMM_GAMMA", c.cost_model.gamma, 0, 1e3);
     c.tuning_file = env::get("DTRAIN_TUNING_FILE").value_or("");
     c.reproducible = env::get_bool("DTRAIN_COMM_REPRODUCIBLE", c.reproducible);
+    c.adaptive = env::get_bool("DTRAIN_ALLREDUCE_ADAPT", c.adaptive);
     return c;
   }
 };

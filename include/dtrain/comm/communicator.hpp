@@ -153,9 +153,13 @@ class Communicator {
   // Local (collective only when `automatic` needs the cost model measured for the first time):
   // set everything up once; execute()/start() then allocate nothing.
 
+  // An `automatic` plan also checks its choice while in use (CommConfig::adaptive; README
+  // "Which all-reduce runs"): every rank must then execute it the same number of times, as the
+  // collective contract asks of every plan. Ad-hoc calls never change algorithm: which of them
+  // reuse a cached plan depends on each rank's buffer addresses.
   Plan plan_allreduce(BufferView in, BufferView out, ReduceOp op,
                       AllreduceAlgorithm algo = AllreduceAlgorithm::automatic) {
-    return Plan(make_plan(allreduce_spec(in, out, op, algo)));
+    return plan_allreduce(in, out, op, algo, true);
   }
   /// As above, for one plan of a group that every rank always executes together and in the same
   /// order (a GradientSync's buckets in one step). With `check_fingerprints` false the plan skips
@@ -165,6 +169,8 @@ class Communicator {
                       bool check_fingerprints) {
     Spec s = allreduce_spec(in, out, op, algo);
     s.check = check_fingerprints;
+    if (algo == AllreduceAlgorithm::automatic && adapts())
+      s.runner_up = runner_up(s.algo, in.count, in.dtype);
     return Plan(make_plan(s));
   }
   Plan plan_broadcast(BufferView buf, int root) {
@@ -337,6 +343,21 @@ class Communicator {
     return s;
   }
 
+  // Whether `automatic` all-reduce plans check their choice while in use (CommConfig::adaptive).
+  bool adapts() const noexcept {
+    const CommConfig& c = state_->config;
+    return c.adaptive && !c.reproducible && c.tuning_file.empty() &&
+           c.default_algorithm == AllreduceAlgorithm::automatic && size() > 1;
+  }
+  // What an adaptive plan running `chosen` checks against: the model's own pick where the
+  // calibration's probes replaced it at this size, else the model's second best.
+  AllreduceAlgorithm runner_up(AllreduceAlgorithm chosen, std::size_t count, DType dtype) {
+    const std::size_t es = (dtype == DType::f16 || dtype == DType::bf16) ? 4 : size_of(dtype);
+    const detail::ModelView v = model_view();
+    const AllreduceAlgorithm pick = v.best(cost_model(), count * es);
+    return pick != chosen ? pick : v.best(cost_model(), count * es, chosen);
+  }
+
   bool has_shared_segments() const noexcept {
     return shared_segments_of(*state_->transport) != nullptr;
   }
@@ -352,7 +373,8 @@ class Communicator {
 
   static bool same_spec(const Spec& a, const Spec& b) {
     return a.kind == b.kind && a.algo == b.algo && a.op == b.op && a.dtype == b.dtype &&
-           a.count == b.count && a.in == b.in && a.out == b.out && a.root == b.root;
+           a.count == b.count && a.in == b.in && a.out == b.out && a.root == b.root &&
+           a.runner_up == b.runner_up;
   }
 
   // Ad-hoc calls reuse the plan of an identical earlier call (same buffers and sizes), so a

@@ -26,12 +26,16 @@ namespace detail {
 struct BucketLauncher {
   virtual ~BucketLauncher() = default;
   virtual CollectiveHandle start(std::size_t i) = 0;
+  virtual AllreduceAlgorithm algorithm(std::size_t i) const = 0;
+  virtual int algorithm_changes(std::size_t i) const = 0;
 };
 
 template <class Transport>
 struct PlannedBuckets final : BucketLauncher {
   std::vector<CollectivePlan<Transport>> plans;
   CollectiveHandle start(std::size_t i) override { return plans[i].start(); }
+  AllreduceAlgorithm algorithm(std::size_t i) const override { return plans[i].algorithm(); }
+  int algorithm_changes(std::size_t i) const override { return plans[i].algorithm_changes(); }
 };
 // Whether a communicator all-reduces device buffers itself (asked where it can answer).
 template <class C, class = void>
@@ -205,6 +209,19 @@ class BasicGradientSync {
   std::size_t bucket_count() const noexcept { return ranges_.size(); }
   /// (first element, element count) of bucket i.
   std::pair<std::size_t, std::size_t> bucket_range(std::size_t i) const { return ranges_.at(i); }
+  /// The algorithm bucket i's all-reduce runs now, and how often it changed so far (an
+  /// `automatic` bucket checks its choice while in use: CommConfig::adaptive). Local; call
+  /// between steps (a running bucket may be changing it).
+  AllreduceAlgorithm bucket_algorithm(std::size_t i) const {
+    DTRAIN_REQUIRE(i < ranges_.size(), "GradientSync::bucket_algorithm",
+                   "bucket " << i << " of " << ranges_.size());
+    return launcher_->algorithm(i);
+  }
+  int bucket_algorithm_changes(std::size_t i) const {
+    DTRAIN_REQUIRE(i < ranges_.size(), "GradientSync::bucket_algorithm_changes",
+                   "bucket " << i << " of " << ranges_.size());
+    return launcher_->algorithm_changes(i);
+  }
   /// Buckets whose all-reduce has started so far this step.
   std::size_t buckets_started() const noexcept { return started_; }
   /// Whether buckets are staged through host memory (see the class comment).

@@ -1,14 +1,16 @@
 // dtrain: planned collectives. A plan fixes buffers, sizes, algorithm, schedule, scratch memory
 // and channels at construction, so execution allocates nothing.
 //
-// The plan holds exactly one algorithm (one header each under algo/: ring.hpp with the
+// The plan holds one algorithm (one header each under algo/: ring.hpp with the
 // reduce_scatter and allgather halves, tree.hpp, rhd.hpp, rd.hpp, shm.hpp, broadcast.hpp,
 // ordered.hpp for the reproducible all-reduce and reduce_scatter); a
-// barrier is the fingerprint exchange alone. Every execution first exchanges call fingerprints
-// (dissemination, ceil(log2 p) rounds) so that mismatched calls fail on every rank with both
-// calls named. avg is a sum divided by p exactly once, by the rank that finishes each element, so
-// every rank ends with the same bits. 16-bit floats are widened to f32 once, reduced in f32 and
-// rounded once.
+// barrier is the fingerprint exchange alone. An all-reduce that `automatic` chose may also hold
+// the plan of its runner-up, which it times against its own now and then and changes to when
+// the ranks agree that it has become faster (adaptive.hpp). Every execution first exchanges call
+// fingerprints (dissemination, ceil(log2 p) rounds) so that mismatched calls fail on every rank
+// with both calls named. avg is a sum divided by p exactly once, by the rank that finishes each
+// element, so every rank ends with the same bits. 16-bit floats are widened to f32 once, reduced in
+// f32 and rounded once.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +21,7 @@
 #include <string>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
+#include <dtrain/comm/detail/adaptive.hpp>
 #include <dtrain/comm/detail/algo/broadcast.hpp>
 #include <dtrain/comm/detail/algo/context.hpp>
 #include <dtrain/comm/detail/algo/hier.hpp>
@@ -34,6 +37,7 @@
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/failure.hpp>
+#include <dtrain/core/timer.hpp>
 
 namespace dtrain::detail {
 
@@ -107,6 +111,9 @@ class PlanImpl final : public Job {
     }
     algo_ = make_algorithm(ctx_, in, out);
     ctx_.bind_channels();
+    if (s.kind == CollectiveKind::allreduce && s.runner_up != AllreduceAlgorithm::automatic &&
+        s.runner_up != s.algo)
+      adapt_ = std::make_unique<Adaptation>(comm, s);
   }
 
   ~PlanImpl() override {
@@ -129,9 +136,71 @@ class PlanImpl final : public Job {
 
   const Spec& spec() const noexcept { return ctx_.spec(); }
   CommState<Transport>* state() const noexcept { return comm_; }
+  /// The algorithm the next execution runs outside a checking window: spec().algo, or the
+  /// runner-up once an adaptive plan changed to it.
+  AllreduceAlgorithm algorithm_in_use() const noexcept {
+    return adapt_ && adapt_->schedule.swapped() ? adapt_->other->spec().algo : spec().algo;
+  }
+  /// The adaptive plan's schedule (windows, switches, last vote); null for other plans.
+  const AdaptSchedule* adapt_schedule() const noexcept {
+    return adapt_ ? &adapt_->schedule : nullptr;
+  }
 
-  /// Executes the collective once (blocking, on the calling thread).
+  /// Executes the collective once (blocking, on the calling thread). An adaptive plan runs the
+  /// algorithm its schedule names, times it, and at the end of a window agrees with every rank
+  /// on the window's medians (one two-element all-reduce).
   void run() override {
+    if (!adapt_) {
+      run_own();
+      return;
+    }
+    AdaptSchedule& sch = adapt_->schedule;
+    const bool runner = sch.next_is_runner_up();
+    PlanImpl& which = runner != sch.swapped() ? *adapt_->other : *this;
+    const std::uint64_t n = sch.executions();
+    const double t0 = now_seconds();
+    which.run_own();
+    double dt = now_seconds() - t0;
+    if (sch.timing()) {
+      if (const auto& hook = adapt_hook())
+        dt = hook(AdaptSample{ctx_.rank(), which.spec().algo, in_bytes(), n, dt});
+    }
+    if (!sch.record(dt)) return;
+    const std::array<double, 2> m = sch.medians();
+    adapt_->vote[0] = m[0];
+    adapt_->vote[1] = m[1];
+    adapt_->ballot->run_own();
+    sch.decide(adapt_->vote[0], adapt_->vote[1]);
+  }
+
+ private:
+  // The runner-up's plan on the same buffers, and the vote: the maximum over ranks of each
+  // rank's two medians (rd, two doubles, no fingerprint round: every rank reaches it at the same
+  // execution of this plan, right after it).
+  struct Adaptation {
+    Adaptation(CommState<Transport>& comm, const Spec& s) {
+      Spec o = s;
+      o.algo = s.runner_up;
+      o.runner_up = AllreduceAlgorithm::automatic;
+      other = std::make_unique<PlanImpl>(comm, o);
+      Spec v;
+      v.kind = CollectiveKind::allreduce;
+      v.algo = AllreduceAlgorithm::rd;
+      v.op = ReduceOp::max;
+      v.dtype = DType::f64;
+      v.count = 2;
+      v.in = vote;
+      v.out = vote;
+      v.check = false;
+      ballot = std::make_unique<PlanImpl>(comm, v);
+    }
+    double vote[2] = {0, 0};
+    std::unique_ptr<PlanImpl> other, ballot;
+    AdaptSchedule schedule;
+  };
+
+  // One execution of this plan's own algorithm.
+  void run_own() {
     const Spec& s = ctx_.spec();
     comm_->check_usable(name_of(s.kind));  // also refuses to start on an abandoned engine
     seq_ = comm_->seq.fetch_add(1);
@@ -155,7 +224,6 @@ class PlanImpl final : public Job {
     }
   }
 
- private:
   std::size_t part_count() const noexcept {
     const Spec& s = ctx_.spec();
     return block_begin(s.count, ctx_.size(), ctx_.rank() + 1) -
@@ -233,6 +301,7 @@ class PlanImpl final : public Job {
   float* wide_out_ = nullptr;
   std::unique_ptr<Algorithm> algo_;
   std::uint64_t seq_ = 0;
+  std::unique_ptr<Adaptation> adapt_;
 };
 
 }  // namespace dtrain::detail

@@ -50,6 +50,9 @@ struct PlanSpec {
   // Exchange call fingerprints before each execution (when the communicator checks at all);
   // off for the later plans of a group that always runs together in a fixed order.
   bool check = true;
+  // An all-reduce that `automatic` chose: the runner-up it checks itself against while in use
+  // (detail/adaptive.hpp); `automatic` = no check, the plan keeps `algo`.
+  AllreduceAlgorithm runner_up = AllreduceAlgorithm::automatic;
 };
 
 /// Elements [begin, end) of block `i` when `count` elements are split into `parts` blocks whose
