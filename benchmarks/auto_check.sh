@@ -8,11 +8,11 @@
 # evaluates, per run and per size, whether the algorithm `auto` chose measured within 10% of the
 # fastest dtrain algorithm at that size (the headline criterion), and separately whether it lay
 # within the fastest one's spread over the rounds (its median at or below the fastest one's third
-# quartile: the two are then not told apart by this run's own repetitions). An adaptive plan
-# (CommConfig::adaptive, on by default here: no tuning file) may change algorithm while timed:
-# "chosen" is then the one in use at the end, and the summary also compares `auto`'s own time,
-# its checking windows included, with the best, and lists the changes. DTRAIN_ALLREDUCE_ADAPT=0
-# passes through for the fixed choice. Prints a markdown
+# quartile: the two are then not told apart by this run's own repetitions). With
+# DTRAIN_ALLREDUCE_ADAPT=1 (passed through) the plans check their choice while timed and may
+# change algorithm: "chosen" is then the one in use at the end; the summary also compares
+# `auto`'s own time, its checking windows included, with the best, and lists the changes.
+# Prints a markdown
 # summary for benchmarks/RESULTS.md, with each run's core-to-core round trip at its start and end
 # (where its two cores sat: one L3 or two; 2 ranks only); raw outputs and JSON are kept in OUT.
 #

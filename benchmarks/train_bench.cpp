@@ -84,6 +84,10 @@ struct Phases {
 struct Result {
   double samples_per_s = 0;
   Phases split;  // rank 0, seconds per step
+  // What the gradient buckets' all-reduce ran at the end, and how often the buckets' adaptive
+  // plans changed algorithm during the run (CommConfig::adaptive).
+  std::string bucket_algorithms;
+  int algorithm_changes = 0;
 };
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
@@ -220,6 +224,10 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   r.split.backward = ph.backward / s - r.split.forward;
   r.split.sync = ph.sync / s;
   r.split.optimizer = ph.optimizer / s;
+  for (std::size_t i = 0; i < sync.bucket_count(); ++i) {
+    r.bucket_algorithms += (i ? "," : "") + std::string(dtrain::name_of(sync.bucket_algorithm(i)));
+    r.algorithm_changes += sync.bucket_algorithm_changes(i);
+  }
   return r;
 }
 
@@ -432,6 +440,10 @@ int main(int argc, char** argv) {
       std::printf("# all-reduce on 2 ranks, automatic decisions (from bytes per rank): %s\n",
                   decisions.c_str());
       std::printf(
+          "# gradient buckets on 2 ranks (overlap, the median round) at its end: %s; algorithm "
+          "changes during it: %d\n",
+          two[0].bucket_algorithms.c_str(), two[0].algorithm_changes);
+      std::printf(
           "# both ranks training alone at once (no communication): %.0f samples/s together; "
           "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
           pair_sps, two[0].samples_per_s / pair_sps);
@@ -458,6 +470,8 @@ int main(int argc, char** argv) {
             .add("samples_per_s_solo_pair", pair_sps)
             .add("efficiency_vs_solo_pair", two[0].samples_per_s / pair_sps)
             .add("allreduce_decisions", decisions)
+            .add("bucket_algorithms_2", two[0].bucket_algorithms)
+            .add("bucket_algorithm_changes_2", two[0].algorithm_changes)
             .add_raw("phase_split_2", split_json(two[0].split))
             .add_raw("phase_split_1", split_json(one[0].split));
         std::string modes_json = "{";

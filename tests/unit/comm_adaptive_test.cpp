@@ -25,6 +25,7 @@ CommConfig config() {
   CommConfig c;
   c.timeout_s = 60;
   c.default_algorithm = AllreduceAlgorithm::automatic;
+  c.adaptive = true;
   c.cost_model.alpha = 2e-6;
   c.cost_model.beta = 1.0 / 4e9;
   c.cost_model.gamma = 1.0 / 8e9;
@@ -45,10 +46,7 @@ std::vector<std::uint64_t> drive(AdaptSchedule& s, std::uint64_t n, double t0, d
   for (std::uint64_t i = 0; i < n; ++i) {
     const bool runs_second = s.next_is_runner_up() != s.swapped();
     if (runs_second) second.push_back(s.executions());
-    if (s.record(runs_second ? t1 : t0)) {
-      const auto m = s.medians();
-      s.decide(m[0], m[1]);
-    }
+    if (s.record(runs_second ? t1 : t0)) s.decide();  // one rank: its times are the agreed ones
   }
   return second;
 }
@@ -67,18 +65,19 @@ float expected(int p, std::size_t i, int step) {
 
 TEST_CASE("adaptive schedule: windows at fixed executions, the gap doubling while kept") {
   AdaptSchedule s;
-  // 4 executions of the algorithm in use, then the runner-up's warm-up (execution 4) and three
-  // pairs, runner-up first, then in use first, then runner-up first: 5 R 6 L | 7 L 8 R | 9 R 10 L.
-  const std::vector<std::uint64_t> second = drive(s, 11, 1.0, 2.0);
-  CHECK(second == std::vector<std::uint64_t>{4, 5, 8, 9});
+  // 4 executions of the algorithm in use, then a window of 10: the runner-up at 4-8 (4 untimed),
+  // the algorithm in use at 9-13 (9 untimed).
+  const std::vector<std::uint64_t> second = drive(s, 14, 1.0, 2.0);
+  CHECK(second == std::vector<std::uint64_t>{4, 5, 6, 7, 8});
   CHECK(s.windows() == 1);
   CHECK(s.switches() == 0);
   CHECK(s.last_vote() == std::array<double, 2>{1.0, 2.0});
-  // Next window 16 executions after the first closed (at 11): 27..33; then 32 after: 66..72.
-  const std::vector<std::uint64_t> more = drive(s, 23, 1.0, 2.0);  // executions 11..33
-  CHECK(more == std::vector<std::uint64_t>{27, 28, 31, 32});
-  const std::vector<std::uint64_t> third = drive(s, 40, 1.0, 2.0);  // 34..73
-  CHECK(third == std::vector<std::uint64_t>{66, 67, 70, 71});
+  // Next window 16 executions after the first closed (at 14), the blocks the other way round:
+  // 30-34 in use, 35-39 runner-up; then 32 after: 72-81, the runner-up first again.
+  const std::vector<std::uint64_t> more = drive(s, 26, 1.0, 2.0);  // executions 14..39
+  CHECK(more == std::vector<std::uint64_t>{35, 36, 37, 38, 39});
+  const std::vector<std::uint64_t> third = drive(s, 50, 1.0, 2.0);  // 40..89
+  CHECK(third == std::vector<std::uint64_t>{72, 73, 74, 75, 76});
   // The gap stops doubling at kAdaptMaxGap: a long run checks about once per 1024 executions.
   AdaptSchedule l;
   const std::vector<std::uint64_t> all = drive(l, 200000, 1.0, 2.0);
@@ -86,45 +85,56 @@ TEST_CASE("adaptive schedule: windows at fixed executions, the gap doubling whil
   const int windows = l.windows();
   CHECK(windows > 190);
   CHECK(windows < 200);
-  CHECK(all.size() == static_cast<std::size_t>(4 * windows));
+  CHECK(all.size() == static_cast<std::size_t>((detail::kAdaptBlock + 1) * windows));
 }
 
-TEST_CASE("adaptive schedule: the runner-up takes over only beyond the margin, and back") {
+TEST_CASE("adaptive schedule: the runner-up takes over after two windows beyond the margin") {
   AdaptSchedule s;
-  drive(s, 11, 1.0, 1.0 / detail::kAdaptSwitchFactor * 1.01);  // a near tie: kept
+  drive(s, 200, 1.0, 1.0 / detail::kAdaptSwitchFactor * 1.01);  // a near tie: kept
   CHECK_FALSE(s.swapped());
+  CHECK(s.windows() > 3);
   AdaptSchedule w;
-  drive(w, 11, 1.0, 0.5);  // twice as fast: taken
+  drive(w, 14, 1.0, 0.5);  // twice as fast: favoured by the first window, not yet taken
+  CHECK_FALSE(w.swapped());
+  CHECK(w.windows() == 1);
+  CHECK(w.last_vote() == std::array<double, 2>{1.0, 0.5});
+  // The confirming window follows 8 executions on (22-31, the runner-up second), and the
+  // runner-up takes over.
+  CHECK(drive(w, 18, 1.0, 0.5) == std::vector<std::uint64_t>{27, 28, 29, 30, 31});
   CHECK(w.swapped());
   CHECK(w.switches() == 1);
-  CHECK(w.last_vote() == std::array<double, 2>{1.0, 0.5});
   // From now on the second algorithm is the one in use: the next window (16 executions on, at
-  // 27) times the first one as the runner-up; it is still slower, so nothing changes.
-  const std::vector<std::uint64_t> second = drive(w, 30, 1.0, 0.5);
+  // 48-57) times the first one as the runner-up; it is still slower, so nothing changes.
+  const std::vector<std::uint64_t> second = drive(w, 26, 1.0, 0.5);  // 32..57
   CHECK(w.switches() == 1);
-  CHECK(w.windows() == 2);
-  CHECK(second.size() == 30 - 4);  // every execution but the first algorithm's four
-  // The first algorithm becomes the faster one: the plan goes back at the next window.
-  drive(w, 80, 0.2, 0.5);
+  CHECK(w.windows() == 3);
+  CHECK(second.size() == 26 - 5);  // all but the first algorithm's block at 48-52
+  // The first algorithm becomes the faster one: the plan goes back after two windows.
+  drive(w, 200, 0.2, 0.5);
   CHECK_FALSE(w.swapped());
   CHECK(w.switches() == 2);
 }
 
-TEST_CASE("adaptive schedule: the median ignores one disturbed execution") {
+TEST_CASE("adaptive schedule: one disturbed window, or execution, does not decide") {
+  // A burst that made the runner-up look fast in one window only: the confirming window finds
+  // it slower again and the choice stands.
   AdaptSchedule s;
-  int k = 0;
-  for (std::uint64_t i = 0; i < 11; ++i) {
+  for (std::uint64_t i = 0; i < 60; ++i) {
     const bool runner = s.next_is_runner_up();
-    double t = runner ? 0.5 : 1.0;
-    if (runner && s.timing() && k++ == 1) t = 50;  // one runner-up execution hit by a burst
-    if (s.record(t)) {
-      const auto m = s.medians();
-      CHECK(m[0] == 1.0);
-      CHECK(m[1] == 0.5);
-      s.decide(m[0], m[1]);
-    }
+    const double t = runner ? (i < 14 ? 0.5 : 2.0) : 1.0;
+    if (s.record(t)) s.decide();
   }
-  CHECK(s.swapped());
+  CHECK(s.windows() == 3);  // 4-13 favoured it, 22-31 did not, 48-57 did not
+  CHECK(s.switches() == 0);
+  // One execution of each window hit by a burst: the median ignores it.
+  AdaptSchedule m;
+  for (std::uint64_t i = 0; i < 32; ++i) {
+    const bool runner = m.next_is_runner_up();
+    double t = runner ? 0.5 : 1.0;
+    if (runner && m.timing() && (i == 6 || i == 29)) t = 50;
+    if (m.record(t)) m.decide();
+  }
+  CHECK(m.swapped());
 }
 
 TEST_CASE("adaptive plan: every rank changes to the faster runner-up together, and back") {
@@ -163,14 +173,12 @@ TEST_CASE("adaptive plan: every rank changes to the faster runner-up together, a
           if (x[e] != expected(p, e, k)) ++wrong;
       };
       int k = 0;
-      for (; k < 20; ++k) step(k);  // the first window (executions 4-10) changes
+      for (; k < 40; ++k) step(k);  // the windows at 4-13 and 22-31 change
       after[i] = plan.algorithm();
       comm.barrier();
       if (r == 0) fast = static_cast<int>(first[0]);
       comm.barrier();
-      for (; k < 60; ++k)
-        step(k);  // the second window (27-33) changes back, the third
-                  // (16 executions on, 50-56) keeps it
+      for (; k < 80; ++k) step(k);  // 48-57 and 66-75 change back
       back[i] = plan.algorithm();
       changes[i] = plan.algorithm_changes();
       checks[i] = plan.algorithm_checks();
@@ -186,10 +194,10 @@ TEST_CASE("adaptive plan: every rank changes to the faster runner-up together, a
       CHECK(after[i] == runner[0]);
       CHECK(back[i] == first[0]);
       CHECK(changes[i] == 2);
-      CHECK(checks[i] == 3);
+      CHECK(checks[i] == 4);
       CHECK(ran[i] == ran[0]);  // the same algorithm at every timed execution on every rank
     }
-    CHECK(ran[0].size() == 3 * 2 * detail::kAdaptPairs);
+    CHECK(ran[0].size() == 4 * 2 * detail::kAdaptBlock);
   }
 }
 
@@ -250,7 +258,7 @@ TEST_CASE("adaptive plan: started on the progress thread, in a gradient sync") {
     comm.barrier();
     std::vector<float> g(1024);
     GradientSync sync(comm, BufferView(span<float>(g)), 256 * sizeof(float));
-    for (int k = 0; k < 30; ++k) {
+    for (int k = 0; k < 40; ++k) {
       for (std::size_t e = 0; e < g.size(); ++e) g[e] = input(r, e, k);
       sync.sync_all();
       for (std::size_t e = 0; e < g.size(); ++e)
@@ -275,7 +283,8 @@ TEST_CASE("adaptive plan: off where the choice must repeat, or was not automatic
   };
   const std::string tuning = "/tmp/dtrain_adapt_tuning_" + std::to_string(::getpid()) + ".txt";
   const Case cases[] = {
-      {"adaptive off", [](CommConfig& c) { c.adaptive = false; }, AllreduceAlgorithm::automatic},
+      {"adaptive off (the default)", [](CommConfig& c) { c = CommConfig{}; },
+       AllreduceAlgorithm::automatic},
       {"reproducible", [](CommConfig& c) { c.reproducible = true; }, AllreduceAlgorithm::automatic},
       {"tuning file", [&](CommConfig& c) { c.tuning_file = tuning; },
        AllreduceAlgorithm::automatic},

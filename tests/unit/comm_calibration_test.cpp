@@ -804,3 +804,47 @@ TEST_CASE("calibration: with two nodes the first ranks of the nodes measure inte
   CHECK(one[0].model.inter_beta == 0);
   CHECK(one[0].model.inter_share == 1);
 }
+
+TEST_CASE("adaptive plans check against the fastest other algorithm the nearest probe measured") {
+  // Probes that rank the algorithms unlike the model: at each probe size the model's pick is
+  // fastest, and the algorithm the model predicts slowest comes second. An `automatic` plan
+  // keeps the pick and checks itself against that second one, not the model's runner-up.
+  const int p = 2;
+  const detail::ModelView view = detail::flat_model_view(p);
+  auto worst = [&](std::size_t bytes) {
+    AllreduceAlgorithm w = AllreduceAlgorithm::ring;
+    double t = -1;
+    for (AllreduceAlgorithm a : view.candidates) {
+      const double ta = truth().predict(a, bytes, p);
+      if (ta < 1e299 && ta > t) {
+        t = ta;
+        w = a;
+      }
+    }
+    return w;
+  };
+  Hook h([&](const CalibrationSample& s) {
+    if (s.quantity != CalibrationQuantity::probe) return synthetic(s, p);
+    const AllreduceAlgorithm pick = view.best(truth(), s.bytes);
+    const double t = truth().predict(pick, s.bytes, p);
+    return s.algo == pick ? t : s.algo == worst(s.bytes) ? 1.05 * t : 3 * t;
+  });
+  const std::size_t bytes = detail::kProbeBytes[1];  // 16 KiB, a probe's own size
+  std::vector<AllreduceAlgorithm> chosen(p), runner(p);
+  run_loopback(p, [&](LoopbackTransport& t) {
+    CommConfig c = config();
+    c.adaptive = true;
+    Communicator comm(t, c);
+    std::vector<float> x(bytes / sizeof(float));
+    auto plan =
+        comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)), ReduceOp::sum);
+    chosen[static_cast<std::size_t>(t.rank())] = plan.algorithm();
+    runner[static_cast<std::size_t>(t.rank())] = plan.runner_up();
+  });
+  const AllreduceAlgorithm pick = view.best(truth(), bytes);
+  CHECK(chosen[0] == pick);
+  CHECK(chosen[1] == pick);
+  CHECK(runner[0] == worst(bytes));
+  CHECK(runner[1] == worst(bytes));
+  CHECK(worst(bytes) != view.best(truth(), bytes, pick));  // the model would have said otherwise
+}

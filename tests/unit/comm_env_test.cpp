@@ -83,9 +83,9 @@ TEST_CASE("CommConfig::from_env is strict and names the variable") {
   }
   {
     ::unsetenv("DTRAIN_ALLREDUCE_ADAPT");
-    CHECK(CommConfig::from_env().adaptive);
-    ScopedEnv e("DTRAIN_ALLREDUCE_ADAPT", "0");
     CHECK(!CommConfig::from_env().adaptive);
+    ScopedEnv e("DTRAIN_ALLREDUCE_ADAPT", "1");
+    CHECK(CommConfig::from_env().adaptive);
   }
   {
     ScopedEnv e("DTRAIN_COMM_TIMEOUT_S", "12.5");

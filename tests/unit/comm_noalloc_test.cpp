@@ -2,6 +2,7 @@
 // executing thread.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -58,16 +59,20 @@ TEST_CASE("plan execution does not allocate") {
 }
 
 TEST_CASE("an adaptive plan's windows, votes and change of algorithm do not allocate") {
-  // `automatic` with a given model: the plan times its runner-up now and then (executions 4-10,
-  // 27-33, 66-72) and agrees on the medians; the hook makes the runner-up faster, so the plan
-  // also changes algorithm in the first window and checks the change in the second.
-  detail::adapt_hook() = [](const detail::AdaptSample& s) { return s.execution % 2 ? 1e-4 : 1e-5; };
+  // `automatic` with a given model: the plan times its runner-up now and then and agrees on the
+  // timings; the hook makes the runner-up faster, so the plan changes algorithm after its
+  // windows at 4-13 and 22-31, and checks the change at 48-57.
+  std::atomic<int> slow{-1};
+  detail::adapt_hook() = [&](const detail::AdaptSample& s) {
+    return static_cast<int>(s.algo) == slow.load() ? 1e-4 : 1e-5;
+  };
   std::vector<long> counts(3, -1);
-  std::vector<int> checks(3, 0);
+  std::vector<int> checks(3, 0), changes(3, 0);
   run_loopback(3, [&](LoopbackTransport& t) {
     CommConfig c;
     c.segment_bytes = 512;
     c.timeout_s = 30;
+    c.adaptive = true;
     c.cost_model.alpha = 2e-6;
     c.cost_model.beta = 1.0 / 4e9;
     c.cost_model.gamma = 1.0 / 8e9;
@@ -75,14 +80,18 @@ TEST_CASE("an adaptive plan's windows, votes and change of algorithm do not allo
     std::vector<float> x(5000, 1.0f);
     auto plan =
         comm.plan_allreduce(BufferView(span<float>(x)), BufferView(span<float>(x)), ReduceOp::max);
+    if (t.rank() == 0) slow = static_cast<int>(plan.algorithm());
+    comm.barrier();
     // Both algorithms' first executions (the runner-up's at 4) may touch lazily created state.
-    for (int i = 0; i < 12; ++i) plan.execute();
+    for (int i = 0; i < 10; ++i) plan.execute();
     const long before = g_allocations;
-    for (int i = 0; i < 70; ++i) plan.execute();
+    for (int i = 0; i < 50; ++i) plan.execute();
     counts[t.rank()] = g_allocations - before;
     checks[t.rank()] = plan.algorithm_checks();
+    changes[t.rank()] = plan.algorithm_changes();
   });
   detail::adapt_hook() = nullptr;
   for (long c : counts) CHECK(c == 0);
   for (int k : checks) CHECK(k == 3);
+  for (int k : changes) CHECK(k == 1);
 }

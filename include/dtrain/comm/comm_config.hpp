@@ -58,12 +58,13 @@ struct CommConfig {
   /// timing. Costs about what ring costs in bandwidth; see benchmarks/RESULTS.md.
   bool reproducible = false;
   /// Let `automatic` all-reduce plans check their algorithm while in use (DTRAIN_ALLREDUCE_ADAPT,
-  /// boolean): each keeps its runner-up's plan, times it against its own in a short window now
-  /// and then (every 16 executions at first, the gap doubling up to 1024 while the choice
-  /// holds), and all ranks change to it together when it was faster by more than 10%
-  /// (detail/adaptive.hpp). Applies only where the choice is not promised to repeat: not with a
-  /// tuning file (every run chooses alike) and not in reproducible mode.
-  bool adaptive = true;
+  /// boolean; off by default: on the machine measured it did not choose better in short runs and
+  /// its checks cost time there, benchmarks/RESULTS.md): each keeps its runner-up's plan, times it against its own in a short window now
+  /// and then (at the 5th execution, then after gaps of 16 executions doubling to 1024 while the
+  /// choice holds), and all ranks change to it together when two windows in a row found it faster
+  /// by more than 10% (detail/adaptive.hpp). Applies only where the choice is not promised to
+  /// repeat: not with a tuning file (every run chooses alike) and not in reproducible mode.
+  bool adaptive = false;
 
   /// Defaults overridden by the environment variables named above, parsed strictly
   /// (<dtrain/core/env.hpp>): an unset or empty variable keeps the default, a malformed value

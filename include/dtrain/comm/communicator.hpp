@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -227,6 +228,17 @@ class Communicator {
       detail::Calibration c = detail::calibrate_or_load(*state_, model_view());
       state_->cost = c.model;
       state_->decisions = std::move(c.decisions);
+      state_->measured.clear();
+      for (const detail::CalibrationProbe& q : c.probes) {
+        std::vector<std::size_t> k(q.algos.size());
+        for (std::size_t i = 0; i < k.size(); ++i) k[i] = i;
+        std::stable_sort(k.begin(), k.end(),
+                         [&](std::size_t a, std::size_t b) { return q.measured[a] < q.measured[b]; });
+        typename detail::CommState<Transport>::MeasuredOrder o;
+        o.bytes = q.bytes;
+        for (std::size_t i : k) o.fastest_first.push_back(q.algos[i]);
+        state_->measured.push_back(std::move(o));
+      }
     }
     return state_->cost;
   }
@@ -349,13 +361,27 @@ class Communicator {
     return c.adaptive && !c.reproducible && c.tuning_file.empty() &&
            c.default_algorithm == AllreduceAlgorithm::automatic && size() > 1;
   }
-  // What an adaptive plan running `chosen` checks against: the model's own pick where the
-  // calibration's probes replaced it at this size, else the model's second best.
+  // What an adaptive plan running `chosen` checks against: the fastest other algorithm that the
+  // calibration's probe nearest this size measured (on a log scale; the nearer smaller one on a
+  // tie), else, for a given model, the model's best other than `chosen`.
   AllreduceAlgorithm runner_up(AllreduceAlgorithm chosen, std::size_t count, DType dtype) {
     const std::size_t es = (dtype == DType::f16 || dtype == DType::bf16) ? 4 : size_of(dtype);
+    const double bytes = static_cast<double>(count * es);
     const detail::ModelView v = model_view();
-    const AllreduceAlgorithm pick = v.best(cost_model(), count * es);
-    return pick != chosen ? pick : v.best(cost_model(), count * es, chosen);
+    const CostModel& m = cost_model();
+    const typename detail::CommState<Transport>::MeasuredOrder* near = nullptr;
+    double d = 0;
+    for (const auto& o : state_->measured) {
+      const double e = std::fabs(std::log(std::max(bytes, 1.0) / static_cast<double>(o.bytes)));
+      if (!near || e < d) {
+        near = &o;
+        d = e;
+      }
+    }
+    if (near)
+      for (AllreduceAlgorithm a : near->fastest_first)
+        if (a != chosen && v.predict(m, a, count * es) < 1e299) return a;
+    return v.best(m, count * es, chosen);
   }
 
   bool has_shared_segments() const noexcept {

@@ -148,7 +148,7 @@ class PlanImpl final : public Job {
 
   /// Executes the collective once (blocking, on the calling thread). An adaptive plan runs the
   /// algorithm its schedule names, times it, and at the end of a window agrees with every rank
-  /// on the window's medians (one two-element all-reduce).
+  /// on the window's timings (one all-reduce of 2 kAdaptBlock doubles).
   void run() override {
     if (!adapt_) {
       run_own();
@@ -166,17 +166,14 @@ class PlanImpl final : public Job {
         dt = hook(AdaptSample{ctx_.rank(), which.spec().algo, in_bytes(), n, dt});
     }
     if (!sch.record(dt)) return;
-    const std::array<double, 2> m = sch.medians();
-    adapt_->vote[0] = m[0];
-    adapt_->vote[1] = m[1];
-    adapt_->ballot->run_own();
-    sch.decide(adapt_->vote[0], adapt_->vote[1]);
+    adapt_->ballot->run_own();  // sch.samples() becomes the slowest rank's, on every rank
+    sch.decide();
   }
 
  private:
-  // The runner-up's plan on the same buffers, and the vote: the maximum over ranks of each
-  // rank's two medians (rd, two doubles, no fingerprint round: every rank reaches it at the same
-  // execution of this plan, right after it).
+  // The runner-up's plan on the same buffers, and the vote: the maximum over ranks of each timed
+  // execution of the window, in place (rd, no fingerprint round: every rank reaches it at the
+  // same execution of this plan, right after it).
   struct Adaptation {
     Adaptation(CommState<Transport>& comm, const Spec& s) {
       Spec o = s;
@@ -188,15 +185,14 @@ class PlanImpl final : public Job {
       v.algo = AllreduceAlgorithm::rd;
       v.op = ReduceOp::max;
       v.dtype = DType::f64;
-      v.count = 2;
-      v.in = vote;
-      v.out = vote;
+      v.count = schedule.samples().size();
+      v.in = schedule.samples().data();
+      v.out = schedule.samples().data();
       v.check = false;
       ballot = std::make_unique<PlanImpl>(comm, v);
     }
-    double vote[2] = {0, 0};
-    std::unique_ptr<PlanImpl> other, ballot;
     AdaptSchedule schedule;
+    std::unique_ptr<PlanImpl> other, ballot;
   };
 
   // One execution of this plan's own algorithm.

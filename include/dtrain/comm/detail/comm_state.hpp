@@ -84,6 +84,14 @@ struct CommState {
   ScratchPool scratch_pool;
   // What `automatic` all-reduce runs per size; set together with `cost`.
   AllreduceDecisions decisions;
+  // The calibration's probes, each as its size and the algorithms it measured, fastest first
+  // (agreed times: the same on every rank); empty for a given or loaded model. An adaptive plan
+  // checks itself against the fastest other algorithm of the probe nearest its size.
+  struct MeasuredOrder {
+    std::size_t bytes = 0;
+    std::vector<AllreduceAlgorithm> fastest_first;
+  };
+  std::vector<MeasuredOrder> measured;
   std::mutex broken_mutex;
   std::string broken;  // first failure; non-empty = unusable
 
