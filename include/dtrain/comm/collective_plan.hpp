@@ -50,7 +50,8 @@ class CollectivePlan {
   /// True once constructed by a communicator.
   bool valid() const noexcept { return impl_ != nullptr; }
   /// The algorithm the plan runs (automatic already resolved; for an adaptive plan, the one in
-  /// use now, which may have changed since construction).
+  /// use now, which may have changed since construction). This and the three below read the
+  /// plan's state: not while a start()ed execution may still run.
   AllreduceAlgorithm algorithm() const noexcept { return impl_->algorithm_in_use(); }
   /// The algorithm an adaptive `automatic` plan checks itself against (CommConfig::adaptive),
   /// or `automatic` when it keeps its algorithm for good.

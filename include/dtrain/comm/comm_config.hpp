@@ -59,11 +59,12 @@ struct CommConfig {
   bool reproducible = false;
   /// Let `automatic` all-reduce plans check their algorithm while in use (DTRAIN_ALLREDUCE_ADAPT,
   /// boolean; off by default: on the machine measured it did not choose better in short runs and
-  /// its checks cost time there, benchmarks/RESULTS.md): each keeps its runner-up's plan, times it against its own in a short window now
-  /// and then (at the 5th execution, then after gaps of 16 executions doubling to 1024 while the
-  /// choice holds), and all ranks change to it together when two windows in a row found it faster
-  /// by more than 10% (detail/adaptive.hpp). Applies only where the choice is not promised to
-  /// repeat: not with a tuning file (every run chooses alike) and not in reproducible mode.
+  /// its checks cost time there, benchmarks/RESULTS.md): each keeps its runner-up's plan, times it
+  /// against its own in a short window now and then (at the 5th execution, then after gaps of 16
+  /// executions doubling to 1024 while the choice holds), and all ranks change to it together when
+  /// two windows in a row found it faster by more than 10% (detail/adaptive.hpp). Applies only
+  /// where the choice is not promised to repeat: not with a tuning file (every run chooses alike)
+  /// and not in reproducible mode.
   bool adaptive = false;
 
   /// Defaults overridden by the environment variables named above, parsed strictly

@@ -154,7 +154,7 @@ class Communicator {
   // Local (collective only when `automatic` needs the cost model measured for the first time):
   // set everything up once; execute()/start() then allocate nothing.
 
-  // An `automatic` plan also checks its choice while in use (CommConfig::adaptive; README
+  // With CommConfig::adaptive an `automatic` plan also checks its choice while in use (README
   // "Which all-reduce runs"): every rank must then execute it the same number of times, as the
   // collective contract asks of every plan. Ad-hoc calls never change algorithm: which of them
   // reuse a cached plan depends on each rank's buffer addresses.
@@ -232,8 +232,9 @@ class Communicator {
       for (const detail::CalibrationProbe& q : c.probes) {
         std::vector<std::size_t> k(q.algos.size());
         for (std::size_t i = 0; i < k.size(); ++i) k[i] = i;
-        std::stable_sort(k.begin(), k.end(),
-                         [&](std::size_t a, std::size_t b) { return q.measured[a] < q.measured[b]; });
+        std::stable_sort(k.begin(), k.end(), [&](std::size_t a, std::size_t b) {
+          return q.measured[a] < q.measured[b];
+        });
         typename detail::CommState<Transport>::MeasuredOrder o;
         o.bytes = q.bytes;
         for (std::size_t i : k) o.fastest_first.push_back(q.algos[i]);
