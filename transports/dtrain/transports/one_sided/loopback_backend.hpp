@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 #include <vector>
 
@@ -128,7 +129,11 @@ class LoopbackRmaWorld {
   std::vector<unsigned char> xbuf_;
   std::atomic<bool> aborted_{false};
   std::string abort_message_;
-  std::mutex reg_m_;
+  // Writers into a rank's memory hold it shared from the check of the registration to the end
+  // of the copy; deregistration holds it exclusively, so that (as on a NIC, whose deregistration
+  // returns only after the accesses in flight) no write lands in memory after its registration
+  // is gone and the owner frees it.
+  std::shared_mutex reg_m_;
   std::vector<std::map<std::uint64_t, Reg>> regs_;  // per rank: key -> registration
   std::uint64_t next_key_ = 1;
   std::unique_ptr<std::atomic<int>[]> broken_;           // [a * size + b]: 1 = failed
@@ -147,15 +152,15 @@ class one_sided_loopback_access {
     auto it = m.find(key);
     return it == m.end() ? nullptr : &it->second;
   }
-  static std::mutex& reg_mutex(LoopbackRmaWorld& w) { return w.reg_m_; }
+  static std::shared_mutex& reg_mutex(LoopbackRmaWorld& w) { return w.reg_m_; }
   static std::uint64_t add(LoopbackRmaWorld& w, int rank, const Reg& r) {
-    std::lock_guard<std::mutex> lock(w.reg_m_);
+    std::unique_lock<std::shared_mutex> lock(w.reg_m_);
     const std::uint64_t key = w.next_key_++;
     w.regs_[static_cast<std::size_t>(rank)].emplace(key, r);
     return key;
   }
   static void remove(LoopbackRmaWorld& w, int rank, std::uint64_t key) noexcept {
-    std::lock_guard<std::mutex> lock(w.reg_m_);
+    std::unique_lock<std::shared_mutex> lock(w.reg_m_);
     w.regs_[static_cast<std::size_t>(rank)].erase(key);
   }
   static std::atomic<int>& broken(LoopbackRmaWorld& w, int a, int b) noexcept {
@@ -266,12 +271,16 @@ class LoopbackRmaBackend {
                      opcode);
       return true;
     }
-    if (!check_remote(peer, dst, bytes)) {
-      break_connection(peer);
-      events_.failed(peer, wr_id, "remote access error", 10, opcode);
-      return true;
+    {
+      std::shared_lock<std::shared_mutex> lock(A::reg_mutex(*w_));
+      if (!registered_remote(peer, dst, bytes)) {
+        lock.unlock();
+        break_connection(peer);
+        events_.failed(peer, wr_id, "remote access error", 10, opcode);
+        return true;
+      }
+      if (bytes) std::memcpy(reinterpret_cast<void*>(dst.addr), src, bytes);
     }
-    if (bytes) std::memcpy(reinterpret_cast<void*>(dst.addr), src, bytes);
     if (imm && !lose) {
       std::uint64_t& n = tx_[static_cast<std::size_t>(peer)];
       std::uint64_t* ring = A::ring(*w_, peer, rank_);
@@ -298,12 +307,16 @@ class LoopbackRmaBackend {
         if (signaled) events_.done(peer, wr_id);
         return true;  // silently withheld
       }
-    if (!check_remote(peer, dst, 8)) {
-      break_connection(peer);
-      events_.failed(peer, wr_id, "remote access error", 10, "RDMA_WRITE");
-      return true;
+    {
+      std::shared_lock<std::shared_mutex> lock(A::reg_mutex(*w_));
+      if (!registered_remote(peer, dst, 8)) {
+        lock.unlock();
+        break_connection(peer);
+        events_.failed(peer, wr_id, "remote access error", 10, "RDMA_WRITE");
+        return true;
+      }
+      __atomic_store_n(reinterpret_cast<std::uint64_t*>(dst.addr), value, __ATOMIC_RELEASE);
     }
-    __atomic_store_n(reinterpret_cast<std::uint64_t*>(dst.addr), value, __ATOMIC_RELEASE);
     if (signaled) events_.done(peer, wr_id);
     return true;
   }
@@ -348,8 +361,9 @@ class LoopbackRmaBackend {
   }
 
  private:
-  bool check_remote(int peer, one_sided::RemoteAddr dst, std::size_t bytes) {
-    std::lock_guard<std::mutex> lock(A::reg_mutex(*w_));
+  // Whether [dst, dst + bytes) lies in a remote-writable registration of `peer` (the caller
+  // holds the registry's lock, at least shared).
+  bool registered_remote(int peer, one_sided::RemoteAddr dst, std::size_t bytes) {
     const A::Reg* g = A::find(*w_, peer, dst.rkey);
     return g && g->remote_write && dst.addr >= g->addr && dst.addr + bytes <= g->addr + g->bytes;
   }
