@@ -271,16 +271,10 @@ class LoopbackRmaBackend {
                      opcode);
       return true;
     }
-    {
-      std::shared_lock<std::shared_mutex> lock(A::reg_mutex(*w_));
-      if (!registered_remote(peer, dst, bytes)) {
-        lock.unlock();
-        break_connection(peer);
-        events_.failed(peer, wr_id, "remote access error", 10, opcode);
-        return true;
-      }
-      if (bytes) std::memcpy(reinterpret_cast<void*>(dst.addr), src, bytes);
-    }
+    if (!store_remote(peer, dst, bytes, wr_id, opcode, [&] {
+          if (bytes) std::memcpy(reinterpret_cast<void*>(dst.addr), src, bytes);
+        }))
+      return true;
     if (imm && !lose) {
       std::uint64_t& n = tx_[static_cast<std::size_t>(peer)];
       std::uint64_t* ring = A::ring(*w_, peer, rank_);
@@ -307,16 +301,10 @@ class LoopbackRmaBackend {
         if (signaled) events_.done(peer, wr_id);
         return true;  // silently withheld
       }
-    {
-      std::shared_lock<std::shared_mutex> lock(A::reg_mutex(*w_));
-      if (!registered_remote(peer, dst, 8)) {
-        lock.unlock();
-        break_connection(peer);
-        events_.failed(peer, wr_id, "remote access error", 10, "RDMA_WRITE");
-        return true;
-      }
-      __atomic_store_n(reinterpret_cast<std::uint64_t*>(dst.addr), value, __ATOMIC_RELEASE);
-    }
+    if (!store_remote(peer, dst, 8, wr_id, "RDMA_WRITE", [&] {
+          __atomic_store_n(reinterpret_cast<std::uint64_t*>(dst.addr), value, __ATOMIC_RELEASE);
+        }))
+      return true;
     if (signaled) events_.done(peer, wr_id);
     return true;
   }
@@ -361,11 +349,24 @@ class LoopbackRmaBackend {
   }
 
  private:
-  // Whether [dst, dst + bytes) lies in a remote-writable registration of `peer` (the caller
-  // holds the registry's lock, at least shared).
-  bool registered_remote(int peer, one_sided::RemoteAddr dst, std::size_t bytes) {
-    const A::Reg* g = A::find(*w_, peer, dst.rkey);
-    return g && g->remote_write && dst.addr >= g->addr && dst.addr + bytes <= g->addr + g->bytes;
+  // Runs `store` (which writes [dst, dst + bytes) of `peer`'s memory) when that range lies in a
+  // remote-writable registration of `peer`, holding the registry's lock shared throughout, so a
+  // deregistration (exclusive) waits for it. Else breaks the connection and fails `wr_id` as a
+  // remote access error, and returns false.
+  template <class Store>
+  bool store_remote(int peer, one_sided::RemoteAddr dst, std::size_t bytes, std::uint64_t wr_id,
+                    const char* opcode, Store&& store) {
+    {
+      std::shared_lock<std::shared_mutex> lock(A::reg_mutex(*w_));
+      const A::Reg* g = A::find(*w_, peer, dst.rkey);
+      if (g && g->remote_write && dst.addr >= g->addr && dst.addr + bytes <= g->addr + g->bytes) {
+        store();
+        return true;
+      }
+    }
+    break_connection(peer);
+    events_.failed(peer, wr_id, "remote access error", 10, opcode);
+    return false;
   }
   void break_connection(int peer) noexcept {
     A::broken(*w_, rank_, peer).store(1, std::memory_order_release);
