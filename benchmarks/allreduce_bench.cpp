@@ -151,10 +151,12 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
   app.add_option("-o", op, "reduction")
       ->check(CLI::IsMember({"sum", "avg", "min", "max", "prod"}))
       ->capture_default_str();
-  app.add_option("--algo", o.algos, "algorithms (mpi = MPI_Allreduce)")
+  app.add_option("--algo", o.algos,
+                 "algorithms (mpi = MPI_Allreduce; NAME@heap = NAME on buffers from the "
+                 "communicator's node-shared heap, Communicator::shared_allocator)")
       ->delimiter(',')
       ->check(CLI::IsMember({"ring", "tree", "rhd", "rd", "shm", "hier", "hier_leader", "ordered",
-                             "ordered_shm", "auto", "mpi"}))
+                             "ordered_shm", "auto", "mpi", "shm@heap", "auto@heap"}))
       ->capture_default_str();
   app.add_option("--transport", o.transports, "transports, each measured in turn")
       ->delimiter(',')
@@ -211,6 +213,16 @@ double expected_value(dtrain::ReduceOp op, int p, std::size_t i) {
     case dtrain::ReduceOp::prod: return i % 7 == 0 ? 2.0 : 1.0;
   }
   return 0;
+}
+
+// The MPI transport's segments: as the environment says, with a node-shared heap large enough
+// for the NAME@heap cells' two buffers when any is asked for.
+dtrain::SharedSegmentConfig segments_for(const Options& o) {
+  dtrain::SharedSegmentConfig c = dtrain::SharedSegmentConfig::from_env();
+  for (const std::string& a : o.algos)
+    if (a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0)
+      c.heap_bytes = std::max(c.heap_bytes, 2 * (o.max_bytes + 64) + (1u << 20));
+  return c;
 }
 
 void fill(void* data, dtrain::DType t, std::size_t n, dtrain::ReduceOp op, int r) {
@@ -486,7 +498,9 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
     dtrain::CollectivePlan<Transport> plan;
     std::string first;          // auto: the algorithm the plan started with
     std::vector<double> times;  // per round
-    double best = 1e30;         // what the cell reports (--stat), and the rounds' third quartile
+    void* ip = nullptr;         // the cell's buffers (the heap's for NAME@heap)
+    void* op = nullptr;
+    double best = 1e30;  // what the cell reports (--stat), and the rounds' third quartile
     double q75 = 1e30;
     long long wrong = 0;
   };
@@ -507,6 +521,35 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   std::vector<unsigned char> in(max_count * es + 64), out(max_count * es + 64);
   void* ip = in.data();
   void* op = o.inplace ? in.data() : out.data();
+  // NAME@heap cells: the same sizes on buffers from the node-shared heap (the shm all-reduce
+  // then reads them in place). Every rank has a heap or none (one configuration for all).
+  const std::size_t buf_bytes = max_count * es + 64;
+  dtrain::Allocator& shared = comm.shared_allocator();
+  const bool want_heap = std::any_of(algos.begin(), algos.end(), [](const std::string& a) {
+    return a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0;
+  });
+  struct HeapBuffers {
+    dtrain::Allocator* a = nullptr;
+    void* in = nullptr;
+    void* out = nullptr;
+    std::size_t bytes = 0;
+    ~HeapBuffers() {
+      if (a) a->deallocate(in, bytes), a->deallocate(out, bytes);
+    }
+  } heap;
+  if (want_heap) {
+    heap.a = &shared;
+    heap.bytes = buf_bytes;
+    heap.in = shared.allocate(buf_bytes, 64);
+    heap.out = shared.allocate(buf_bytes, 64);
+    auto* h = dynamic_cast<dtrain::SharedHeapAllocator*>(&shared);
+    const bool in_heap = h && h->owns(heap.in) && h->owns(heap.out);
+    if (print && !in_heap)
+      std::printf(
+          "# NAME@heap: no node-shared heap of %zu B here (DTRAIN_SHM_HEAP_MIB, one node): those "
+          "cells run on host buffers\n",
+          2 * buf_bytes);
+  }
   std::vector<Cell> cells;  // [size][algo]
   for (std::size_t bytes : sizes)
     for (const std::string& a : algos) {
@@ -515,30 +558,34 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       c.is_mpi = a == "mpi";
       c.bytes = bytes;
       c.count = bytes / es;
+      const bool on_heap = a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0;
+      const std::string base = on_heap ? a.substr(0, a.size() - 5) : a;
+      c.ip = on_heap ? heap.in : ip;
+      c.op = on_heap ? (o.inplace ? heap.in : heap.out) : op;
       if (!c.is_mpi) {
-        c.plan = comm.plan_allreduce(dtrain::BufferView(ip, c.count, o.dtype),
-                                     dtrain::BufferView(op, c.count, o.dtype), o.op,
-                                     dtrain::allreduce_algorithm_from_name(a));
-        if (a == "auto") {
+        c.plan = comm.plan_allreduce(dtrain::BufferView(c.ip, c.count, o.dtype),
+                                     dtrain::BufferView(c.op, c.count, o.dtype), o.op,
+                                     dtrain::allreduce_algorithm_from_name(base));
+        if (base == "auto") {
           c.first = dtrain::name_of(c.plan.algorithm());
-          c.shown = "auto:" + c.first;
+          c.shown = a + ":" + c.first;
         }
       }
       cells.push_back(std::move(c));
     }
   auto once = [&](Cell& c) {
     if (c.is_mpi) {
-      MPI_Allreduce(o.inplace ? MPI_IN_PLACE : ip, op, static_cast<int>(c.count), mpi_type(o.dtype),
-                    mpi_op(o.op), mpi);
+      MPI_Allreduce(o.inplace ? MPI_IN_PLACE : c.ip, c.op, static_cast<int>(c.count),
+                    mpi_type(o.dtype), mpi_op(o.op), mpi);
       return;
     }
     c.plan.execute();
   };
   for (Cell& c : cells) {
     if (!o.check) break;
-    fill(ip, o.dtype, c.count, o.op, r);
+    fill(c.ip, o.dtype, c.count, o.op, r);
     once(c);
-    double w = static_cast<double>(count_wrong(op, o.dtype, c.count, o.op, p));
+    double w = static_cast<double>(count_wrong(c.op, o.dtype, c.count, o.op, p));
     comm.allreduce(dtrain::BufferView(&w, 1, dtrain::DType::f64), dtrain::ReduceOp::sum,
                    AllreduceAlgorithm::rd);
     c.wrong = static_cast<long long>(w);
@@ -554,7 +601,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
     for (std::size_t si = 0; si < sizes.size(); ++si)
       for (std::size_t j = 0; j < na; ++j) {
         Cell& c = cells[si * na + order[j]];
-        fill(ip, o.dtype, c.count, o.op, r);  // keeps in-place values bounded
+        fill(c.ip, o.dtype, c.count, o.op, r);  // keeps in-place values bounded
         // Timed in the algorithm's own steady state: the ranks start together, the waits'
         // memory of contention that the previous cell (or the barrier) may have left is
         // cleared, and the warm-up calls let this algorithm's waits set it again if they find
@@ -838,7 +885,7 @@ int main(int argc, char** argv) {
       o.transport = tr;
       std::vector<Row> got;
       if (tr == "mpi") {
-        dtrain::MpiTransport t(MPI_COMM_WORLD);
+        dtrain::MpiTransport t(MPI_COMM_WORLD, segments_for(o));
         dtrain::Communicator comm(t);
         p = comm.size();
         got = run_suite(comm, o, world_rank == 0, t.mpi_comm(), &model, &auto_rows);

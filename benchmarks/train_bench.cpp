@@ -69,6 +69,7 @@ struct Args {
   std::uint64_t seed = 1;
   std::string json;
   std::string device = "auto";
+  std::int64_t shared_heap = 1;
 };
 
 enum class Mode { overlap, no_overlap, fused };
@@ -88,6 +89,7 @@ struct Result {
   // plans changed algorithm during the run (CommConfig::adaptive).
   std::string bucket_algorithms;
   int algorithm_changes = 0;
+  bool grads_in_heap = false;  // the gradient arena lay in the node-shared heap
 };
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
@@ -227,6 +229,8 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   for (std::size_t i = 0; i < sync.bucket_count(); ++i) {
     r.bucket_algorithms += (i ? "," : "") + std::string(dtrain::name_of(sync.bucket_algorithm(i)));
     r.algorithm_changes += sync.bucket_algorithm_changes(i);
+    if (const auto* h = dynamic_cast<const dtrain::SharedHeapAllocator*>(&comm.shared_allocator()))
+      r.grads_in_heap = h->owns(model.gradients().data);
   }
   return r;
 }
@@ -286,6 +290,11 @@ int main(int argc, char** argv) {
     dtrain_cli::add_seed(app, a.seed);
     dtrain_cli::add_json(app, a.json);
     dtrain_cli::add_device(app, a.device);
+    dtrain_cli::add_int(app, "--shared-heap", a.shared_heap,
+                        "1: the model's arenas (parameters, gradients) in the communicator's "
+                        "node-shared heap (Communicator::shared_allocator), which the shm "
+                        "all-reduce reads in place; 0: in private host memory (CPU only)",
+                        0, 1);
     if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
       MPI_Finalize();
       return code;
@@ -331,11 +340,25 @@ int main(int argc, char** argv) {
 #if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
       if (gpu_exec) return measure(comm, *gpu_exec, data, a, mode);
 #endif
+      if (a.shared_heap) {
+        // The 2-rank communicator's heap (a 1-rank one has none: host memory as before).
+        HostPolicy heap_exec(comm.shared_allocator());
+        return measure(comm, heap_exec, data, a, mode);
+      }
       return measure(comm, host_exec, data, a, mode);
     };
     MPI_Comm solo = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
-    dtrain::MpiTransport world_transport(MPI_COMM_WORLD);
+    // With --shared-heap 1, a node-shared heap (unless DTRAIN_SHM_HEAP_MIB sets one) for what
+    // the model and its optimizer allocate: parameters, gradients, moments, activations.
+    dtrain::SharedSegmentConfig segments = dtrain::SharedSegmentConfig::from_env();
+    if (a.shared_heap && segments.heap_bytes == 0) {
+      const double params = static_cast<double>(kIn * a.hidden + a.hidden + a.hidden * a.hidden +
+                                                a.hidden + a.hidden * kClasses + kClasses);
+      const double act = 4.0 * static_cast<double>(a.batch) * (kIn + 4 * a.hidden + 2 * kClasses);
+      segments.heap_bytes = static_cast<std::size_t>(4.0 * (6 * params + act)) + (24u << 20);
+    }
+    dtrain::MpiTransport world_transport(MPI_COMM_WORLD, segments);
     dtrain::Communicator world_comm(world_transport);
 
     const Mode modes[] = {Mode::overlap, Mode::no_overlap, Mode::fused};
@@ -443,6 +466,10 @@ int main(int argc, char** argv) {
           "# gradient buckets on 2 ranks (overlap, the median round) at its end: %s; algorithm "
           "changes during it: %d\n",
           two[0].bucket_algorithms.c_str(), two[0].algorithm_changes);
+      std::printf("# gradient arena on 2 ranks in the node-shared heap: %s\n",
+                  two[0].grads_in_heap ? "yes (read in place by the shm all-reduce)"
+                  : a.shared_heap      ? "no (no heap here: private host memory)"
+                                       : "no (--shared-heap 0)");
       std::printf(
           "# both ranks training alone at once (no communication): %.0f samples/s together; "
           "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
@@ -472,6 +499,7 @@ int main(int argc, char** argv) {
             .add("allreduce_decisions", decisions)
             .add("bucket_algorithms_2", two[0].bucket_algorithms)
             .add("bucket_algorithm_changes_2", two[0].algorithm_changes)
+            .add("gradients_in_shared_heap", two[0].grads_in_heap)
             .add_raw("phase_split_2", split_json(two[0].split))
             .add_raw("phase_split_1", split_json(one[0].split));
         std::string modes_json = "{";

@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -421,9 +422,25 @@ std::string schedule_differences(const RunRecord& then, const RunRecord& now) {
   return d;
 }
 
+// The node-shared segments: as the environment says, and on the CPU a node-shared heap for the
+// model (unless DTRAIN_SHM_HEAP_MIB sets one): parameters, gradients, AdamW's moments, the
+// activations of a batch, and room for the all-reduce calibration's buffers.
+dtrain::SharedSegmentConfig shared_segments(const Config& cfg, bool host) {
+  dtrain::SharedSegmentConfig seg = dtrain::SharedSegmentConfig::from_env();
+  if (host && seg.heap_bytes == 0) {
+    const std::size_t h = static_cast<std::size_t>(cfg.hidden),
+                      b = static_cast<std::size_t>(cfg.batch);
+    const std::size_t c = static_cast<std::size_t>(kClasses);
+    const std::size_t params = 784 * h + h + h * h + h + h * c + c;
+    seg.heap_bytes = 4 * (4 * params + 4 * b * (784 + 2 * h + c)) + (24u << 20);
+  }
+  return seg;
+}
+
 template <class Exec>
-int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
-  dtrain::MpiTransport transport(MPI_COMM_WORLD);
+int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& device) {
+  constexpr bool host = std::is_constructible_v<Exec, dtrain::Allocator&>;
+  dtrain::MpiTransport transport(MPI_COMM_WORLD, shared_segments(cfg, host));
   // Without DTRAIN_TUNING_FILE, the run directory keeps the all-reduce calibration: a resumed
   // run then picks the same algorithm per message size as the run it continues, so it goes on
   // bit for bit (a resume on another world size finds the file stale and recalibrates).
@@ -431,6 +448,11 @@ int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
   if (comm_config.tuning_file.empty() && !cfg.run_dir.empty())
     comm_config.tuning_file = cfg.run_dir + "/allreduce_tuning.txt";
   dtrain::Communicator comm(transport, comm_config);
+  // On the CPU the model lives in the node-shared heap, so the shm all-reduce reads its gradient
+  // buckets in place (host memory as before where the ranks share no node).
+  std::unique_ptr<Exec> heap_exec;
+  if constexpr (host) heap_exec = std::make_unique<Exec>(comm.shared_allocator());
+  Exec& exec = heap_exec ? *heap_exec : given_exec;
   const int rank = comm.rank(), world = comm.size();
   dtrain::detail::RankScope scope(rank);
   const dtrain::Timer wall;
@@ -761,7 +783,12 @@ int run(const Config& cfg, Exec& exec, const dtrain_cli::DeviceChoice& device) {
             "rank 0 time split: data %.0f%%, forward+backward %.0f%%, gradient sync wait %.0f%%, "
             "optimizer %.0f%%\n",
             100 * t_data / tot, 100 * t_compute / tot, 100 * t_sync / tot, 100 * t_opt / tot);
-      std::printf("all-reduce per message size (bytes:algorithm): %s\n", choice.c_str());
+      const auto* heap = dynamic_cast<const dtrain::SharedHeapAllocator*>(&comm.shared_allocator());
+      std::printf("all-reduce per message size (bytes:algorithm): %s; gradients %s\n",
+                  choice.c_str(),
+                  heap && heap->owns(model.gradients().data)
+                      ? "in the node-shared heap (shm reads them in place)"
+                      : "in private memory");
     }
     if (step < total_steps)
       std::printf(

@@ -128,6 +128,11 @@ TEST_CASE("shared-segment sizing and the log level are strict too") {
     CHECK(SharedSegmentConfig::from_env().slot_bytes == 960);  // rounded down to 64 B
   }
   {
+    CHECK(SharedSegmentConfig::from_env().heap_bytes == 0);  // no heap unless asked for
+    ScopedEnv e("DTRAIN_SHM_HEAP_MIB", "48");
+    CHECK(SharedSegmentConfig::from_env().heap_bytes == (std::size_t{48} << 20));
+  }
+  {
     ::unsetenv("DTRAIN_COMM_TIMEOUT_S");
     CHECK(SharedSegmentConfig::from_env().setup_timeout_s == SharedSegmentConfig{}.setup_timeout_s);
     ScopedEnv e("DTRAIN_COMM_TIMEOUT_S", "12.5");  // the transport's setup has the same deadline
@@ -136,6 +141,8 @@ TEST_CASE("shared-segment sizing and the log level are strict too") {
   for (auto [name, value] : {std::pair<const char*, const char*>{"DTRAIN_SHM", "2"},
                              {"DTRAIN_COMM_TIMEOUT_S", "0"},
                              {"DTRAIN_SHM_SLOTS", "100"},
+                             {"DTRAIN_SHM_HEAP_MIB", "-1"},
+                             {"DTRAIN_SHM_HEAP_MIB", "64k"},
                              {"DTRAIN_SHM_SLOT_BYTES", "16"}}) {
     ScopedEnv e(name, value);
     CHECK(has(invalid([] { SharedSegmentConfig::from_env(); }), name));

@@ -25,6 +25,7 @@
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
+#include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/timer.hpp>
@@ -204,6 +205,20 @@ class Communicator {
   /// Local: the shape of the transport's node grouping (<dtrain/comm/topology.hpp>) that
   /// `automatic` and the cost model see.
   const Topology& topology() const noexcept { return topology_; }
+
+  /// Local. Host memory that the other ranks of the node read in place: this rank's part of the
+  /// transport's node-shared heap (SharedSegmentConfig::heap_bytes, DTRAIN_SHM_HEAP_MIB) when
+  /// all ranks share a node and the heap is configured, else the default host allocator. Build
+  /// the model on it (`Sequential model(layers, comm.shared_allocator())`) and the shm all-reduce
+  /// averages its gradient buckets without copying them through the segment slots (each rank
+  /// decides per chunk; ranks whose buffers lie elsewhere still copy, so mixing is correct).
+  /// Blocks that do not fit come from the host. The transport owns the memory: free every block
+  /// (destroy the model) before the transport.
+  Allocator& shared_allocator() const noexcept {
+    SharedSegments* w = shared_segments_of(*state_->transport);
+    if (w && w->heap_allocator) return *w->heap_allocator;
+    return default_allocator();
+  }
 
   /// What `automatic` all-reduce runs per message size (bytes per rank, 16-bit floats counted
   /// as f32): rows of (min_bytes, algorithm), ascending, the first at 0. The same on every rank

@@ -57,12 +57,14 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <new>
 #include <type_traits>
 #include <utility>
 #include <string>
 #include <vector>
 
+#include <dtrain/comm/shared_heap.hpp>
 #include <dtrain/core/env.hpp>
 #include <dtrain/core/space.hpp>
 #include <dtrain/core/timer.hpp>
@@ -96,6 +98,15 @@ struct SharedSegments {
   std::vector<unsigned char*> data;                ///< data[q]: rank q's slots
   std::vector<std::atomic<std::uint64_t>*> flags;  ///< flags[q]: rank q's counters
   std::uint64_t next_chunk = 0;                    ///< chunks this rank has processed so far
+  /// Each rank's heap (SharedSegmentConfig::heap_bytes; 0 = none): memory that rank allocates
+  /// from (Communicator::shared_allocator) and every rank of the node reads directly. heap[q]:
+  /// rank q's heap as mapped here (empty without heaps).
+  std::size_t heap_bytes = 0;
+  std::vector<unsigned char*> heap;
+  std::unique_ptr<SharedHeapAllocator> heap_allocator;  ///< over heap[rank]; null without heaps
+  /// Chunks of the shm all-reduce for which this rank's input and output both lay in its heap,
+  /// so that the other ranks read them in place (this rank's count, for tests and benchmarks).
+  std::uint64_t direct_chunks = 0;
 
   static constexpr std::size_t kFlagStride = 8;  // uint64 per counter: one 64-byte line each
   static_assert(kFlagStride >= 2, "a counter's line also holds its waiters word");
@@ -108,6 +119,31 @@ struct SharedSegments {
   }
   unsigned char* slot(int q, int s) const noexcept {
     return data[static_cast<std::size_t>(q)] + static_cast<std::size_t>(s) * slot_bytes;
+  }
+  /// Sets the heaps (bases[q]: rank q's, as mapped here; `bytes` each) and this rank's allocator
+  /// over its own. For transports, once, after rank and size.
+  void set_heaps(std::vector<unsigned char*> bases, std::size_t bytes) {
+    heap = std::move(bases);
+    heap_bytes = bytes;
+    heap_allocator = heap.empty() || bytes == 0 ? nullptr
+                                                : std::make_unique<SharedHeapAllocator>(
+                                                      heap[static_cast<std::size_t>(rank)], bytes);
+  }
+  /// Whether [p, p + bytes) lies in this rank's heap (false without heaps).
+  bool in_own_heap(const void* p, std::size_t bytes) const noexcept {
+    if (heap.empty() || heap_bytes == 0) return false;
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    const auto h = reinterpret_cast<std::uintptr_t>(heap[static_cast<std::size_t>(rank)]);
+    return a >= h && bytes <= heap_bytes && a - h <= heap_bytes - bytes;
+  }
+  /// Offset of `p` in this rank's heap (p must lie in it).
+  std::size_t own_heap_offset(const void* p) const noexcept {
+    return static_cast<std::size_t>(reinterpret_cast<const unsigned char*>(p) -
+                                    heap[static_cast<std::size_t>(rank)]);
+  }
+  /// Byte `offset` of rank q's heap, as mapped here.
+  const unsigned char* heap_at(int q, std::size_t offset) const noexcept {
+    return heap[static_cast<std::size_t>(q)] + offset;
   }
   /// Lays out one rank's segment: `flag_mem` (flag_bytes(slots), 64-byte aligned) gets zeroed
   /// counters constructed in place.
@@ -182,6 +218,12 @@ struct SharedSegmentConfig {
   /// would leave the others inside collectives that cannot be cancelled. Seconds; from_env takes
   /// the communicator's deadline, DTRAIN_COMM_TIMEOUT_S, when it is set.
   double setup_timeout_s = 300;
+  /// Bytes of each rank's heap, memory the other ranks of the node read in place
+  /// (DTRAIN_SHM_HEAP_MIB, 0..1048576 MiB; default 0 = none): a model whose arenas come from
+  /// Communicator::shared_allocator() then has its gradients averaged by the shm all-reduce
+  /// without the copies through the slots (about half the memory traffic). The pages are
+  /// touched only as blocks are handed out; where /dev/shm is small (containers), size it within.
+  std::size_t heap_bytes = 0;
   /// The defaults overridden by the variables above, parsed strictly (<dtrain/core/env.hpp>).
   static SharedSegmentConfig from_env() {
     SharedSegmentConfig c;
@@ -194,11 +236,23 @@ struct SharedSegmentConfig {
         64 * 64;
     c.slots = static_cast<int>(env::get_int("DTRAIN_SHM_SLOTS", c.slots, 2, 64));
     c.setup_timeout_s = env::get_double("DTRAIN_COMM_TIMEOUT_S", c.setup_timeout_s, 1e-3, 1e9);
+    c.heap_bytes = static_cast<std::size_t>(env::get_int("DTRAIN_SHM_HEAP_MIB", 0, 0, 1 << 20))
+                   << 20;
     return c;
   }
-  /// Bytes of one rank's segment: the slots, then the counters.
+  static constexpr std::size_t kPage = 4096;
+  /// Offset of the heap in one rank's segment: after the slots and the counters, on a page.
+  std::size_t heap_offset() const noexcept {
+    const std::size_t end =
+        static_cast<std::size_t>(slots) * slot_bytes + SharedSegments::flag_bytes(slots);
+    return (end + kPage - 1) / kPage * kPage;
+  }
+  /// Bytes of one rank's segment: the slots, then the counters, then (with a heap, from a page
+  /// boundary and rounded up to whole pages) the heap.
   std::size_t segment_bytes() const noexcept {
-    return static_cast<std::size_t>(slots) * slot_bytes + SharedSegments::flag_bytes(slots);
+    if (heap_bytes == 0)
+      return static_cast<std::size_t>(slots) * slot_bytes + SharedSegments::flag_bytes(slots);
+    return heap_offset() + (heap_bytes + kPage - 1) / kPage * kPage;
   }
 };
 

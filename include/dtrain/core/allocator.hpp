@@ -28,6 +28,13 @@ class Allocator {
   virtual Space space() const noexcept = 0;
 };
 
+/// The offset of the k-th staggered block (see HostAllocator): 1 to 64 cache lines (17 more each
+/// time, modulo 64), rounded up to the alignment, so there is always room for a word before it.
+constexpr std::size_t staggered_offset(std::size_t k, std::size_t alignment) noexcept {
+  const std::size_t lines = (k * 17) % 64 + 1;
+  return (lines * 64 + alignment - 1) / alignment * alignment;
+}
+
 /// Zero-initialised, 64-byte aligned host memory from the C heap. Stateless but for a counter;
 /// thread-safe.
 ///
@@ -66,12 +73,8 @@ class HostAllocator final : public Allocator {
   Space space() const noexcept override { return Space::host; }
 
  private:
-  // The next block's offset: 1 to 64 cache lines (17 more each time, modulo 64), rounded up to
-  // the alignment, so there is always room for the start pointer before the block.
   std::size_t stagger(std::size_t alignment) noexcept {
-    const std::size_t k = next_.fetch_add(1, std::memory_order_relaxed);
-    const std::size_t lines = (k * 17) % 64 + 1;
-    return (lines * 64 + alignment - 1) / alignment * alignment;
+    return staggered_offset(next_.fetch_add(1, std::memory_order_relaxed), alignment);
   }
   std::atomic<std::size_t> next_{0};
 };

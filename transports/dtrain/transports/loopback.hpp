@@ -134,7 +134,10 @@ class LoopbackWorld {
           segments_.emplace_back(nullptr);
           continue;
         }
-        segments_.emplace_back(static_cast<unsigned char*>(std::aligned_alloc(64, bytes)));
+        segments_.emplace_back(static_cast<unsigned char*>(std::aligned_alloc(
+            SharedSegmentConfig::kPage, (bytes + SharedSegmentConfig::kPage - 1) /
+                                            SharedSegmentConfig::kPage *
+                                            SharedSegmentConfig::kPage)));
         if (!segments_.back()) raise<Error>("LoopbackWorld", "out of memory for shared segments");
         SharedSegments::init_flags(
             segments_.back().get() + seg_config_.slots * seg_config_.slot_bytes, seg_config_.slots);
@@ -226,12 +229,15 @@ class LoopbackTransport {
       segments_.size = static_cast<int>(mine.size());
       segments_.slots = c.slots;
       segments_.slot_bytes = c.slot_bytes;
+      std::vector<unsigned char*> heaps;
       for (int q : mine) {
         unsigned char* seg = world.segments_[static_cast<std::size_t>(q)].get();
         segments_.data.push_back(seg);
         segments_.flags.push_back(
             reinterpret_cast<std::atomic<std::uint64_t>*>(seg + c.slots * c.slot_bytes));
+        if (c.heap_bytes) heaps.push_back(seg + c.heap_offset());
       }
+      segments_.set_heaps(std::move(heaps), c.heap_bytes);
     }
   }
 

@@ -516,6 +516,7 @@ class MpiTransport {
     segments_.size = node_size;
     segments_.slots = cfg.slots;
     segments_.slot_bytes = cfg.slot_bytes;
+    std::vector<unsigned char*> heaps;
     for (int q = 0; q < node_size; ++q) {
       MPI_Aint qbytes = 0;
       int disp = 0;
@@ -525,7 +526,9 @@ class MpiTransport {
       segments_.data.push_back(b);
       segments_.flags.push_back(
           reinterpret_cast<std::atomic<std::uint64_t>*>(b + cfg.slots * cfg.slot_bytes));
+      if (cfg.heap_bytes) heaps.push_back(b + cfg.heap_offset());
     }
+    segments_.set_heaps(std::move(heaps), cfg.heap_bytes);
     MPI_Barrier(node_);  // every rank's counters exist before anyone reads them
   }
 

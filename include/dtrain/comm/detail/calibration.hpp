@@ -67,6 +67,7 @@
 #include <dtrain/comm/detail/collective_plan.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
 #include <dtrain/comm/topology.hpp>
+#include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
 
@@ -106,6 +107,36 @@ enum class CalibrationQuantity {
 };
 
 /// One raw timing, as the test hook sees it.
+/// Floats for the calibration's shm measurements and probes, from `alloc` (filled with `value`).
+/// The calibration takes them from the transport's node-shared heap where there is one: a model
+/// built on Communicator::shared_allocator() keeps its gradients there, which the shm all-reduce
+/// reads in place (about half the passes over the data of buffers elsewhere), so that is the shm
+/// to price. Without a heap, or where it is full, they are host memory as before.
+class CalibrationFloats {
+ public:
+  CalibrationFloats(Allocator& alloc, std::size_t n, float value)
+      : alloc_(&alloc), n_(n), p_(static_cast<float*>(alloc.allocate(n * sizeof(float), 64))) {
+    std::fill(p_, p_ + n_, value);
+  }
+  ~CalibrationFloats() { alloc_->deallocate(p_, n_ * sizeof(float)); }
+  CalibrationFloats(const CalibrationFloats&) = delete;
+  CalibrationFloats& operator=(const CalibrationFloats&) = delete;
+  float* data() const noexcept { return p_; }
+  std::size_t size() const noexcept { return n_; }
+  float* begin() const noexcept { return p_; }
+  float* end() const noexcept { return p_ + n_; }
+
+ private:
+  Allocator* alloc_;
+  std::size_t n_;
+  float* p_;
+};
+
+/// The allocator the calibration's shm buffers come from (see CalibrationFloats).
+inline Allocator& calibration_allocator(const SharedSegments* seg) noexcept {
+  return seg && seg->heap_allocator ? *seg->heap_allocator : default_allocator();
+}
+
 struct CalibrationSample {
   int rank = 0;
   CalibrationQuantity quantity = CalibrationQuantity::alpha;
@@ -608,7 +639,7 @@ class Calibrator {
     SharedSegments* const node_seg =
         !seg && multi && nodes.node_size(nodes.node_of(r_)) > 1 ? node_segments_of(t_) : nullptr;
     SharedSegments* const shm_seg = seg ? seg : node_seg;
-    std::vector<float> v(shm_seg ? big / sizeof(float) : 0, 1.0f);
+    CalibrationFloats v(calibration_allocator(seg), shm_seg ? big / sizeof(float) : 0, 1.0f);
     float tiny[8] = {};
     std::unique_ptr<Plan> big_plan, tiny_plan;
     NodeShm node_big, node_tiny;
@@ -781,7 +812,8 @@ class Calibrator {
     // does not see.
     const std::size_t probe_count = max_bytes / sizeof(float);
     constexpr std::size_t kPageFloats = 4096 / sizeof(float);
-    std::vector<float> probe_mem(2 * probe_count + kPageFloats, 1.0f);
+    CalibrationFloats probe_mem(calibration_allocator(shared_segments_of(t_)),
+                                2 * probe_count + kPageFloats, 1.0f);
     float* const probe_in = probe_mem.data();
     float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
     std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes

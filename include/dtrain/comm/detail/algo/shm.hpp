@@ -9,6 +9,16 @@
 // refilled only after every rank raised counter 2 for its previous chunk, so up to `slots`
 // chunks are in flight and the copies of one chunk overlap the reduction of another.
 //
+// In place: where a rank's input and output chunk both lie in its part of the node-shared heap
+// (SharedSegmentConfig::heap_bytes; Communicator::shared_allocator), it copies nothing into its
+// slot. Its slot's last line then says so, with the chunk's offsets in its heap, and the others
+// reduce from its input and copy its reduced part from its output where they are: two of the
+// four passes over each byte are gone. Each rank decides per chunk from its own buffers, so a
+// mix of ranks is correct; the readers' counter raises order everything as before (a rank
+// rewrites part q of its buffer only after rank q raised counter 1, i.e. finished reading
+// it), and a rank that lent its buffers returns only once every rank raised counter 2 for the
+// last chunk, since the caller may write them then.
+//
 // Waits for a partner's counter spin for about the time the partner needs for one chunk before
 // they sleep in the kernel until the partner's raise wakes them (detail/futex_wait.hpp), as long
 // as the ranks do not outnumber the cores: every rank then has a core and the partner answers
@@ -67,7 +77,7 @@ class ShmAlgorithm : public Algorithm {
                    "node, DTRAIN_SHM not 0)");
     chunk_bytes_ = shm_chunk_bytes(seg_->slot_bytes);
     aligned_ = chunk_bytes_ != seg_->slot_bytes;
-    peer_offset_.assign(static_cast<std::size_t>(ctx.size()), 0);
+    sources_.assign(static_cast<std::size_t>(ctx.size()), Source{});
     Transport& t = ctx.transport();
     spin_ = segment_spin_seconds(node_map_of(t).machine_ranks(t.rank()),
                                  std::thread::hardware_concurrency(), seg_->slot_bytes);
@@ -81,6 +91,7 @@ class ShmAlgorithm : public Algorithm {
     const std::size_t nchunks = ceil_div(n, chunk);
     const uchar* in = in_;
     uchar* out = out_;
+    bool any_direct = false;
     for (std::size_t k = 0; k < nchunks; ++k) {
       const std::uint64_t g = w.next_chunk + k;
       const int slot = static_cast<int>(g % static_cast<std::uint64_t>(S));
@@ -88,16 +99,26 @@ class ShmAlgorithm : public Algorithm {
       const std::size_t b0 = block_begin(cl, p, r), b1 = block_begin(cl, p, r + 1);
       if (g >= static_cast<std::uint64_t>(S))
         for (int q = 0; q < p; ++q) wait_counter(w, q, 2, slot, g - S + 1);
-      // The chunk's place in the slot: its output's offset within a page (see the top).
-      std::size_t off = 0;
-      if (aligned_) {
-        off = reinterpret_cast<std::uintptr_t>(out + c0 * es) % kPage;
-        std::memcpy(w.slot(r, slot) + w.slot_bytes - kLine, &off, sizeof(off));
+      // Where the other ranks find this chunk's data: in place, where input and output both lie
+      // in this rank's heap, else in the slot at the output's offset within a page (see the top).
+      Descriptor d;
+      d.direct =
+          aligned_ && w.in_own_heap(in + c0 * es, cl * es) && w.in_own_heap(out + c0 * es, cl * es);
+      if (d.direct) {
+        d.in = w.own_heap_offset(in + c0 * es);
+        d.out = w.own_heap_offset(out + c0 * es);
+        any_direct = true;
+        ++w.direct_chunks;
+      } else if (aligned_) {
+        d.off = reinterpret_cast<std::uintptr_t>(out + c0 * es) % kPage;
       }
-      uchar* my_slot = w.slot(r, slot) + off;
+      if (aligned_) std::memcpy(w.slot(r, slot) + w.slot_bytes - kLine, &d, sizeof(d));
+      uchar* my_slot = w.slot(r, slot) + d.off;
       // Everything but this rank's own part, which it reduces from `in` directly.
-      if (b0) std::memcpy(my_slot, in + c0 * es, b0 * es);
-      if (cl > b1) std::memcpy(my_slot + b1 * es, in + (c0 + b1) * es, (cl - b1) * es);
+      if (!d.direct) {
+        if (b0) std::memcpy(my_slot, in + c0 * es, b0 * es);
+        if (cl > b1) std::memcpy(my_slot + b1 * es, in + (c0 + b1) * es, (cl - b1) * es);
+      }
       counter_publish(w.flag(r, 0, slot), g + 1);
       const std::size_t bl = b1 - b0;
       uchar* dst = out + (c0 + b0) * es;
@@ -105,40 +126,66 @@ class ShmAlgorithm : public Algorithm {
       for (int i = 1; i < p; ++i) {
         const int q = (r + i) % p;
         wait_counter(w, q, 0, slot, g + 1);
-        const uchar* theirs = peer_slot(w, q, slot);  // also when this rank's part is empty
-        if (bl) ctx_.reduce(dst, i == 1 ? first : dst, theirs + b0 * es, bl);
+        const Source src = peer_source(w, q, slot);  // also when this rank's part is empty
+        if (bl) ctx_.reduce(dst, i == 1 ? first : dst, src.in + b0 * es, bl);
       }
       if (bl) ctx_.finish_avg(dst, bl);
-      if (bl) std::memcpy(my_slot + b0 * es, dst, bl * es);
+      if (bl && !d.direct) std::memcpy(my_slot + b0 * es, dst, bl * es);
       counter_publish(w.flag(r, 1, slot), g + 1);
       for (int i = 1; i < p; ++i) {
         const int q = (r + i) % p;
         wait_counter(w, q, 1, slot, g + 1);
         const std::size_t q0 = block_begin(cl, p, q), ql = block_begin(cl, p, q + 1) - q0;
         if (ql)
-          std::memcpy(out + (c0 + q0) * es,
-                      w.slot(q, slot) + peer_offset_[static_cast<std::size_t>(q)] + q0 * es,
+          std::memcpy(out + (c0 + q0) * es, sources_[static_cast<std::size_t>(q)].out + q0 * es,
                       ql * es);
       }
       counter_publish(w.flag(r, 2, slot), g + 1);
     }
     w.next_chunk += nchunks;
+    // The other ranks read this rank's input and output in place until they raise counter 2 (for
+    // chunks in order, so the last chunk's covers all); the caller may write both on return.
+    if (any_direct && nchunks) {
+      const std::uint64_t last = w.next_chunk - 1;
+      const int slot = static_cast<int>(last % static_cast<std::uint64_t>(S));
+      for (int i = 1; i < p; ++i) wait_counter(w, (r + i) % p, 2, slot, last + 1);
+    }
   }
 
  private:
-  // Rank q's data in `slot`, once its counter 0 for the chunk there was seen: at the offset it
-  // left in the slot's last line (remembered for the copy-out of the same chunk).
-  const uchar* peer_slot(const SharedSegments& w, int q, int slot) {
+  // What a rank leaves in its slot's last line for a chunk: whether the others read it in place
+  // and where (offsets in its heap of the chunk's input and output), or the chunk's offset in
+  // the slot.
+  struct Descriptor {
     std::size_t off = 0;
-    if (aligned_) std::memcpy(&off, w.slot(q, slot) + w.slot_bytes - kLine, sizeof(off));
-    peer_offset_[static_cast<std::size_t>(q)] = off;
-    return w.slot(q, slot) + off;
+    std::size_t direct = 0;
+    std::size_t in = 0, out = 0;
+  };
+  static_assert(sizeof(Descriptor) <= 64, "a descriptor fits the slot's last line");
+  // Where rank q's chunk input (for this rank's reduction) and, once q raised counter 1, its
+  // reduced part lie, as mapped here.
+  struct Source {
+    const uchar* in = nullptr;
+    const uchar* out = nullptr;
+  };
+  // Rank q's chunk in `slot`, once its counter 0 for the chunk there was seen, from the
+  // descriptor it left (remembered for the copy-out of the same chunk).
+  const Source& peer_source(const SharedSegments& w, int q, int slot) {
+    Descriptor d;
+    if (aligned_) std::memcpy(&d, w.slot(q, slot) + w.slot_bytes - kLine, sizeof(d));
+    Source& s = sources_[static_cast<std::size_t>(q)];
+    if (d.direct) {
+      s.in = w.heap_at(q, d.in);
+      s.out = w.heap_at(q, d.out);
+    } else {
+      s.in = s.out = w.slot(q, slot) + d.off;
+    }
+    return s;
   }
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
     if (!counter_wait(w.flag(q, kind, s), target, ctx_.deadline(), spin_))
       ctx_.timeout(ctx_.transport_rank(q));
   }
-
   static constexpr std::size_t kPage = 4096, kLine = 64;
   // Smallest slot whose chunks are placed by offset (the page it gives up is at most 6%).
   static constexpr std::size_t kAlignMinSlot = 64 * 1024;
@@ -153,7 +200,7 @@ class ShmAlgorithm : public Algorithm {
   double spin_ = Backoff::kSpinSeconds;
   bool aligned_ = false;
   std::size_t chunk_bytes_ = 0;
-  std::vector<std::size_t> peer_offset_;  // per rank: the offset of its current chunk's data
+  std::vector<Source> sources_;  // per rank: where its current chunk's data lie
 };
 
 }  // namespace dtrain::detail

@@ -1,0 +1,324 @@
+// The node-shared heap (SharedSegmentConfig::heap_bytes, Communicator::shared_allocator) and the
+// shm all-reduce reading buffers there in place (algo/shm.hpp):
+// - the allocator: blocks inside the heap, aligned, zeroed, disjoint, reused after freeing (freed
+//   neighbours merge), the fallback when full or without a heap, and concurrent use;
+// - the all-reduce: exact sums and bit-identical averages against buffers in private memory, with
+//   every rank's buffers in the heap or only some ranks' (each rank decides for itself), in place
+//   and out of place, over more chunks than slots; each rank counts the chunks it lent;
+// - a rank that lent its buffers returns only when the others have read them: every rank
+//   overwrites its buffer as soon as its call returns, and no rank may see those values.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/shared_heap.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+using namespace dtrain;
+
+namespace {
+
+// Counts what it hands out, so a test can see which requests reached the fallback.
+class CountingAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    ++allocations;
+    return host.allocate(bytes, alignment);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    ++deallocations;
+    host.deallocate(p, bytes);
+  }
+  Space space() const noexcept override { return Space::host; }
+  HostAllocator host;
+  int allocations = 0, deallocations = 0;
+};
+
+SharedSegmentConfig heap_config(std::size_t heap_bytes) {
+  SharedSegmentConfig c;
+  c.slot_bytes = 64 * 1024;  // chunks placed by offset (the heap path needs the descriptor line)
+  c.slots = 2;
+  c.heap_bytes = heap_bytes;
+  return c;
+}
+
+// Small integers, so that every order of summation gives the exact value.
+float small_value(std::size_t i, int rank, int call) {
+  return static_cast<float>(
+      (i * 7 + static_cast<std::size_t>(rank) * 13 + static_cast<std::size_t>(call)) % 101);
+}
+
+// Elements of y that are not the sum over p ranks of small_value(i, rank, call).
+std::size_t wrong_sums(const float* y, std::size_t n, int p, int call) {
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    float want = 0;
+    for (int q = 0; q < p; ++q) want += small_value(i, q, call);
+    bad += y[i] != want;
+  }
+  return bad;
+}
+
+// A communicator that waits long enough for ranks that share 2 cores with others.
+CommConfig patient() {
+  CommConfig c;
+  c.timeout_s = 60;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("shared heap allocator: blocks inside, aligned, zeroed, disjoint, reused, fallback") {
+  std::vector<unsigned char> mem(1 << 20, 0xAB);
+  CountingAllocator fallback;
+  SharedHeapAllocator heap(mem.data(), mem.size(), fallback);
+  CHECK(heap.capacity() == mem.size());
+  CHECK(heap.space() == Space::host);
+
+  struct B {
+    void* p;
+    std::size_t bytes;
+  };
+  std::vector<B> blocks;
+  for (std::size_t bytes : {std::size_t{100}, std::size_t{70000}, std::size_t{4096},
+                            std::size_t{200000}, std::size_t{1}}) {
+    for (std::size_t align : {std::size_t{1}, std::size_t{64}, std::size_t{4096}}) {
+      void* p = heap.allocate(bytes, align);
+      REQUIRE(p != nullptr);
+      CHECK(heap.owns(p));
+      CHECK(reinterpret_cast<std::uintptr_t>(p) % std::max<std::size_t>(align, 64) == 0);
+      const auto* c = static_cast<const unsigned char*>(p);
+      CHECK(std::all_of(c, c + bytes, [](unsigned char v) { return v == 0; }));
+      CHECK(c >= mem.data());
+      CHECK(c + bytes <= mem.data() + mem.size());
+      std::memset(p, 0x5C, bytes);
+      blocks.push_back({p, bytes});
+    }
+    if (blocks.size() >= 6) break;  // 6 blocks incl. two of 70000 B; the rest fits later
+  }
+  // Disjoint.
+  std::vector<B> sorted = blocks;
+  std::sort(sorted.begin(), sorted.end(), [](const B& a, const B& b) { return a.p < b.p; });
+  for (std::size_t i = 1; i < sorted.size(); ++i)
+    CHECK(static_cast<unsigned char*>(sorted[i - 1].p) + sorted[i - 1].bytes <=
+          static_cast<unsigned char*>(sorted[i].p));
+  // Large blocks are staggered within a page, each one other than the one before.
+  CHECK(reinterpret_cast<std::uintptr_t>(blocks[3].p) % 4096 !=
+        reinterpret_cast<std::uintptr_t>(blocks[4].p) % 4096);
+  CHECK(fallback.allocations == 0);
+  CHECK(heap.used() > 0);
+
+  // Too large for what is left: the fallback serves it, and takes it back.
+  void* big = heap.allocate(mem.size(), 64);
+  CHECK_FALSE(heap.owns(big));
+  CHECK(fallback.allocations == 1);
+  heap.deallocate(big, mem.size());
+  CHECK(fallback.deallocations == 1);
+
+  // Freed in an order that leaves holes first, then merges them: at the end one block of
+  // almost the whole heap fits again.
+  for (std::size_t i = 0; i < blocks.size(); i += 2) heap.deallocate(blocks[i].p, blocks[i].bytes);
+  for (std::size_t i = 1; i < blocks.size(); i += 2) heap.deallocate(blocks[i].p, blocks[i].bytes);
+  CHECK(heap.used() == 0);
+  void* whole = heap.allocate(mem.size() - 8192, 4096);
+  CHECK(heap.owns(whole));
+  CHECK(fallback.allocations == 1);
+  heap.deallocate(whole, mem.size() - 8192);
+  CHECK(heap.allocate(0, 64) == nullptr);
+}
+
+TEST_CASE("shared heap allocator without a heap hands every block to the fallback") {
+  CountingAllocator fallback;
+  SharedHeapAllocator none(nullptr, 1 << 20, fallback);
+  CHECK(none.capacity() == 0);
+  void* p = none.allocate(1000, 64);
+  CHECK_FALSE(none.owns(p));
+  CHECK(fallback.allocations == 1);
+  none.deallocate(p, 1000);
+  CHECK(fallback.deallocations == 1);
+}
+
+TEST_CASE("shared heap allocator: concurrent allocate and free keep blocks disjoint") {
+  std::vector<unsigned char> mem(4 << 20);
+  CountingAllocator fallback;
+  SharedHeapAllocator heap(mem.data(), mem.size(), fallback);
+  std::mutex m;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 200; ++round) {
+        const std::size_t bytes =
+            1000 + static_cast<std::size_t>((t * 7919 + round * 104729) % 60000);
+        auto* p = static_cast<unsigned char*>(heap.allocate(bytes, 64));
+        std::memset(p, t + 1, bytes);
+        std::this_thread::yield();
+        const bool intact = std::all_of(p, p + bytes, [&](unsigned char v) { return v == t + 1; });
+        if (!intact) {
+          std::lock_guard<std::mutex> lock(m);
+          failures.push_back("thread " + std::to_string(t) + " round " + std::to_string(round) +
+                             ": its block was overwritten by another");
+        }
+        heap.deallocate(p, bytes);
+      }
+    });
+  for (auto& th : threads) th.join();
+  for (const auto& f : failures) FAIL_CHECK(f);
+  CHECK(heap.used() == 0);
+}
+
+TEST_CASE("shared_allocator is the heap where the ranks share one, else host memory") {
+  {
+    LoopbackWorld world(2, heap_config(1 << 20));
+    run_loopback(world, [&](LoopbackTransport& t) {
+      Communicator comm(t);
+      auto* h = dynamic_cast<SharedHeapAllocator*>(&comm.shared_allocator());
+      REQUIRE(h != nullptr);
+      CHECK(h->capacity() == (1u << 20));
+      void* p = h->allocate(1000, 64);
+      CHECK(h->owns(p));
+      // The block lies in this rank's own part of the node's memory.
+      CHECK(shared_segments_of(t)->in_own_heap(p, 1000));
+      h->deallocate(p, 1000);
+    });
+  }
+  {
+    LoopbackWorld world(2, heap_config(0));  // no heap configured
+    run_loopback(world, [&](LoopbackTransport& t) {
+      Communicator comm(t);
+      CHECK(&comm.shared_allocator() == &default_allocator());
+    });
+  }
+  {
+    LoopbackWorld world(std::vector<int>{0, 1}, heap_config(1 << 20));  // two nodes of one
+    run_loopback(world, [&](LoopbackTransport& t) {
+      Communicator comm(t);
+      CHECK(&comm.shared_allocator() == &default_allocator());
+    });
+  }
+}
+
+TEST_CASE("shm on heap buffers: exact sums, in place and out of place, every or some ranks") {
+  // which[r]: whether rank r's buffers come from its heap.
+  const std::vector<std::vector<bool>> layouts = {{true, true},         {true, false},
+                                                  {false, true},        {true, true, true},
+                                                  {false, true, false}, {true, false, true, true}};
+  for (const auto& which : layouts) {
+    const int p = static_cast<int>(which.size());
+    for (bool inplace : {false, true}) {
+      CAPTURE(p);
+      CAPTURE(inplace);
+      CAPTURE(which[0]);
+      CAPTURE(which[1]);
+      const std::size_t n = 100003;  // 7 chunks of a 64 KiB slot, 2 slots: every slot reused
+      LoopbackWorld world(p, heap_config(4 << 20));
+      std::mutex m;
+      std::vector<std::string> failures;
+      run_loopback(world, [&](LoopbackTransport& t) {
+        Communicator comm(t, patient());
+        const int r = t.rank();
+        Allocator& a =
+            which[static_cast<std::size_t>(r)] ? comm.shared_allocator() : default_allocator();
+        auto* x = static_cast<float*>(a.allocate(n * sizeof(float), 64));
+        auto* y = inplace ? x : static_cast<float*>(a.allocate(n * sizeof(float), 64));
+        const std::uint64_t lent_before = shared_segments_of(t)->direct_chunks;
+        for (int call = 0; call < 3; ++call) {
+          for (std::size_t i = 0; i < n; ++i) x[i] = small_value(i, r, call);
+          comm.allreduce(BufferView(x, n, DType::f32), BufferView(y, n, DType::f32), ReduceOp::sum,
+                         AllreduceAlgorithm::shm);
+          if (const std::size_t bad = wrong_sums(y, n, p, call)) {
+            std::lock_guard<std::mutex> lock(m);
+            failures.push_back("rank " + std::to_string(r) + " call " + std::to_string(call) +
+                               ": " + std::to_string(bad) + " wrong sums");
+          }
+        }
+        const std::uint64_t lent = shared_segments_of(t)->direct_chunks - lent_before;
+        {
+          std::lock_guard<std::mutex> lock(m);
+          const std::uint64_t want = which[static_cast<std::size_t>(r)] ? 3 * 7 : 0;
+          if (lent != want)
+            failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
+                               " chunks in place, expected " + std::to_string(want));
+        }
+        if (!inplace) a.deallocate(y, n * sizeof(float));
+        a.deallocate(x, n * sizeof(float));
+      });
+      for (const auto& f : failures) FAIL_CHECK(f);
+    }
+  }
+}
+
+TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private memory") {
+  const int p = 3;
+  const std::size_t n = 70001;
+  LoopbackWorld world(p, heap_config(4 << 20));
+  std::vector<std::vector<float>> via_heap(p), via_host(p);
+  run_loopback(world, [&](LoopbackTransport& t) {
+    Communicator comm(t, patient());
+    const int r = t.rank();
+    // Values whose sums round: any other order of the reduction would change bits.
+    std::vector<float> data(n);
+    std::uint64_t s = 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(r + 1);
+    for (auto& v : data) {
+      s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+      v = static_cast<float>(static_cast<double>(s % 1000003) / 977.0 - 500.0);
+    }
+    Allocator& h = comm.shared_allocator();
+    auto* x = static_cast<float*>(h.allocate(n * sizeof(float), 64));
+    std::copy(data.begin(), data.end(), x);
+    std::vector<float> y = data;
+    comm.allreduce(BufferView(x, n, DType::f32), ReduceOp::avg, AllreduceAlgorithm::shm);
+    comm.allreduce(BufferView(y.data(), n, DType::f32), ReduceOp::avg, AllreduceAlgorithm::shm);
+    via_heap[static_cast<std::size_t>(r)].assign(x, x + n);
+    via_host[static_cast<std::size_t>(r)] = y;
+    h.deallocate(x, n * sizeof(float));
+  });
+  for (int r = 0; r < p; ++r) {
+    CAPTURE(r);
+    CHECK(std::memcmp(via_heap[static_cast<std::size_t>(r)].data(), via_host[0].data(),
+                      n * sizeof(float)) == 0);
+    CHECK(std::memcmp(via_host[static_cast<std::size_t>(r)].data(), via_host[0].data(),
+                      n * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("shm on heap buffers: a rank returns only once the others have read its buffers") {
+  // Every rank overwrites its buffer with -1 the moment its call returns (as a training loop's
+  // next backward pass would). A rank that returned while another was still copying its part
+  // would hand that rank -1s. Unequal work per rank between calls makes the ranks drift apart.
+  const int p = 3;
+  const std::size_t n = 40000;
+  LoopbackWorld world(p, heap_config(2 << 20));
+  std::mutex m;
+  std::vector<std::string> failures;
+  run_loopback(world, [&](LoopbackTransport& t) {
+    Communicator comm(t, patient());
+    const int r = t.rank();
+    Allocator& h = comm.shared_allocator();
+    auto* x = static_cast<float*>(h.allocate(n * sizeof(float), 64));
+    for (int call = 0; call < 60; ++call) {
+      for (std::size_t i = 0; i < n; ++i) x[i] = small_value(i, r, call);
+      comm.allreduce(BufferView(x, n, DType::f32), ReduceOp::sum, AllreduceAlgorithm::shm);
+      const std::size_t bad = wrong_sums(x, n, p, call);
+      std::fill(x, x + n, -1.0f);
+      if (bad) {
+        std::lock_guard<std::mutex> lock(m);
+        failures.push_back("rank " + std::to_string(r) + " call " + std::to_string(call) + ": " +
+                           std::to_string(bad) + " wrong elements");
+      }
+      if ((call + r) % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    h.deallocate(x, n * sizeof(float));
+  });
+  for (const auto& f : failures) FAIL_CHECK(f);
+}
