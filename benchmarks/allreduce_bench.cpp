@@ -215,13 +215,17 @@ double expected_value(dtrain::ReduceOp op, int p, std::size_t i) {
   return 0;
 }
 
+// Whether an --algo name is a NAME@heap cell (buffers from the node-shared heap).
+bool on_heap(const std::string& a) {
+  return a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0;
+}
+
 // The MPI transport's segments: as the environment says, with a node-shared heap large enough
 // for the NAME@heap cells' two buffers when any is asked for.
 dtrain::SharedSegmentConfig segments_for(const Options& o) {
   dtrain::SharedSegmentConfig c = dtrain::SharedSegmentConfig::from_env();
   for (const std::string& a : o.algos)
-    if (a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0)
-      c.heap_bytes = std::max(c.heap_bytes, 2 * (o.max_bytes + 64) + (1u << 20));
+    if (on_heap(a)) c.heap_bytes = std::max(c.heap_bytes, 2 * (o.max_bytes + 64) + (1u << 20));
   return c;
 }
 
@@ -525,9 +529,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   // then reads them in place). Every rank has a heap or none (one configuration for all).
   const std::size_t buf_bytes = max_count * es + 64;
   dtrain::Allocator& shared = comm.shared_allocator();
-  const bool want_heap = std::any_of(algos.begin(), algos.end(), [](const std::string& a) {
-    return a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0;
-  });
+  const bool want_heap = std::any_of(algos.begin(), algos.end(), on_heap);
   struct HeapBuffers {
     dtrain::Allocator* a = nullptr;
     void* in = nullptr;
@@ -558,10 +560,10 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       c.is_mpi = a == "mpi";
       c.bytes = bytes;
       c.count = bytes / es;
-      const bool on_heap = a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0;
-      const std::string base = on_heap ? a.substr(0, a.size() - 5) : a;
-      c.ip = on_heap ? heap.in : ip;
-      c.op = on_heap ? (o.inplace ? heap.in : heap.out) : op;
+      const bool heap_cell = on_heap(a);
+      const std::string base = heap_cell ? a.substr(0, a.size() - 5) : a;
+      c.ip = heap_cell ? heap.in : ip;
+      c.op = heap_cell ? (o.inplace ? heap.in : heap.out) : op;
       if (!c.is_mpi) {
         c.plan = comm.plan_allreduce(dtrain::BufferView(c.ip, c.count, o.dtype),
                                      dtrain::BufferView(c.op, c.count, o.dtype), o.op,

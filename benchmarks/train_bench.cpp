@@ -94,6 +94,11 @@ struct Result {
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
 
+// Parameters of the MLP 784-H-H-10.
+double parameter_count(std::int64_t h) {
+  return static_cast<double>(kIn * h + h + h * h + h + h * kClasses + kClasses);
+}
+
 // On the CPU the layers' GEMM is the host policy's: CBLAS when this build links it; with --device
 // cuda|hip (a build by nvcc / hipcc, DTRAIN_EXAMPLE_GPU) the model lives on the GPU.
 #if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
@@ -353,8 +358,7 @@ int main(int argc, char** argv) {
     // the model and its optimizer allocate: parameters, gradients, moments, activations.
     dtrain::SharedSegmentConfig segments = dtrain::SharedSegmentConfig::from_env();
     if (a.shared_heap && segments.heap_bytes == 0) {
-      const double params = static_cast<double>(kIn * a.hidden + a.hidden + a.hidden * a.hidden +
-                                                a.hidden + a.hidden * kClasses + kClasses);
+      const double params = parameter_count(a.hidden);
       const double act = 4.0 * static_cast<double>(a.batch) * (kIn + 4 * a.hidden + 2 * kClasses);
       segments.heap_bytes = static_cast<std::size_t>(4.0 * (6 * params + act)) + (24u << 20);
     }
@@ -426,8 +430,7 @@ int main(int argc, char** argv) {
     if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
 
     if (rank == 0) {
-      const double params = static_cast<double>(kIn * a.hidden + a.hidden + a.hidden * a.hidden +
-                                                a.hidden + a.hidden * kClasses + kClasses);
+      const double params = parameter_count(a.hidden);
       const double state_floats = params * (a.optimizer == "sgd" ? 3 : 4);
       const double act_floats =
           2.0 * static_cast<double>(a.batch) * (kIn + 4 * a.hidden + 2 * kClasses);
