@@ -76,6 +76,7 @@ struct Options {
 // and the measured time of every algorithm this run timed (seconds; mpi left out of `best`).
 struct AutoRow {
   std::string transport;
+  bool heap = false;  // the NAME@heap cells (buffers in the node-shared heap), else host buffers
   std::size_t bytes = 0;
   std::string chosen;  // the algorithm in use at the end of the run
   std::string first;   // what the decision table gave (an adaptive plan may have changed since)
@@ -113,6 +114,24 @@ std::size_t parse_size(const std::string& s) {
     throw CLI::ValidationError("size", "bad size '" + s + "' (a number with K, M or G)");
   if (v > 64.0 * 1024 * 1024 * 1024) throw CLI::ValidationError("size", "'" + s + "' above 64G");
   return static_cast<std::size_t>(v);
+}
+
+// Whether an --algo name is a NAME@heap cell (buffers from the node-shared heap).
+bool on_heap(const std::string& a) {
+  return a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0;
+}
+
+// NAME without its @heap suffix.
+std::string base_name(const std::string& a) { return on_heap(a) ? a.substr(0, a.size() - 5) : a; }
+
+// What --algo accepts: every dtrain algorithm, auto and mpi, each also as NAME@heap.
+std::vector<std::string> algorithm_names() {
+  std::vector<std::string> v{"ring", "tree",        "rhd",     "rd",          "shm",
+                             "hier", "hier_leader", "ordered", "ordered_shm", "auto"};
+  const std::size_t n = v.size();
+  for (std::size_t i = 0; i < n; ++i) v.push_back(v[i] + "@heap");
+  v.push_back("mpi");
+  return v;
 }
 
 // Parses the command line (every rank alike); on --help or an error rank 0 prints and all ranks
@@ -155,8 +174,7 @@ Options parse(int argc, char** argv, int rank, int& exit_code) {
                  "algorithms (mpi = MPI_Allreduce; NAME@heap = NAME on buffers from the "
                  "communicator's node-shared heap, Communicator::shared_allocator)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"ring", "tree", "rhd", "rd", "shm", "hier", "hier_leader", "ordered",
-                             "ordered_shm", "auto", "mpi", "shm@heap", "auto@heap"}))
+      ->check(CLI::IsMember(algorithm_names()))
       ->capture_default_str();
   app.add_option("--transport", o.transports, "transports, each measured in turn")
       ->delimiter(',')
@@ -213,11 +231,6 @@ double expected_value(dtrain::ReduceOp op, int p, std::size_t i) {
     case dtrain::ReduceOp::prod: return i % 7 == 0 ? 2.0 : 1.0;
   }
   return 0;
-}
-
-// Whether an --algo name is a NAME@heap cell (buffers from the node-shared heap).
-bool on_heap(const std::string& a) {
-  return a.size() > 5 && a.compare(a.size() - 5, 5, "@heap") == 0;
 }
 
 // The MPI transport's segments: as the environment says, with a node-shared heap large enough
@@ -344,12 +357,13 @@ void print_probes(const dtrain::detail::Calibration& c, double calibration_s) {
 
 // The --algo auto report: per size, the model's prediction for each algorithm, the choice, the
 // measured times of all algorithms timed in this run, and whether the choice was within 10% of
-// the measured best (printed on rank 0 of the suite when `print`).
+// the measured best (printed on rank 0 of the suite when `print`). `heap`: the report of auto@heap
+// against the other NAME@heap cells, else of auto against the cells on host buffers.
 template <class Comm, class Cell>
 std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
                                  const std::vector<std::size_t>& sizes,
                                  const std::vector<std::string>& algos,
-                                 const std::vector<Cell>& cells, bool print) {
+                                 const std::vector<Cell>& cells, bool heap, bool print) {
   using dtrain::AllreduceAlgorithm;
   const dtrain::CostModel& m = comm.cost_model();
   const int p = comm.size();
@@ -366,6 +380,7 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
   for (std::size_t bytes : sizes) {
     AutoRow a;
     a.transport = o.transport;
+    a.heap = heap;
     a.bytes = bytes;
     const std::size_t wide = bytes / dtrain::size_of(o.dtype) *
                              ((o.dtype == dtrain::DType::f16 || o.dtype == dtrain::DType::bf16)
@@ -375,19 +390,20 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
       a.predicted.emplace_back(dtrain::name_of(al), m.predict(al, wide, p, topo));
     a.best_s = 1e30;
     for (const Cell& c : cells) {
-      if (c.bytes != bytes) continue;
-      if (c.algo == "auto") {
+      if (c.bytes != bytes || on_heap(c.algo) != heap) continue;
+      const std::string name = base_name(c.algo);
+      if (name == "auto") {
         a.chosen = dtrain::name_of(c.plan.algorithm());
         a.first = c.first;
         a.changes = c.plan.algorithm_changes();
         a.auto_s = c.best;
         continue;
       }
-      a.measured.emplace_back(c.algo, c.best);
-      if (c.algo != "mpi" && c.best < a.best_s) {
+      a.measured.emplace_back(name, c.best);
+      if (name != "mpi" && c.best < a.best_s) {
         a.best_s = c.best;
         a.best_q75 = c.q75;
-        a.best = c.algo;
+        a.best = name;
       }
     }
     a.chosen_s = a.auto_s;  // the chosen algorithm's own cell, when it was timed too
@@ -406,9 +422,9 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
   }
   if (!print) return out;
   std::printf(
-      "\n# transport %s, automatic: model prediction (us) per algorithm, choice, measured "
+      "\n# transport %s, automatic%s: model prediction (us) per algorithm, choice, measured "
       "time (us) of every algorithm timed, best measured dtrain algorithm\n",
-      o.transport.c_str());
+      o.transport.c_str(), heap ? " on node-shared heap buffers (the NAME@heap cells)" : "");
   std::printf("%12s %9s", "size(B)", "chosen");
   for (const auto& [name, s] : out.front().predicted) std::printf(" %9s", ("p:" + name).c_str());
   for (const auto& [name, s] : out.front().measured) std::printf(" %9s", ("m:" + name).c_str());
@@ -432,12 +448,16 @@ std::vector<AutoRow> auto_report(Comm& comm, const Options& o,
       auto_within, out.size(), changed);
   bool all_timed = true;
   for (const auto& [name, s] : out.front().predicted)
-    all_timed = all_timed && std::find(algos.begin(), algos.end(), name) != algos.end();
+    all_timed = all_timed &&
+                std::find(algos.begin(), algos.end(), heap ? name + "@heap" : name) != algos.end();
   std::printf(
       "# automatic within 10%% of the measured best at %d of %zu sizes, within the best one's "
       "spread over the rounds at %d more%s\n",
       within, out.size(), ties,
-      all_timed ? "" : " (not every candidate was timed: use --algo ring,tree,rhd,rd,shm,auto)");
+      all_timed ? ""
+      : heap    ? " (not every candidate was timed: use --algo "
+                  "ring@heap,tree@heap,rhd@heap,rd@heap,shm@heap,auto@heap)"
+                : " (not every candidate was timed: use --algo ring,tree,rhd,rd,shm,auto)");
   std::fflush(stdout);
   return out;
 }
@@ -525,8 +545,8 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
   std::vector<unsigned char> in(max_count * es + 64), out(max_count * es + 64);
   void* ip = in.data();
   void* op = o.inplace ? in.data() : out.data();
-  // NAME@heap cells: the same sizes on buffers from the node-shared heap (the shm all-reduce
-  // then reads them in place). Every rank has a heap or none (one configuration for all).
+  // NAME@heap cells: the same sizes on buffers from the node-shared heap (shm, and hier and
+  // hier_leader inside each node, then read them in place). A rank alone on its node has none.
   const std::size_t buf_bytes = max_count * es + 64;
   dtrain::Allocator& shared = comm.shared_allocator();
   const bool want_heap = std::any_of(algos.begin(), algos.end(), on_heap);
@@ -548,8 +568,8 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
     const bool in_heap = h && h->owns(heap.in) && h->owns(heap.out);
     if (print && !in_heap)
       std::printf(
-          "# NAME@heap: no node-shared heap of %zu B here (DTRAIN_SHM_HEAP_MIB, one node): those "
-          "cells run on host buffers\n",
+          "# NAME@heap: no node-shared heap of %zu B on rank 0 (DTRAIN_SHM_HEAP_MIB, alone on its "
+          "node): its cells run on host buffers\n",
           2 * buf_bytes);
   }
   std::vector<Cell> cells;  // [size][algo]
@@ -561,7 +581,7 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
       c.bytes = bytes;
       c.count = bytes / es;
       const bool heap_cell = on_heap(a);
-      const std::string base = heap_cell ? a.substr(0, a.size() - 5) : a;
+      const std::string base = base_name(a);
       c.ip = heap_cell ? heap.in : ip;
       c.op = heap_cell ? (o.inplace ? heap.in : heap.out) : op;
       if (!c.is_mpi) {
@@ -627,10 +647,12 @@ std::vector<Row> run_suite(dtrain::Communicator<Transport>& comm, const Options&
     c.q75 = t[(3 * (t.size() - 1) + 3) / 4];  // index ceil(3/4 (n - 1))
   }
   std::vector<Row> rows;
-  if (automatic && autos && std::find(algos.begin(), algos.end(), "auto") != algos.end()) {
-    const auto mine = auto_report(comm, o, sizes, algos, cells, print);
-    autos->insert(autos->end(), mine.begin(), mine.end());
-  }
+  for (const bool heap_cells : {false, true})
+    if (automatic && autos &&
+        std::find(algos.begin(), algos.end(), heap_cells ? "auto@heap" : "auto") != algos.end()) {
+      const auto mine = auto_report(comm, o, sizes, algos, cells, heap_cells, print);
+      autos->insert(autos->end(), mine.begin(), mine.end());
+    }
   for (const std::string& a : algos) {
     if (print) {
       std::printf("\n# transport %s, algo %s\n", o.transport.c_str(), a.c_str());
@@ -845,8 +867,9 @@ void write_json(const std::string& path, const std::vector<Row>& rows, const Opt
   for (std::size_t i = 0; i < autos.size(); ++i) {
     const AutoRow& a = autos[i];
     std::fprintf(f,
-                 "  {\"transport\": \"%s\", \"bytes\": %zu, \"chosen\": \"%s\", \"predicted_us\": ",
-                 a.transport.c_str(), a.bytes, a.chosen.c_str());
+                 "  {\"transport\": \"%s\", \"heap\": %s, \"bytes\": %zu, \"chosen\": \"%s\", "
+                 "\"predicted_us\": ",
+                 a.transport.c_str(), a.heap ? "true" : "false", a.bytes, a.chosen.c_str());
     pairs(a.predicted);
     std::fprintf(f, ", \"measured_us\": ");
     pairs(a.measured);

@@ -12,7 +12,9 @@
 # DTRAIN_ALLREDUCE_ADAPT=1 (passed through) the plans check their choice while timed and may
 # change algorithm: "chosen" is then the one in use at the end; the summary also compares
 # `auto`'s own time, its checking windows included, with the best, and lists the changes.
-# Prints a markdown
+# With HEAP=1 every algorithm, `auto` included, runs on buffers from the node-shared heap
+# (allreduce_bench's NAME@heap cells: shm, and hier and hier_leader inside each fake node, read
+# them in place, as they do a model built on Communicator::shared_allocator()). Prints a markdown
 # summary for benchmarks/RESULTS.md, with each run's core-to-core round trip at its start and end
 # (where its two cores sat: one L3 or two; 2 ranks only); raw outputs and JSON are kept in OUT.
 #
@@ -20,6 +22,7 @@
 #   REPS=2 ROUNDS=3 benchmarks/auto_check.sh build-calib /tmp/ac   # a short validation
 #   LAUNCHES="p2 2x2" benchmarks/auto_check.sh build /tmp/ac        # some launches only
 #   ITERS=10 LAUNCHES=2x2 benchmarks/auto_check.sh build /tmp/ac    # timed calls per round
+#   HEAP=1 benchmarks/auto_check.sh build /tmp/ac-heap              # buffers in the heap
 #
 # About 3-4 minutes at the defaults on an idle 2-core machine (4 ranks busy-poll on 2 cores).
 set -euo pipefail
@@ -35,6 +38,7 @@ REPS=${REPS:-5}
 # lay more than 10% apart in 5-7 of 35 cells at 2 ranks, with 15 in 4 of 35 (benchmarks/RESULTS.md).
 ROUNDS=${ROUNDS:-15}
 LAUNCHES=${LAUNCHES:-p2 p4 2x2}
+HEAP=${HEAP:-0}
 MPIEXEC=${MPIEXEC:-mpiexec.mpich}
 BENCH=$BUILD/benchmarks/allreduce_bench
 [[ -x $BENCH ]] || { echo "auto_check.sh: $BENCH not built" >&2; exit 2; }
@@ -54,6 +58,7 @@ for cfg in "${CONFIGS[@]}"; do
   read -r name np rpn max iters algos <<<"$cfg"
   iters=${ITERS:-$iters}
   [[ " $LAUNCHES " == *" $name "* ]] || continue
+  [[ $HEAP == 1 ]] && algos=$(sed 's/\([a-z_]*\)/\1@heap/g' <<<"$algos")
   for ((i = 1; i <= REPS; ++i)); do
     env_rpn=()
     [[ $rpn != 0 ]] && env_rpn=(env DTRAIN_RANKS_PER_NODE="$rpn")
@@ -69,16 +74,18 @@ done
 end=$(date -u +%H:%M)
 load1=$(cut -d' ' -f1 /proc/loadavg)
 
-python3 - "$OUT" "$REPS" "$ROUNDS" "$start" "$end" "$load0" "$load1" "$LAUNCHES" <<'EOF'
+python3 - "$OUT" "$REPS" "$ROUNDS" "$start" "$end" "$load0" "$load1" "$LAUNCHES" "$HEAP" <<'EOF'
 import json, re, sys
-out, reps, rounds, start, end, load0, load1, launches = sys.argv[1:9]
+out, reps, rounds, start, end, load0, load1, launches, heap = sys.argv[1:10]
+heap = "; every buffer in the node-shared heap (NAME@heap)" if heap == "1" else ""
 reps = int(reps)
 configs = [(k, v) for k, v in (("p2", "2 ranks"), ("p4", "4 ranks"), ("2x2", "2x2 fake nodes"))
            if k in launches.split()]
 def kib(b):
     return f"{b >> 20}M" if b >= 1 << 20 else f"{b >> 10}K"
 print(f"Runs {start}-{end} UTC, load average {load0} at the start, {load1} at the end; "
-      f"{reps} runs per launch, {rounds} rounds per cell (median).\n")
+      f"{reps} runs per launch, {rounds} rounds per cell (median)"
+      f"{heap}.\n")
 print("| launch | run | load | round trip, ns (start, end) | calibration | decision table | within 10% "
       "| within 10% or spread | misses (size: chosen vs best, ratio) | auto itself within 10% "
       "| changed while timed (size: first > last, changes) |")

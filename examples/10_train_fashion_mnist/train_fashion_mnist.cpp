@@ -448,8 +448,8 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   if (comm_config.tuning_file.empty() && !cfg.run_dir.empty())
     comm_config.tuning_file = cfg.run_dir + "/allreduce_tuning.txt";
   dtrain::Communicator comm(transport, comm_config);
-  // On the CPU the model lives in the node-shared heap, so the shm all-reduce reads its gradient
-  // buckets in place (host memory as before where the ranks share no node).
+  // On the CPU the model lives in the node-shared heap, so the shm all-reduce (hier inside each
+  // node over several) reads its gradient buckets in place (host memory where a rank is alone).
   std::unique_ptr<Exec> heap_exec;
   if constexpr (host) heap_exec = std::make_unique<Exec>(comm.shared_allocator());
   Exec& exec = heap_exec ? *heap_exec : given_exec;
@@ -787,7 +787,7 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
       std::printf("all-reduce per message size (bytes:algorithm): %s; gradients %s\n",
                   choice.c_str(),
                   heap && heap->owns(model.gradients().data)
-                      ? "in the node-shared heap (shm reads them in place)"
+                      ? "in the node-shared heap (the node's ranks read them in place)"
                       : "in private memory");
     }
     if (step < total_steps)

@@ -16,11 +16,12 @@ if(TARGET mpi_comm)
 endif()
 
 # The list form of DTRAIN_RANKS_PER_NODE (node sizes in rank order): uneven maps 3,1 and 1,3,
-# 2,1 and 1,1,2, against MPI_Allreduce; a list that does not add up is refused on every rank.
+# 2,1 and 1,1,2 and the even 2,2, against MPI_Allreduce, also on node-shared heap buffers; a list
+# that does not add up is refused on every rank.
 if(DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)
   add_executable(mpi_comm_hier_list ${CMAKE_CURRENT_LIST_DIR}/comm_hier_mpi_test.cpp)
   target_link_libraries(mpi_comm_hier_list PRIVATE dtrain_test_mpi_main dtrain::mpi)
-  foreach(_case "3;2,1" "4;3,1" "4;1,3" "4;1,1,2")
+  foreach(_case "3;2,1" "4;3,1" "4;1,3" "4;1,1,2" "4;2,2")
     list(GET _case 0 _np)
     list(GET _case 1 _list)
     string(REPLACE "," "_" _tag "${_list}")

@@ -3,15 +3,20 @@
 // one, hier and hier_leader, with each of ring, rhd, rd and tree between the nodes, agree
 // exactly with MPI_Allreduce on it (integer-valued inputs, so
 // every summation order gives the same bits), and a list that does not add up to the world size
-// is refused on every rank with an error naming the variable.
+// is refused on every rank with an error naming the variable; and the same agreement with the
+// buffers in the node-shared heap (Communicator::shared_allocator), which the ranks of a node
+// then read in place (the ranks of a node of several count the chunks they lent).
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/shared_heap.hpp>
 #include <dtrain/transports/mpi.hpp>
 
 using namespace dtrain;
@@ -35,18 +40,45 @@ std::string describe(const std::vector<int>& sizes) {
   return d;
 }
 
+// `n` elements of T from `a`, zeroed, freed with the object.
+template <class T>
+class Buffer {
+ public:
+  Buffer(Allocator& a, std::size_t n)
+      : a_(a), n_(n), p_(static_cast<T*>(a.allocate(std::max<std::size_t>(n, 1) * sizeof(T), 64))) {
+    std::fill(p_, p_ + n_, T{});
+  }
+  ~Buffer() { a_.deallocate(p_, std::max<std::size_t>(n_, 1) * sizeof(T)); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  T* data() const noexcept { return p_; }
+  T& operator[](std::size_t i) const noexcept { return p_[i]; }
+  bool operator!=(const std::vector<T>& v) const {
+    return !std::equal(v.begin(), v.end(), p_, p_ + n_);
+  }
+
+ private:
+  Allocator& a_;
+  std::size_t n_;
+  T* p_;
+};
+
 // hier and hier_leader on `comm` against MPI_Allreduce: f32 and i32, sum and max, counts from
-// empty to several segments per node part. Returns the number of mismatching results.
+// empty to several segments per node part, on buffers from `a`. Returns the number of
+// mismatching results.
 template <class Transport>
-int compare_with_mpi(Communicator<Transport>& comm, const std::vector<AllreduceAlgorithm>& algos) {
+int compare_with_mpi(Communicator<Transport>& comm, const std::vector<AllreduceAlgorithm>& algos,
+                     Allocator& a = default_allocator()) {
   const int r = comm.rank();
   int failures = 0;
   for (std::size_t n :
        {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1000}, std::size_t{65537}})
     for (AllreduceAlgorithm algo : algos)
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
-        std::vector<float> xf(n), yf(n), wf(n);
-        std::vector<std::int32_t> xi(n), yi(n), wi(n);
+        Buffer<float> xf(a, n), yf(a, n);
+        Buffer<std::int32_t> xi(a, n), yi(a, n);
+        std::vector<float> wf(n);
+        std::vector<std::int32_t> wi(n);
         for (std::size_t i = 0; i < n; ++i) {
           xi[i] =
               static_cast<std::int32_t>((i * 7 + static_cast<std::size_t>(r) * 13) % 1001) - 500;
@@ -88,6 +120,27 @@ TEST_CASE("DTRAIN_RANKS_PER_NODE list: the listed nodes, hier and hier_leader ag
     CHECK(compare_with_mpi(comm, {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}) == 0);
   }
   detail::hier_inter_algorithm() = AllreduceAlgorithm::automatic;
+}
+
+TEST_CASE("DTRAIN_RANKS_PER_NODE list: hier and hier_leader on node-shared heap buffers") {
+  SharedSegmentConfig seg = SharedSegmentConfig::from_env();
+  seg.heap_bytes = 4u << 20;
+  seg.slot_bytes = 64 * 1024;  // chunks that leave room for the in-place descriptor
+  MpiTransport transport(MPI_COMM_WORLD, seg);
+  Communicator comm(transport, cfg());
+  const int r = comm.rank();
+  const NodeMap& nm = transport.node_map();
+  const bool shares = nm.node_size(nm.node_of(r)) > 1;
+  Allocator& heap = comm.shared_allocator();
+  // A rank alone on its node has no heap (host memory); the others have their node's.
+  CHECK((dynamic_cast<SharedHeapAllocator*>(&heap) != nullptr) == (shares && seg.enabled));
+  const SharedSegments* w = transport.node_segments();
+  const std::uint64_t lent = w ? w->direct_chunks : 0;
+  CHECK(compare_with_mpi(comm, {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}, heap) ==
+        0);
+  // 65537 floats or ints are 5 chunks of a 64 KiB slot: every rank of a node of several lends
+  // some of them (hier: all of its input and output chunks).
+  if (shares && seg.enabled) CHECK(w->direct_chunks > lent);
 }
 
 TEST_CASE("DTRAIN_RANKS_PER_NODE list that does not add up: refused on every rank") {

@@ -6,7 +6,9 @@
 //   every rank's buffers in the heap or only some ranks' (each rank decides for itself), in place
 //   and out of place, over more chunks than slots; each rank counts the chunks it lent;
 // - a rank that lent its buffers returns only when the others have read them: every rank
-//   overwrites its buffer as soon as its call returns, and no rank may see those values.
+//   overwrites its buffer as soon as its call returns, and no rank may see those values;
+// - the same for hier and hier_leader inside each node of several (even and uneven nodes, a
+//   node of one rank), with shared_allocator() the node's heap there.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -206,6 +208,22 @@ TEST_CASE("shared_allocator is the heap where the ranks share one, else host mem
       CHECK(&comm.shared_allocator() == &default_allocator());
     });
   }
+  {
+    // Several nodes: the node's heap for a rank that shares its node, host memory for one alone.
+    LoopbackWorld world(std::vector<int>{0, 0, 1}, heap_config(1 << 20));
+    run_loopback(world, [&](LoopbackTransport& t) {
+      Communicator comm(t);
+      auto* h = dynamic_cast<SharedHeapAllocator*>(&comm.shared_allocator());
+      if (t.rank() < 2) {
+        REQUIRE(h != nullptr);
+        void* p = h->allocate(1000, 64);
+        CHECK(node_segments_of(t)->in_own_heap(p, 1000));
+        h->deallocate(p, 1000);
+      } else {
+        CHECK(h == nullptr);
+      }
+    });
+  }
 }
 
 TEST_CASE("shm on heap buffers: exact sums, in place and out of place, every or some ranks") {
@@ -258,10 +276,20 @@ TEST_CASE("shm on heap buffers: exact sums, in place and out of place, every or 
   }
 }
 
-TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private memory") {
-  const int p = 3;
-  const std::size_t n = 70001;
-  LoopbackWorld world(p, heap_config(4 << 20));
+namespace {
+
+// Ranks of node_of[r]'s node.
+int node_size(const std::vector<int>& node_of, int r) {
+  return static_cast<int>(
+      std::count(node_of.begin(), node_of.end(), node_of[static_cast<std::size_t>(r)]));
+}
+
+// `algo` on node_of's nodes, each rank averaging the same values once from its heap and once from
+// private memory: every rank's two results are bit for bit rank 0's private one.
+void check_averages_bit_identical(const std::vector<int>& node_of, AllreduceAlgorithm algo,
+                                  std::size_t n) {
+  const int p = static_cast<int>(node_of.size());
+  LoopbackWorld world(node_of, heap_config(4 << 20));
   std::vector<std::vector<float>> via_heap(p), via_host(p);
   run_loopback(world, [&](LoopbackTransport& t) {
     Communicator comm(t, patient());
@@ -277,8 +305,8 @@ TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private mem
     auto* x = static_cast<float*>(h.allocate(n * sizeof(float), 64));
     std::copy(data.begin(), data.end(), x);
     std::vector<float> y = data;
-    comm.allreduce(BufferView(x, n, DType::f32), ReduceOp::avg, AllreduceAlgorithm::shm);
-    comm.allreduce(BufferView(y.data(), n, DType::f32), ReduceOp::avg, AllreduceAlgorithm::shm);
+    comm.allreduce(BufferView(x, n, DType::f32), ReduceOp::avg, algo);
+    comm.allreduce(BufferView(y.data(), n, DType::f32), ReduceOp::avg, algo);
     via_heap[static_cast<std::size_t>(r)].assign(x, x + n);
     via_host[static_cast<std::size_t>(r)] = y;
     h.deallocate(x, n * sizeof(float));
@@ -292,13 +320,14 @@ TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private mem
   }
 }
 
-TEST_CASE("shm on heap buffers: a rank returns only once the others have read its buffers") {
-  // Every rank overwrites its buffer with -1 the moment its call returns (as a training loop's
-  // next backward pass would). A rank that returned while another was still copying its part
-  // would hand that rank -1s. Unequal work per rank between calls makes the ranks drift apart.
-  const int p = 3;
-  const std::size_t n = 40000;
-  LoopbackWorld world(p, heap_config(2 << 20));
+// `algo` on node_of's nodes, `calls` times on heap buffers, every rank overwriting its buffer
+// with -1 the moment its call returns (as a training loop's next backward pass would). A rank
+// that returned while another was still reading its part would hand that rank -1s. Unequal work
+// per rank between calls makes the ranks drift apart.
+void check_overwrite_on_return(const std::vector<int>& node_of, AllreduceAlgorithm algo,
+                               std::size_t n, int calls) {
+  const int p = static_cast<int>(node_of.size());
+  LoopbackWorld world(node_of, heap_config(2 << 20));
   std::mutex m;
   std::vector<std::string> failures;
   run_loopback(world, [&](LoopbackTransport& t) {
@@ -306,9 +335,9 @@ TEST_CASE("shm on heap buffers: a rank returns only once the others have read it
     const int r = t.rank();
     Allocator& h = comm.shared_allocator();
     auto* x = static_cast<float*>(h.allocate(n * sizeof(float), 64));
-    for (int call = 0; call < 60; ++call) {
+    for (int call = 0; call < calls; ++call) {
       for (std::size_t i = 0; i < n; ++i) x[i] = small_value(i, r, call);
-      comm.allreduce(BufferView(x, n, DType::f32), ReduceOp::sum, AllreduceAlgorithm::shm);
+      comm.allreduce(BufferView(x, n, DType::f32), ReduceOp::sum, algo);
       const std::size_t bad = wrong_sums(x, n, p, call);
       std::fill(x, x + n, -1.0f);
       if (bad) {
@@ -321,4 +350,87 @@ TEST_CASE("shm on heap buffers: a rank returns only once the others have read it
     h.deallocate(x, n * sizeof(float));
   });
   for (const auto& f : failures) FAIL_CHECK(f);
+}
+
+}  // namespace
+
+TEST_CASE("hier and hier_leader on heap buffers: exact sums on even and uneven nodes") {
+  struct Layout {
+    std::vector<int> node_of;
+    std::vector<bool> which;  // whether rank r's buffers come from its heap
+  };
+  const std::vector<Layout> layouts = {{{0, 0, 1, 1}, {true, true, true, true}},
+                                       {{0, 0, 1, 1}, {true, false, false, true}},
+                                       {{0, 0, 0, 1}, {true, false, true, true}},
+                                       {{0, 1, 1, 1}, {true, true, true, false}}};
+  const std::size_t n = 100003;  // 7 chunks of a 64 KiB slot, 2 slots: every slot reused
+  const std::uint64_t chunks = 7;
+  for (const auto& lay : layouts)
+    for (AllreduceAlgorithm algo : {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader})
+      for (bool inplace : {false, true}) {
+        const int p = static_cast<int>(lay.node_of.size());
+        CAPTURE(name_of(algo));
+        CAPTURE(inplace);
+        CAPTURE(lay.node_of[1]);
+        CAPTURE(lay.node_of[2]);
+        CAPTURE(lay.which[1]);
+        LoopbackWorld world(lay.node_of, heap_config(4 << 20));
+        std::mutex m;
+        std::vector<std::string> failures;
+        run_loopback(world, [&](LoopbackTransport& t) {
+          Communicator comm(t, patient());
+          const int r = t.rank();
+          const bool heap = lay.which[static_cast<std::size_t>(r)];
+          Allocator& a = heap ? comm.shared_allocator() : default_allocator();
+          auto* x = static_cast<float*>(a.allocate(n * sizeof(float), 64));
+          auto* y = inplace ? x : static_cast<float*>(a.allocate(n * sizeof(float), 64));
+          SharedSegments* seg = node_segments_of(t);
+          const std::uint64_t lent_before = seg ? seg->direct_chunks : 0;
+          for (int call = 0; call < 3; ++call) {
+            for (std::size_t i = 0; i < n; ++i) x[i] = small_value(i, r, call);
+            comm.allreduce(BufferView(x, n, DType::f32), BufferView(y, n, DType::f32),
+                           ReduceOp::sum, algo);
+            if (const std::size_t bad = wrong_sums(y, n, p, call)) {
+              std::lock_guard<std::mutex> lock(m);
+              failures.push_back("rank " + std::to_string(r) + " call " + std::to_string(call) +
+                                 ": " + std::to_string(bad) + " wrong sums");
+            }
+          }
+          // hier lends its input (reduce-scatter) and its output (all-gather) chunk by chunk;
+          // hier_leader the non-leaders' inputs (reduce) and the leader's output (broadcast).
+          const std::uint64_t lent = (seg ? seg->direct_chunks : 0) - lent_before;
+          const std::uint64_t per_call = algo == AllreduceAlgorithm::hier ? 2 * chunks : chunks;
+          const std::uint64_t want = heap && node_size(lay.node_of, r) > 1 ? 3 * per_call : 0;
+          if (lent != want) {
+            std::lock_guard<std::mutex> lock(m);
+            failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
+                               " chunks in place, expected " + std::to_string(want));
+          }
+          if (!inplace) a.deallocate(y, n * sizeof(float));
+          a.deallocate(x, n * sizeof(float));
+        });
+        for (const auto& f : failures) FAIL_CHECK(f);
+      }
+}
+
+TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private memory") {
+  check_averages_bit_identical({0, 0, 0}, AllreduceAlgorithm::shm, 70001);
+}
+
+TEST_CASE("shm on heap buffers: a rank returns only once the others have read its buffers") {
+  check_overwrite_on_return({0, 0, 0}, AllreduceAlgorithm::shm, 40000, 60);
+}
+
+TEST_CASE("hier and hier_leader on heap buffers: averages bit-identical to private memory") {
+  for (AllreduceAlgorithm algo : {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}) {
+    CAPTURE(name_of(algo));
+    check_averages_bit_identical({0, 0, 0, 1, 1}, algo, 70001);
+  }
+}
+
+TEST_CASE("hier and hier_leader on heap buffers: a rank returns only once its node has read them") {
+  for (AllreduceAlgorithm algo : {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader}) {
+    CAPTURE(name_of(algo));
+    check_overwrite_on_return({0, 0, 0, 1}, algo, 40000, 40);
+  }
 }

@@ -207,15 +207,17 @@ class Communicator {
   const Topology& topology() const noexcept { return topology_; }
 
   /// Local. Host memory that the other ranks of the node read in place: this rank's part of the
-  /// transport's node-shared heap (SharedSegmentConfig::heap_bytes, DTRAIN_SHM_HEAP_MIB) when
-  /// all ranks share a node and the heap is configured, else the default host allocator. Build
-  /// the model on it (`Sequential model(layers, comm.shared_allocator())`) and the shm all-reduce
-  /// averages its gradient buckets without copying them through the segment slots (each rank
-  /// decides per chunk; ranks whose buffers lie elsewhere still copy, so mixing is correct).
-  /// Blocks that do not fit come from the host. The transport owns the memory: free every block
-  /// (destroy the model) before the transport.
+  /// transport's node-shared heap (SharedSegmentConfig::heap_bytes, DTRAIN_SHM_HEAP_MIB) where
+  /// the heap is configured and this rank shares its node with others (all ranks on one node,
+  /// or the node's ranks under several nodes), else the default host allocator. Build the model
+  /// on it (`Sequential model(layers, comm.shared_allocator())`) and the shm all-reduce, and
+  /// hier and hier_leader inside each node, average its gradient buckets without copying them
+  /// through the segment slots (each rank decides per chunk; ranks whose buffers lie elsewhere
+  /// still copy, so mixing is correct). Blocks that do not fit come from the host. The transport
+  /// owns the memory: free every block (destroy the model) before the transport.
   Allocator& shared_allocator() const noexcept {
     SharedSegments* w = shared_segments_of(*state_->transport);
+    if (!w) w = node_segments_of(*state_->transport);
     if (w && w->heap_allocator) return *w->heap_allocator;
     return default_allocator();
   }

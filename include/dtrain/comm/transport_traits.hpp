@@ -221,7 +221,8 @@ struct SharedSegmentConfig {
   /// Bytes of each rank's heap, memory the other ranks of the node read in place
   /// (DTRAIN_SHM_HEAP_MIB, 0..1048576 MiB; default 0 = none): a model whose arenas come from
   /// Communicator::shared_allocator() then has its gradients averaged by the shm all-reduce
-  /// without the copies through the slots (about half the memory traffic). The pages are
+  /// (hier and hier_leader inside each node) without the copies through the slots (about half
+  /// the memory traffic). The pages are
   /// touched only as blocks are handed out; where /dev/shm is small (containers), size it within.
   std::size_t heap_bytes = 0;
   /// The defaults overridden by the variables above, parsed strictly (<dtrain/core/env.hpp>).

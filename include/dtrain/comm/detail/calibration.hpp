@@ -110,8 +110,9 @@ enum class CalibrationQuantity {
 /// Floats for the calibration's shm measurements and probes, from `alloc` (filled with `value`).
 /// The calibration takes them from the transport's node-shared heap where there is one: a model
 /// built on Communicator::shared_allocator() keeps its gradients there, which the shm all-reduce
-/// reads in place (about half the passes over the data of buffers elsewhere), so that is the shm
-/// to price. Without a heap, or where it is full, they are host memory as before.
+/// (and hier, hier_leader inside a node) reads in place (about half the passes over the data of
+/// buffers elsewhere), so that is the shm to price. Without a heap, or where it is full, they
+/// are host memory as before.
 class CalibrationFloats {
  public:
   CalibrationFloats(Allocator& alloc, std::size_t n, float value)
@@ -639,7 +640,7 @@ class Calibrator {
     SharedSegments* const node_seg =
         !seg && multi && nodes.node_size(nodes.node_of(r_)) > 1 ? node_segments_of(t_) : nullptr;
     SharedSegments* const shm_seg = seg ? seg : node_seg;
-    CalibrationFloats v(calibration_allocator(seg), shm_seg ? big / sizeof(float) : 0, 1.0f);
+    CalibrationFloats v(calibration_allocator(shm_seg), shm_seg ? big / sizeof(float) : 0, 1.0f);
     float tiny[8] = {};
     std::unique_ptr<Plan> big_plan, tiny_plan;
     NodeShm node_big, node_tiny;
@@ -812,8 +813,10 @@ class Calibrator {
     // does not see.
     const std::size_t probe_count = max_bytes / sizeof(float);
     constexpr std::size_t kPageFloats = 4096 / sizeof(float);
-    CalibrationFloats probe_mem(calibration_allocator(shared_segments_of(t_)),
-                                2 * probe_count + kPageFloats, 1.0f);
+    SharedSegments* const heap_seg =
+        shared_segments_of(t_) ? shared_segments_of(t_) : node_segments_of(t_);
+    CalibrationFloats probe_mem(calibration_allocator(heap_seg), 2 * probe_count + kPageFloats,
+                                1.0f);
     float* const probe_in = probe_mem.data();
     float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
     std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes

@@ -23,6 +23,17 @@
 // node, the groups connect ranks of different nodes); group j gets its own id range, sized by a
 // bound on what its algorithm uses, so a pair of ranks meeting in several groups never shares an
 // id. avg is a sum until the owner of an element divides it by the number of ranks, once.
+//
+// In place, as in shm.hpp: where a rank's chunk of the buffer the others read (its input in the
+// reduce-scatter and hier_leader's reduce, its output in the all-gather and the broadcast) lies
+// in its part of the node-shared heap (SharedSegmentConfig::heap_bytes;
+// Communicator::shared_allocator), it copies nothing into its slot; the slot's last line says so
+// with the chunk's offset in its heap, and the others read it there. A chunk is then a page and
+// a line shorter than a slot of 64 KiB and up (shm_chunk_bytes), the slot's last line holding
+// that descriptor. Each rank decides per chunk. The orders that make it safe: a rank rewrites
+// another rank's range of its output (all-gather) only after that rank raised counter 0 of an
+// all-gather chunk, i.e. finished its reduce-scatter reads; and a rank that lent a buffer
+// returns only once every rank it lent to has raised counter 2 for the last chunk.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +49,7 @@
 #include <dtrain/comm/detail/algo/rd.hpp>
 #include <dtrain/comm/detail/algo/rhd.hpp>
 #include <dtrain/comm/detail/algo/ring.hpp>
+#include <dtrain/comm/detail/algo/shm.hpp>
 #include <dtrain/comm/detail/algo/tree.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/detail/futex_wait.hpp>
@@ -83,6 +95,10 @@ class HierBase : public Algorithm {
                      name << ": node segments of " << seg_->size << " ranks (this is rank "
                           << seg_->rank << ") but the node map has " << L_ << " (rank " << l_
                           << ")");
+    if (seg_) {
+      chunk_bytes_ = shm_chunk_bytes(seg_->slot_bytes);
+      lendable_ = chunk_bytes_ != seg_->slot_bytes;
+    }
     // The views reduce with sum where the plan averages: the owner divides once at the end.
     group_op_ = ctx.spec().op == ReduceOp::avg ? ReduceOp::sum : ctx.spec().op;
   }
@@ -156,7 +172,7 @@ class HierBase : public Algorithm {
   template <class F>
   void for_each_chunk(bool finish, F&& body) {
     SharedSegments& w = *seg_;
-    const std::size_t chunk = std::max<std::size_t>(1, w.slot_bytes / es_);
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / es_);
     const std::size_t nchunks = ceil_div(n_, chunk);
     for (std::size_t k = 0; k < nchunks; ++k) {
       const std::uint64_t g = w.next_chunk + k;
@@ -172,6 +188,43 @@ class HierBase : public Algorithm {
     if (in_ != out_) std::memcpy(out_, in_, n_ * es_);
   }
 
+  // ---- buffers read in place (see the top) ----------------------------------------------------
+  /// Before raising counter 0 for the chunk in `slot` (after wait_slot_free): where the others
+  /// find the chunk they read, `data` (`bytes`): true when it lies in this rank's heap, and they
+  /// read it there (the caller copies nothing); false when the caller copies it into its slot.
+  bool lend(int slot, const uchar* data, std::size_t bytes) {
+    if (!lendable_) return false;
+    Descriptor d;
+    if (seg_->in_own_heap(data, bytes)) {
+      d.direct = 1;
+      d.at = seg_->own_heap_offset(data);
+      lent_ = true;
+      ++seg_->direct_chunks;
+    }
+    std::memcpy(seg_->slot(l_, slot) + seg_->slot_bytes - kLine, &d, sizeof(d));
+    return d.direct != 0;
+  }
+  /// Local rank q's chunk in `slot` (once its counter 0 for the chunk was seen): in its heap
+  /// where it lent it, else its slot.
+  const uchar* chunk_of(int q, int slot) const {
+    if (lendable_) {
+      Descriptor d;
+      std::memcpy(&d, seg_->slot(q, slot) + seg_->slot_bytes - kLine, sizeof(d));
+      if (d.direct) return seg_->heap_at(q, d.at);
+    }
+    return seg_->slot(q, slot);
+  }
+  /// At the end of run(), after the last chunk: where this rank lent a buffer, waits until every
+  /// other rank of the node has raised counter 2 for that chunk (it has read all it reads); the
+  /// caller may write the buffers once run() returns.
+  void end_lending() {
+    if (!lent_) return;
+    lent_ = false;
+    const std::uint64_t last = seg_->next_chunk - 1;
+    const int slot = static_cast<int>(last % static_cast<std::uint64_t>(seg_->slots));
+    for (int i = 1; i < L_; ++i) wait_counter((l_ + i) % L_, 2, slot, last + 1);
+  }
+
   PlanContext<Transport>& ctx_;
   const uchar* in_;
   uchar* out_;
@@ -180,8 +233,21 @@ class HierBase : public Algorithm {
   int node_ = 0, L_ = 1, l_ = 0;
   SharedSegments* seg_ = nullptr;
   double spin_ = Backoff::kSpinSeconds;
+  std::size_t chunk_bytes_ = 0;  // of the user's vector per chunk (shm_chunk_bytes)
+  bool lendable_ = false;        // chunks leave the slot's last line for a descriptor
+  bool lent_ = false;            // this run lent a buffer to the node (end_lending)
   ReduceOp group_op_ = ReduceOp::sum;
   long long next_id_ = 2;  // ids 0 and 1 (after kFirstAlgorithmChannel): intra-node messages
+
+ private:
+  // A chunk's descriptor in the slot's last line: whether the others read it in place, and its
+  // offset in this rank's heap.
+  struct Descriptor {
+    std::size_t direct = 0;
+    std::size_t at = 0;
+  };
+  static constexpr std::size_t kLine = 64;
+  static_assert(sizeof(Descriptor) <= kLine, "a descriptor fits the slot's last line");
 };
 
 /// hier: intra-node reduce-scatter, inter-node ring all-reduce of each part, intra-node
@@ -273,16 +339,18 @@ class HierAlgorithm : public HierBase<Transport> {
       uchar* mine = w.slot(l, slot);
       this->wait_slot_free(g);
       // Everything but this rank's own range, which it reduces from its input directly.
-      if (m0 > c0) std::memcpy(mine, this->in_ + c0 * es, (m0 - c0) * es);
-      if (c1 > m1) std::memcpy(mine + (m1 - c0) * es, this->in_ + m1 * es, (c1 - m1) * es);
+      if (!this->lend(slot, this->in_ + c0 * es, (c1 - c0) * es)) {
+        if (m0 > c0) std::memcpy(mine, this->in_ + c0 * es, (m0 - c0) * es);
+        if (c1 > m1) std::memcpy(mine + (m1 - c0) * es, this->in_ + m1 * es, (c1 - m1) * es);
+      }
       this->raise_counter(0, g);
       uchar* dst = this->out_ + m0 * es;
       for (int i = 1; i < L; ++i) {
         const int q = (l + i) % L;
         this->wait_counter(q, 0, slot, g + 1);
         if (m1 > m0)
-          ctx.reduce(dst, i == 1 ? this->in_ + m0 * es : dst, w.slot(q, slot) + (m0 - c0) * es,
-                     m1 - m0);
+          ctx.reduce(dst, i == 1 ? this->in_ + m0 * es : dst,
+                     this->chunk_of(q, slot) + (m0 - c0) * es, m1 - m0);
       }
     });
   }
@@ -294,7 +362,7 @@ class HierAlgorithm : public HierBase<Transport> {
     this->for_each_chunk(false, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
       const std::size_t m0 = std::clamp(own0_, c0, c1), m1 = std::clamp(own1_, c0, c1);
       this->wait_slot_free(g);
-      if (m1 > m0)
+      if (!this->lend(slot, this->out_ + c0 * es, (c1 - c0) * es) && m1 > m0)
         std::memcpy(w.slot(l, slot) + (m0 - c0) * es, this->out_ + m0 * es, (m1 - m0) * es);
       this->raise_counter(0, g);
       this->raise_counter(1, g);
@@ -304,10 +372,12 @@ class HierAlgorithm : public HierBase<Transport> {
                           q1 = std::clamp(range_begin(q + 1, L), c0, c1);
         this->wait_counter(q, 0, slot, g + 1);
         if (q1 > q0)
-          std::memcpy(this->out_ + q0 * es, w.slot(q, slot) + (q0 - c0) * es, (q1 - q0) * es);
+          std::memcpy(this->out_ + q0 * es, this->chunk_of(q, slot) + (q0 - c0) * es,
+                      (q1 - q0) * es);
       }
       this->raise_counter(2, g);
     });
+    this->end_lending();
   }
 
   // ---- by messages inside the node ------------------------------------------------------------
@@ -452,15 +522,19 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
       const std::size_t cl = c1 - c0;
       this->wait_slot_free(g);
       if (this->l_ != 0) {
-        std::memcpy(w.slot(this->l_, slot), this->in_ + c0 * es, cl * es);
+        if (!this->lend(slot, this->in_ + c0 * es, cl * es))
+          std::memcpy(w.slot(this->l_, slot), this->in_ + c0 * es, cl * es);
       } else {
         uchar* dst = this->out_ + c0 * es;
         for (int q = 1; q < this->L_; ++q) {
           this->wait_counter(q, 0, slot, g + 1);
-          ctx.reduce(dst, q == 1 ? this->in_ + c0 * es : dst, w.slot(q, slot), cl);
+          ctx.reduce(dst, q == 1 ? this->in_ + c0 * es : dst, this->chunk_of(q, slot), cl);
         }
       }
     });
+    // A rank's input lent here has been read once the leader publishes the broadcast's first
+    // chunk, which every rank waits for: nothing to wait for at the end for it.
+    this->lent_ = false;
   }
 
   void shm_broadcast() {
@@ -470,12 +544,14 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
       const std::size_t cl = c1 - c0;
       if (this->l_ == 0) {
         this->wait_slot_free(g);
-        std::memcpy(w.slot(0, slot), this->out_ + c0 * es, cl * es);
+        if (!this->lend(slot, this->out_ + c0 * es, cl * es))
+          std::memcpy(w.slot(0, slot), this->out_ + c0 * es, cl * es);
       } else {
         this->wait_counter(0, 0, slot, g + 1);
-        std::memcpy(this->out_ + c0 * es, w.slot(0, slot), cl * es);
+        std::memcpy(this->out_ + c0 * es, this->chunk_of(0, slot), cl * es);
       }
     });
+    this->end_lending();
   }
 
   std::unique_ptr<PlanContext<Transport>> view_;
