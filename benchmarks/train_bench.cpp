@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <memory>
@@ -85,6 +86,10 @@ struct Phases {
 struct Result {
   double samples_per_s = 0;
   Phases split;  // rank 0, seconds per step
+  // Rank 0's wait for the latest rank's gradients, seconds per step: how much later the last
+  // rank finished its forward and backward pass than rank 0, whatever the all-reduce costs (a
+  // floor under rank 0's sync wait); NaN where the ranks share no clock (several nodes).
+  double lag = 0;
   // What the gradient buckets' all-reduce ran at the end, and how often the buckets' adaptive
   // plans changed algorithm during the run (CommConfig::adaptive).
   std::string bucket_algorithms;
@@ -157,6 +162,8 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
     while (!loader.next(batch)) sampler.set_epoch(++epoch);
   };
   Phases ph;
+  std::vector<double> fb_end;  // per timed step, when this rank's forward and backward ended
+  fb_end.reserve(static_cast<std::size_t>(a.steps));
   auto step = [&](bool timed) {
     dtrain::Timer t;
     next();
@@ -176,6 +183,7 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
     }
     (void)loss;
     const double t_fb = t.seconds();
+    if (timed) fb_end.push_back(dtrain::now_seconds());
     t.reset();
     double t_opt = 0;
     if (mode == Mode::fused) {
@@ -211,6 +219,13 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   for (std::int64_t i = 0; i < a.steps; ++i) step(true);
   double elapsed = wall.seconds();
   comm.allreduce(dtrain::BufferView(&elapsed, 1, dtrain::DType::f64), dtrain::ReduceOp::max);
+  // The latest rank's end of each step's forward and backward pass, after the timed loop (the
+  // ranks of one node read one monotonic clock).
+  std::vector<double> latest = fb_end;
+  comm.allreduce(dtrain::BufferView(latest.data(), latest.size(), dtrain::DType::f64),
+                 dtrain::ReduceOp::max);
+  double lag = 0;
+  for (std::size_t i = 0; i < latest.size(); ++i) lag += latest[i] - fb_end[i];
 
   // Forward alone on the same batch shapes (local, outside the timed loop).
   const std::int64_t fsteps = std::max<std::int64_t>(10, a.steps / 4);
@@ -231,6 +246,7 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   r.split.backward = ph.backward / s - r.split.forward;
   r.split.sync = ph.sync / s;
   r.split.optimizer = ph.optimizer / s;
+  r.lag = comm.topology().nodes == 1 ? lag / s : std::nan("");
   for (std::size_t i = 0; i < sync.bucket_count(); ++i) {
     r.bucket_algorithms += (i ? "," : "") + std::string(dtrain::name_of(sync.bucket_algorithm(i)));
     r.algorithm_changes += sync.bucket_algorithm_changes(i);
@@ -473,6 +489,12 @@ int main(int argc, char** argv) {
                   two[0].grads_in_heap ? "yes (read in place by the shm all-reduce)"
                   : a.shared_heap      ? "no (no heap here: private host memory)"
                                        : "no (--shared-heap 0)");
+      if (!std::isnan(two[0].lag))
+        std::printf(
+            "# rank 0's sync wait on 2 ranks (overlap) %.3f ms per step, of which waiting for the "
+            "other rank's forward and backward to end %.3f ms (its lag behind rank 0, whatever "
+            "the all-reduce costs)\n",
+            1e3 * two[0].split.sync, 1e3 * two[0].lag);
       std::printf(
           "# both ranks training alone at once (no communication): %.0f samples/s together; "
           "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
@@ -503,8 +525,10 @@ int main(int argc, char** argv) {
             .add("bucket_algorithms_2", two[0].bucket_algorithms)
             .add("bucket_algorithm_changes_2", two[0].algorithm_changes)
             .add("gradients_in_shared_heap", two[0].grads_in_heap)
+            .add("sync_wait_ms_2", 1e3 * two[0].split.sync)
             .add_raw("phase_split_2", split_json(two[0].split))
             .add_raw("phase_split_1", split_json(one[0].split));
+        if (!std::isnan(two[0].lag)) js.add("lag_behind_latest_rank_ms_2", 1e3 * two[0].lag);
         std::string modes_json = "{";
         for (int m = 0; m < 3; ++m) {
           char b[256];
