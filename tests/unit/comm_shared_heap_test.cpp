@@ -396,10 +396,17 @@ TEST_CASE("hier and hier_leader on heap buffers: exact sums on even and uneven n
                                  ": " + std::to_string(bad) + " wrong sums");
             }
           }
-          // hier lends its input (reduce-scatter) and its output (all-gather) chunk by chunk;
-          // hier_leader the non-leaders' inputs (reduce) and the leader's output (broadcast).
+          // hier lends its input (reduce-scatter, out of place only) and its output (all-gather)
+          // chunk by chunk; hier_leader the non-leaders' inputs (reduce, out of place only) and
+          // the leader's output (broadcast).
           const std::uint64_t lent = (seg ? seg->direct_chunks : 0) - lent_before;
-          const std::uint64_t per_call = algo == AllreduceAlgorithm::hier ? 2 * chunks : chunks;
+          const bool leader = std::find(lay.node_of.begin(), lay.node_of.end(),
+                                        lay.node_of[static_cast<std::size_t>(r)]) -
+                                  lay.node_of.begin() ==
+                              r;
+          const std::uint64_t per_call = algo == AllreduceAlgorithm::hier
+                                             ? (inplace ? chunks : 2 * chunks)
+                                             : (inplace && !leader ? 0 : chunks);
           const std::uint64_t want = heap && node_size(lay.node_of, r) > 1 ? 3 * per_call : 0;
           if (lent != want) {
             std::lock_guard<std::mutex> lock(m);

@@ -104,8 +104,8 @@ struct SharedSegments {
   std::size_t heap_bytes = 0;
   std::vector<unsigned char*> heap;
   std::unique_ptr<SharedHeapAllocator> heap_allocator;  ///< over heap[rank]; null without heaps
-  /// Chunks of the shm all-reduce for which this rank's input and output both lay in its heap,
-  /// so that the other ranks read them in place (this rank's count, for tests and benchmarks).
+  /// Chunks of shm, hier and hier_leader of which the other ranks read some of this rank's
+  /// buffers in its heap in place (this rank's count, for tests and benchmarks).
   std::uint64_t direct_chunks = 0;
 
   static constexpr std::size_t kFlagStride = 8;  // uint64 per counter: one 64-byte line each

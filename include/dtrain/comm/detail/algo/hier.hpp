@@ -25,8 +25,8 @@
 // id. avg is a sum until the owner of an element divides it by the number of ranks, once.
 //
 // In place, as in shm.hpp: where a rank's chunk of the buffer the others read (its input in the
-// reduce-scatter and hier_leader's reduce, its output in the all-gather and the broadcast) lies
-// in its part of the node-shared heap (SharedSegmentConfig::heap_bytes;
+// reduce-scatter and hier_leader's reduce, when out of place; its output in the all-gather and
+// the broadcast) lies in its part of the node-shared heap (SharedSegmentConfig::heap_bytes;
 // Communicator::shared_allocator), it copies nothing into its slot; the slot's last line says so
 // with the chunk's offset in its heap, and the others read it there. A chunk is then a page and
 // a line shorter than a slot of 64 KiB and up (shm_chunk_bytes), the slot's last line holding
@@ -190,12 +190,15 @@ class HierBase : public Algorithm {
 
   // ---- buffers read in place (see the top) ----------------------------------------------------
   /// Before raising counter 0 for the chunk in `slot` (after wait_slot_free): where the others
-  /// find the chunk they read, `data` (`bytes`): true when it lies in this rank's heap, and they
-  /// read it there (the caller copies nothing); false when the caller copies it into its slot.
-  bool lend(int slot, const uchar* data, std::size_t bytes) {
+  /// find the chunk they read, `data` (`bytes`): true when it lies in this rank's heap (and
+  /// `may`), and they read it there (the caller copies nothing); false when the caller copies it
+  /// into its slot. The callers lend an input only out of place: in place, this rank would
+  /// later overwrite the lines the others read from it, each write first taking the line back
+  /// from their caches (shm.hpp measured that to cost what the saved copy gained).
+  bool lend(int slot, const uchar* data, std::size_t bytes, bool may = true) {
     if (!lendable_) return false;
     Descriptor d;
-    if (seg_->in_own_heap(data, bytes)) {
+    if (may && seg_->in_own_heap(data, bytes)) {
       d.direct = 1;
       d.at = seg_->own_heap_offset(data);
       lent_ = true;
@@ -339,7 +342,7 @@ class HierAlgorithm : public HierBase<Transport> {
       uchar* mine = w.slot(l, slot);
       this->wait_slot_free(g);
       // Everything but this rank's own range, which it reduces from its input directly.
-      if (!this->lend(slot, this->in_ + c0 * es, (c1 - c0) * es)) {
+      if (!this->lend(slot, this->in_ + c0 * es, (c1 - c0) * es, this->in_ != this->out_)) {
         if (m0 > c0) std::memcpy(mine, this->in_ + c0 * es, (m0 - c0) * es);
         if (c1 > m1) std::memcpy(mine + (m1 - c0) * es, this->in_ + m1 * es, (c1 - m1) * es);
       }
@@ -522,7 +525,7 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
       const std::size_t cl = c1 - c0;
       this->wait_slot_free(g);
       if (this->l_ != 0) {
-        if (!this->lend(slot, this->in_ + c0 * es, cl * es))
+        if (!this->lend(slot, this->in_ + c0 * es, cl * es, this->in_ != this->out_))
           std::memcpy(w.slot(this->l_, slot), this->in_ + c0 * es, cl * es);
       } else {
         uchar* dst = this->out_ + c0 * es;

@@ -13,7 +13,12 @@
 // (SharedSegmentConfig::heap_bytes; Communicator::shared_allocator), it copies nothing into its
 // slot. Its slot's last line then says so, with the chunk's offsets in its heap, and the others
 // reduce from its input and copy its reduced part from its output where they are: two of the
-// four passes over each byte are gone. Each rank decides per chunk from its own buffers, so a
+// four passes over each byte are gone. An all-reduce in place (input = output, as gradient sync
+// runs) lends only its reduced part and still copies its input into the slot: the others would
+// otherwise read parts of the buffer that this rank then overwrites with their results, each
+// write first taking the line back from their caches, and that cost what the saved copy gained
+// (2 ranks: level with the slot path at 256 KiB-16 MiB; lending the output alone 0-14% faster,
+// benchmarks/RESULTS.md). Each rank decides per chunk from its own buffers, so a
 // mix of ranks is correct; the readers' counter raises order everything as before (a rank
 // rewrites part q of its buffer only after rank q raised counter 1, i.e. finished reading
 // it), and a rank that lent its buffers returns only once every rank raised counter 2 for the
@@ -102,20 +107,23 @@ class ShmAlgorithm : public Algorithm {
       // Where the other ranks find this chunk's data: in place, where input and output both lie
       // in this rank's heap, else in the slot at the output's offset within a page (see the top).
       Descriptor d;
-      d.direct =
+      const bool lend =
           aligned_ && w.in_own_heap(in + c0 * es, cl * es) && w.in_own_heap(out + c0 * es, cl * es);
-      if (d.direct) {
+      // In place, the input stays in the slot path: the others would read the parts of this
+      // buffer that this rank then overwrites with their results (see the top).
+      d.direct = lend ? (in == out ? kLendOut : kLendIn | kLendOut) : 0;
+      if (lend) {
         d.in = w.own_heap_offset(in + c0 * es);
         d.out = w.own_heap_offset(out + c0 * es);
         any_direct = true;
         ++w.direct_chunks;
-      } else if (aligned_) {
-        d.off = reinterpret_cast<std::uintptr_t>(out + c0 * es) % kPage;
       }
+      if (aligned_ && !(d.direct & kLendIn))
+        d.off = reinterpret_cast<std::uintptr_t>(out + c0 * es) % kPage;
       if (aligned_) std::memcpy(w.slot(r, slot) + w.slot_bytes - kLine, &d, sizeof(d));
       uchar* my_slot = w.slot(r, slot) + d.off;
       // Everything but this rank's own part, which it reduces from `in` directly.
-      if (!d.direct) {
+      if (!(d.direct & kLendIn)) {
         if (b0) std::memcpy(my_slot, in + c0 * es, b0 * es);
         if (cl > b1) std::memcpy(my_slot + b1 * es, in + (c0 + b1) * es, (cl - b1) * es);
       }
@@ -130,7 +138,7 @@ class ShmAlgorithm : public Algorithm {
         if (bl) ctx_.reduce(dst, i == 1 ? first : dst, src.in + b0 * es, bl);
       }
       if (bl) ctx_.finish_avg(dst, bl);
-      if (bl && !d.direct) std::memcpy(my_slot + b0 * es, dst, bl * es);
+      if (bl && !(d.direct & kLendOut)) std::memcpy(my_slot + b0 * es, dst, bl * es);
       counter_publish(w.flag(r, 1, slot), g + 1);
       for (int i = 1; i < p; ++i) {
         const int q = (r + i) % p;
@@ -153,9 +161,10 @@ class ShmAlgorithm : public Algorithm {
   }
 
  private:
-  // What a rank leaves in its slot's last line for a chunk: whether the others read it in place
-  // and where (offsets in its heap of the chunk's input and output), or the chunk's offset in
-  // the slot.
+  // What a rank leaves in its slot's last line for a chunk: what the others read in place (its
+  // input, its reduced part, both: kLend* bits) and where (offsets in its heap of the chunk's
+  // input and output), and the offset in the slot of what they read there.
+  static constexpr std::size_t kLendIn = 1, kLendOut = 2;
   struct Descriptor {
     std::size_t off = 0;
     std::size_t direct = 0;
@@ -174,12 +183,9 @@ class ShmAlgorithm : public Algorithm {
     Descriptor d;
     if (aligned_) std::memcpy(&d, w.slot(q, slot) + w.slot_bytes - kLine, sizeof(d));
     Source& s = sources_[static_cast<std::size_t>(q)];
-    if (d.direct) {
-      s.in = w.heap_at(q, d.in);
-      s.out = w.heap_at(q, d.out);
-    } else {
-      s.in = s.out = w.slot(q, slot) + d.off;
-    }
+    const uchar* in_slot = w.slot(q, slot) + d.off;
+    s.in = d.direct & kLendIn ? w.heap_at(q, d.in) : in_slot;
+    s.out = d.direct & kLendOut ? w.heap_at(q, d.out) : in_slot;
     return s;
   }
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
