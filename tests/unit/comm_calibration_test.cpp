@@ -198,13 +198,27 @@ TEST_CASE("validated table: every size follows its nearest probe, beyond the noi
   CHECK(lookup_decision(d, 1u << 20) == AllreduceAlgorithm::ring);
   CHECK(lookup_decision(d, std::size_t{1} << 30) == AllreduceAlgorithm::ring);
   // When the time budget skipped the 4 MiB probe, the 1 MiB probe's band ends at 2 MiB, the
-  // middle between them: above it the model's pick stands, whatever the 1 MiB probe measured.
+  // middle between them: above it the model's pick stands, whatever the 1 MiB probe measured
+  // (here no prediction is recorded, so none is found far off).
   const AllreduceDecisions cut = detail::apply_probes(cm, view, probes, double(2u << 20));
   CHECK(lookup_decision(cut, 1u << 20) == AllreduceAlgorithm::ring);
   CHECK(lookup_decision(cut, (2u << 20) - 4) == AllreduceAlgorithm::ring);
   CHECK(lookup_decision(cut, 2u << 20) == AllreduceAlgorithm::shm);
   CHECK(lookup_decision(cut, 4u << 20) == AllreduceAlgorithm::shm);
   CHECK(lookup_decision(cut, std::size_t{1} << 30) == AllreduceAlgorithm::shm);
+  // Unless the last probe found the model wrong about that algorithm: beaten, and measured more
+  // than kMispricedFactor times its prediction; its winner then runs above the cut too.
+  probes[2].predicted = {0.75, 1.0};  // shm measured 1.5, twice its prediction
+  CHECK(probes[2].mispriced(AllreduceAlgorithm::shm, detail::kMispricedFactor));
+  CHECK_FALSE(probes[2].mispriced(AllreduceAlgorithm::ring, detail::kMispricedFactor));
+  const AllreduceDecisions overruled = detail::apply_probes(cm, view, probes, double(2u << 20));
+  CHECK(lookup_decision(overruled, 1u << 20) == AllreduceAlgorithm::ring);
+  CHECK(lookup_decision(overruled, 4u << 20) == AllreduceAlgorithm::ring);
+  CHECK(lookup_decision(overruled, std::size_t{1} << 30) == AllreduceAlgorithm::ring);
+  probes[2].predicted = {1.2, 1.0};  // measured within 1.5x of its prediction: the model stands
+  CHECK_FALSE(probes[2].mispriced(AllreduceAlgorithm::shm, detail::kMispricedFactor));
+  CHECK(detail::apply_probes(cm, view, probes, double(2u << 20)) == cut);
+  probes[2].predicted.clear();
   // One lucky repetition of the pick (0.95, still slower than ring's 0.9 in that round) does not
   // save a pick 1.5x slower in the median: slower in 4 of 5 rounds.
   CHECK(probe(1u << 20, 1.5, 0.95, 1.0).replaced);

@@ -189,6 +189,9 @@ struct CalibrationProbe {
   /// (kPairedLosses of kProbeReps, each pair from one round). False for an algorithm not
   /// measured here.
   bool beaten(AllreduceAlgorithm algo, double factor) const;
+  /// Whether the model was wrong about `algo` here: measured, beaten (kSwitchFactor) and its
+  /// median more than `factor` times its prediction. False for an algorithm not measured here.
+  bool mispriced(AllreduceAlgorithm algo, double factor) const;
 };
 
 /// The outcome of a calibration: the agreed model, the validated decision table, the probes.
@@ -262,6 +265,9 @@ inline int probe_warm_calls(double predicted) noexcept {
   return calls >= kProbeWarmMax ? kProbeWarmMax : std::max(1, static_cast<int>(calls));
 }
 inline constexpr double kSwitchFactor = 1.1;
+/// How far above its prediction an algorithm that a probe found beaten must have measured for
+/// the model's pick of it to be overruled above the probes the time budget cut (apply_probes).
+inline constexpr double kMispricedFactor = 1.5;
 /// Probe sizes (bytes of f32 per rank), a factor 4 apart from latency- to bandwidth-bound, so
 /// that every crossover lies within a factor 2 of a probe. (No larger probe: at 8 MiB the
 /// validation cost about ten times the rest of the calibration, seconds with 4 loopback ranks
@@ -355,6 +361,14 @@ inline bool CalibrationProbe::beaten(AllreduceAlgorithm algo, double factor) con
   return losses >= kPairedLosses;
 }
 
+inline bool CalibrationProbe::mispriced(AllreduceAlgorithm algo, double factor) const {
+  const auto it = std::find(algos.begin(), algos.end(), algo);
+  if (it == algos.end()) return false;
+  const auto k = static_cast<std::size_t>(it - algos.begin());
+  return k < measured.size() && k < predicted.size() && beaten(algo, kSwitchFactor) &&
+         measured[k] > factor * predicted[k];
+}
+
 /// How a communicator applies a cost model: the algorithms `automatic` may choose, in the order
 /// that breaks ties, and the predicted seconds of one at a size (bytes per rank). Local value.
 struct ModelView {
@@ -429,7 +443,12 @@ inline double median_of(std::vector<double> v) {
 /// the noise (CalibrationProbe::beaten), its measured winner runs instead. From `validated_to`
 /// up the model's pick stands: the probes were cut there (Calibration::validated_to), and a
 /// probe below 4 MiB does not stand for the bandwidth-bound sizes above it as the 4 MiB probe
-/// does. Pure; every rank computes the same from the same agreed inputs.
+/// does; unless the last probe taken found the model wrong about that very algorithm (beaten,
+/// and measured more than kMispricedFactor times its prediction: CalibrationProbe::mispriced),
+/// where that probe's winner runs instead. (On 2x2 fake nodes under load the 1 MiB probe
+/// measured ring at 2.9x its prediction and replaced it, the 4 MiB probe was cut, and the
+/// model's ring from 2 MiB up ran 2.6x slower than hier_leader at 4 MiB.) Pure; every rank
+/// computes the same from the same agreed inputs.
 inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& view,
                                        const std::vector<CalibrationProbe>& probes,
                                        double validated_to = 1e300) {
@@ -443,6 +462,8 @@ inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& vie
                             : std::sqrt(double(q.bytes) * double(probes[k + 1].bytes));
       if (double(b) >= lo && double(b) < hi) return q.beaten(a, kSwitchFactor) ? q.winner : a;
     }
+    if (!probes.empty() && probes.back().mispriced(a, kMispricedFactor))
+      return probes.back().winner;
     return a;
   };
   if (view.p <= 1) return model_decisions(cm, view);
