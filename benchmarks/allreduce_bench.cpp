@@ -351,8 +351,10 @@ void print_probes(const dtrain::detail::Calibration& c, double calibration_s) {
     std::printf("\n");
   }
   if (c.validated_to < 1e299)
-    std::printf("#   larger probes skipped (time budget): from %.0f B up the model's picks stand\n",
-                c.validated_to);
+    std::printf(
+        "#   larger probes skipped (time budget): from %.0f B up the model's picks stand, but for "
+        "one the last probe found mispriced (beaten, measured > %.1fx its prediction)\n",
+        c.validated_to, dtrain::detail::kMispricedFactor);
 }
 
 // The --algo auto report: per size, the model's prediction for each algorithm, the choice, the
