@@ -10,8 +10,9 @@
 // one after the other, each algorithm after every other one in turn), --stat min|median (what a
 // cell reports of its rounds: the best, the default, or the median), -c 0|1 check results,
 // -d dtype, -o op, --algo LIST (ring tree rhd rd shm hier hier_leader auto mpi; mpi =
-// MPI_Allreduce on the same buffers), --transport LIST (mpi mpi-rma ibverbs loopback; each runs
-// the suite in turn),
+// MPI_Allreduce on the same buffers; NAME@heap = NAME on buffers from the node-shared heap,
+// Communicator::shared_allocator, with auto@heap reported against the other @heap cells),
+// --transport LIST (mpi mpi-rma ibverbs loopback; each runs the suite in turn),
 // --ranks N (loopback), --inplace, --json FILE (rows, the calibrated cost model and, with auto,
 // the automatic report below), --rma-ceiling (MPI one-sided put + flush against
 // two-sided transfers, the ceiling of mpi-rma), --reproducible (every dtrain algorithm runs as
