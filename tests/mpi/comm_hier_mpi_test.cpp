@@ -17,6 +17,7 @@
 
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/shared_heap.hpp>
+#include <dtrain/core/tensor.hpp>
 #include <dtrain/transports/mpi.hpp>
 
 using namespace dtrain;
@@ -40,29 +41,6 @@ std::string describe(const std::vector<int>& sizes) {
   return d;
 }
 
-// `n` elements of T from `a`, zeroed, freed with the object.
-template <class T>
-class Buffer {
- public:
-  Buffer(Allocator& a, std::size_t n)
-      : a_(a), n_(n), p_(static_cast<T*>(a.allocate(std::max<std::size_t>(n, 1) * sizeof(T), 64))) {
-    std::fill(p_, p_ + n_, T{});
-  }
-  ~Buffer() { a_.deallocate(p_, std::max<std::size_t>(n_, 1) * sizeof(T)); }
-  Buffer(const Buffer&) = delete;
-  Buffer& operator=(const Buffer&) = delete;
-  T* data() const noexcept { return p_; }
-  T& operator[](std::size_t i) const noexcept { return p_[i]; }
-  bool operator!=(const std::vector<T>& v) const {
-    return !std::equal(v.begin(), v.end(), p_, p_ + n_);
-  }
-
- private:
-  Allocator& a_;
-  std::size_t n_;
-  T* p_;
-};
-
 // hier and hier_leader on `comm` against MPI_Allreduce: f32 and i32, sum and max, counts from
 // empty to several segments per node part, on buffers from `a`. Returns the number of
 // mismatching results.
@@ -75,8 +53,11 @@ int compare_with_mpi(Communicator<Transport>& comm, const std::vector<AllreduceA
        {std::size_t{0}, std::size_t{1}, std::size_t{5}, std::size_t{1000}, std::size_t{65537}})
     for (AllreduceAlgorithm algo : algos)
       for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
-        Buffer<float> xf(a, n), yf(a, n);
-        Buffer<std::int32_t> xi(a, n), yi(a, n);
+        const Shape shape{static_cast<std::int64_t>(n)};
+        Tensor xft(shape, DType::f32, a), yft(shape, DType::f32, a);
+        Tensor xit(shape, DType::i32, a), yit(shape, DType::i32, a);
+        float *xf = xft.as<float>().data(), *yf = yft.as<float>().data();
+        std::int32_t *xi = xit.as<std::int32_t>().data(), *yi = yit.as<std::int32_t>().data();
         std::vector<float> wf(n);
         std::vector<std::int32_t> wi(n);
         for (std::size_t i = 0; i < n; ++i) {
@@ -85,13 +66,11 @@ int compare_with_mpi(Communicator<Transport>& comm, const std::vector<AllreduceA
           xf[i] = static_cast<float>(xi[i]);
         }
         const MPI_Op mop = op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
-        MPI_Allreduce(xf.data(), wf.data(), static_cast<int>(n), MPI_FLOAT, mop, MPI_COMM_WORLD);
-        MPI_Allreduce(xi.data(), wi.data(), static_cast<int>(n), MPI_INT32_T, mop, MPI_COMM_WORLD);
-        comm.allreduce(BufferView(xf.data(), n, DType::f32), BufferView(yf.data(), n, DType::f32),
-                       op, algo);
-        comm.allreduce(BufferView(xi.data(), n, DType::i32), BufferView(yi.data(), n, DType::i32),
-                       op, algo);
-        if (yf != wf || yi != wi) {
+        MPI_Allreduce(xf, wf.data(), static_cast<int>(n), MPI_FLOAT, mop, MPI_COMM_WORLD);
+        MPI_Allreduce(xi, wi.data(), static_cast<int>(n), MPI_INT32_T, mop, MPI_COMM_WORLD);
+        comm.allreduce(BufferView(xf, n, DType::f32), BufferView(yf, n, DType::f32), op, algo);
+        comm.allreduce(BufferView(xi, n, DType::i32), BufferView(yi, n, DType::i32), op, algo);
+        if (!std::equal(wf.begin(), wf.end(), yf) || !std::equal(wi.begin(), wi.end(), yi)) {
           if (failures++ < 5)
             FAIL_CHECK("rank " << r << " " << name_of(algo) << " " << name_of(op) << " n=" << n
                                << ": differs from MPI_Allreduce");

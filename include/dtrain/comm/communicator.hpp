@@ -216,8 +216,8 @@ class Communicator {
   /// still copy, so mixing is correct). Blocks that do not fit come from the host. The transport
   /// owns the memory: free every block (destroy the model) before the transport.
   Allocator& shared_allocator() const noexcept {
-    SharedSegments* w = shared_segments_of(*state_->transport);
-    if (!w) w = node_segments_of(*state_->transport);
+    // The node's segments: the world's where all ranks share one node (node_segments_of).
+    SharedSegments* w = node_segments_of(*state_->transport);
     if (w && w->heap_allocator) return *w->heap_allocator;
     return default_allocator();
   }

@@ -834,10 +834,8 @@ class Calibrator {
     // does not see.
     const std::size_t probe_count = max_bytes / sizeof(float);
     constexpr std::size_t kPageFloats = 4096 / sizeof(float);
-    SharedSegments* const heap_seg =
-        shared_segments_of(t_) ? shared_segments_of(t_) : node_segments_of(t_);
-    CalibrationFloats probe_mem(calibration_allocator(heap_seg), 2 * probe_count + kPageFloats,
-                                1.0f);
+    CalibrationFloats probe_mem(calibration_allocator(node_segments_of(t_)),
+                                2 * probe_count + kPageFloats, 1.0f);
     float* const probe_in = probe_mem.data();
     float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
     std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes
