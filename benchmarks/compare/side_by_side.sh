@@ -2,8 +2,9 @@
 # dtrain's train_bench next to PyTorch DDP (ddp_bench.py) on the same machine in one run: the three
 # configurations of benchmarks/RESULTS.md, each framework in turn, 2 ranks, one thread per rank.
 #   benchmarks/compare/side_by_side.sh [--load N] [--configs "H B OPT;H B OPT..."] BUILD_DIR OUT_DIR [STEPS]
-# Needs BUILD_DIR/benchmarks/train_bench and Debian's python3-torch. Writes one JSON per run into
-# OUT_DIR and prints the table with the ratios dtrain / PyTorch.
+# Needs BUILD_DIR/benchmarks/train_bench and Debian's python3-torch (installed here when missing,
+# as root; otherwise the apt-get line is printed). Writes one JSON per run into OUT_DIR and prints
+# the table with the ratios dtrain / PyTorch.
 # --load N: after the quiet pair of runs of a configuration, start N CPU-bound busy loops (one
 # process each), run both frameworks again under that load, then stop the loops; the second table
 # compares each framework's loaded throughput with its own quiet one, so "dtrain's slowdown under
@@ -28,6 +29,9 @@ BUILD=${1:?build directory}
 OUT=${2:?output directory}
 STEPS=${3:-300}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../../scripts/lib.sh
+source "$HERE/../../scripts/lib.sh"
+ensure_packages python3-torch
 mkdir -p "$OUT"
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # Under Linux's autogroup scheduling, CPU time is shared between sessions first. MPICH's mpiexec

@@ -167,10 +167,11 @@ TEST_CASE("allreduce: every algorithm agrees with MPI_Allreduce on MPI_COMM_WORL
   compare_all_algorithms(MPI_COMM_WORLD);
 }
 
-// The shm all-reduce on buffers in the node-shared heap (read in place by the other ranks): every
-// rank's buffers there, or only the even ranks' (each rank decides for itself), in place and out
-// of place, against MPI_Allreduce; the ranks whose buffers lie there count the chunks they lent.
-TEST_CASE("shm on node-shared heap buffers agrees with MPI_Allreduce") {
+// The shm all-reduce and ordered_shm (the same protocol, summing in rank order) on buffers in the
+// node-shared heap (read in place by the other ranks): every rank's buffers there, or only the
+// even ranks' (each rank decides for itself), in place and out of place, against MPI_Allreduce;
+// the ranks whose buffers lie there count the chunks they lent.
+TEST_CASE("shm and ordered_shm on node-shared heap buffers agree with MPI_Allreduce") {
   SharedSegmentConfig seg = SharedSegmentConfig::from_env();
   seg.heap_bytes = 8u << 20;
   MpiTransport transport(MPI_COMM_WORLD, seg);
@@ -183,46 +184,50 @@ TEST_CASE("shm on node-shared heap buffers agrees with MPI_Allreduce") {
   }
   std::uint64_t combo = 1000;
   int failures = 0;
-  for (bool only_even : {false, true})
-    for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{300007}})
-      for (DType t : {DType::f32, DType::f64, DType::i32, DType::bf16})
-        for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
-          ++combo;
-          if (p > 2 && (t == DType::f64 || t == DType::i32 || op == ReduceOp::max)) continue;
-          Allocator& a = only_even && r % 2 ? default_allocator() : comm.shared_allocator();
-          const std::size_t es = size_of(t);
-          const std::vector<unsigned char> in = test::make_input(t, op, n, r, combo);
-          std::vector<double> want, tol;
-          mpi_reference(MPI_COMM_WORLD, t, op, in, n, want, tol);
-          auto* x = static_cast<unsigned char*>(a.allocate(n * es, 64));
-          auto* y = static_cast<unsigned char*>(a.allocate(n * es, 64));
-          std::memcpy(x, in.data(), n * es);
-          const std::uint64_t lent = w->direct_chunks;
-          const bool inplace = combo % 2;
-          unsigned char* got = inplace ? x : y;
-          if (inplace)
-            comm.allreduce(BufferView(x, n, t), op, AllreduceAlgorithm::shm);
-          else
-            comm.allreduce(BufferView(x, n, t), BufferView(y, n, t), op, AllreduceAlgorithm::shm);
-          // 16-bit floats travel as f32 through the plan's own buffers, which lie elsewhere.
-          const bool lends = !(only_even && r % 2) && t != DType::bf16;
-          if (lends != (w->direct_chunks > lent) && failures++ < 5)
-            FAIL_CHECK("rank " << r << " n=" << n << " " << name_of(t) << ": chunks lent in place "
-                               << w->direct_chunks - lent << ", expected "
-                               << std::string(lends ? "some" : "none"));
-          for (std::size_t i = 0; i < n; ++i) {
-            const double v = as_double(got + i * es, t);
-            if (!(std::fabs(v - want[i]) <= tol[i])) {
-              if (failures++ < 5)
-                FAIL_CHECK("p=" << p << " n=" << n << " " << name_of(t) << " " << name_of(op)
-                                << (only_even ? " (even ranks' buffers in the heap)" : "")
-                                << " element " << i << ": got " << v << " MPI " << want[i]);
-              break;
+  for (AllreduceAlgorithm algo : {AllreduceAlgorithm::shm, AllreduceAlgorithm::ordered_shm})
+    for (bool only_even : {false, true})
+      for (std::size_t n : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{300007}})
+        for (DType t : {DType::f32, DType::f64, DType::i32, DType::bf16})
+          for (ReduceOp op : {ReduceOp::sum, ReduceOp::avg, ReduceOp::max}) {
+            ++combo;
+            if (p > 2 && (t == DType::f64 || t == DType::i32 || op == ReduceOp::max)) continue;
+            if (algo == AllreduceAlgorithm::ordered_shm && (t == DType::i32 || op == ReduceOp::max))
+              continue;
+            Allocator& a = only_even && r % 2 ? default_allocator() : comm.shared_allocator();
+            const std::size_t es = size_of(t);
+            const std::vector<unsigned char> in = test::make_input(t, op, n, r, combo);
+            std::vector<double> want, tol;
+            mpi_reference(MPI_COMM_WORLD, t, op, in, n, want, tol);
+            auto* x = static_cast<unsigned char*>(a.allocate(n * es, 64));
+            auto* y = static_cast<unsigned char*>(a.allocate(n * es, 64));
+            std::memcpy(x, in.data(), n * es);
+            const std::uint64_t lent = w->direct_chunks;
+            const bool inplace = combo % 2;
+            unsigned char* got = inplace ? x : y;
+            if (inplace)
+              comm.allreduce(BufferView(x, n, t), op, algo);
+            else
+              comm.allreduce(BufferView(x, n, t), BufferView(y, n, t), op, algo);
+            // 16-bit floats travel as f32 through the plan's own buffers, which lie elsewhere.
+            const bool lends = !(only_even && r % 2) && t != DType::bf16;
+            if (lends != (w->direct_chunks > lent) && failures++ < 5)
+              FAIL_CHECK(name_of(algo) << " rank " << r << " n=" << n << " " << name_of(t)
+                                       << ": chunks lent in place " << w->direct_chunks - lent
+                                       << ", expected " << std::string(lends ? "some" : "none"));
+            for (std::size_t i = 0; i < n; ++i) {
+              const double v = as_double(got + i * es, t);
+              if (!(std::fabs(v - want[i]) <= tol[i])) {
+                if (failures++ < 5)
+                  FAIL_CHECK(name_of(algo)
+                             << " p=" << p << " n=" << n << " " << name_of(t) << " " << name_of(op)
+                             << (only_even ? " (even ranks' buffers in the heap)" : "")
+                             << " element " << i << ": got " << v << " MPI " << want[i]);
+                break;
+              }
             }
+            a.deallocate(y, n * es);
+            a.deallocate(x, n * es);
           }
-          a.deallocate(y, n * es);
-          a.deallocate(x, n * es);
-        }
   CHECK(failures == 0);
 }
 

@@ -2,7 +2,8 @@
 // shm all-reduce reading buffers there in place (algo/shm.hpp):
 // - the allocator: blocks inside the heap, aligned, zeroed, disjoint, reused after freeing (freed
 //   neighbours merge), the fallback when full or without a heap, and concurrent use;
-// - the all-reduce: exact sums and bit-identical averages against buffers in private memory, with
+// - the all-reduce (shm, and ordered_shm with the rank-order bits of ordered): exact sums and
+//   bit-identical averages against buffers in private memory, with
 //   every rank's buffers in the heap or only some ranks' (each rank decides for itself), in place
 //   and out of place, over more chunks than slots; each rank counts the chunks it lent;
 // - a rank that lent its buffers returns only when the others have read them: every rank
@@ -76,6 +77,32 @@ CommConfig patient() {
   CommConfig c;
   c.timeout_s = 60;
   return c;
+}
+
+// Three sums of small_value on n floats from `a` (in place or out of place) with `algo`, each
+// checked (wrong sums are added to `failures` under `m`); returns the chunks this rank lent for
+// the others to read in place meanwhile.
+template <class Comm>
+std::uint64_t three_exact_sums(Comm& comm, LoopbackTransport& t, Allocator& a, std::size_t n,
+                               bool inplace, AllreduceAlgorithm algo, std::mutex& m,
+                               std::vector<std::string>& failures) {
+  const int r = t.rank(), p = t.size();
+  auto* x = static_cast<float*>(a.allocate(n * sizeof(float), 64));
+  auto* y = inplace ? x : static_cast<float*>(a.allocate(n * sizeof(float), 64));
+  SharedSegments* seg = node_segments_of(t);
+  const std::uint64_t lent_before = seg ? seg->direct_chunks : 0;
+  for (int call = 0; call < 3; ++call) {
+    for (std::size_t i = 0; i < n; ++i) x[i] = small_value(i, r, call);
+    comm.allreduce(BufferView(x, n, DType::f32), BufferView(y, n, DType::f32), ReduceOp::sum, algo);
+    if (const std::size_t bad = wrong_sums(y, n, p, call)) {
+      std::lock_guard<std::mutex> lock(m);
+      failures.push_back("rank " + std::to_string(r) + " call " + std::to_string(call) + ": " +
+                         std::to_string(bad) + " wrong sums");
+    }
+  }
+  if (!inplace) a.deallocate(y, n * sizeof(float));
+  a.deallocate(x, n * sizeof(float));
+  return (seg ? seg->direct_chunks : 0) - lent_before;
 }
 
 }  // namespace
@@ -226,54 +253,41 @@ TEST_CASE("shared_allocator is the heap where the ranks share one, else host mem
   }
 }
 
-TEST_CASE("shm on heap buffers: exact sums, in place and out of place, every or some ranks") {
+TEST_CASE(
+    "shm and ordered_shm on heap buffers: exact sums, in and out of place, every or some ranks") {
   // which[r]: whether rank r's buffers come from its heap.
   const std::vector<std::vector<bool>> layouts = {{true, true},         {true, false},
                                                   {false, true},        {true, true, true},
                                                   {false, true, false}, {true, false, true, true}};
-  for (const auto& which : layouts) {
-    const int p = static_cast<int>(which.size());
-    for (bool inplace : {false, true}) {
-      CAPTURE(p);
-      CAPTURE(inplace);
-      CAPTURE(which[0]);
-      CAPTURE(which[1]);
-      const std::size_t n = 100003;  // 7 chunks of a 64 KiB slot, 2 slots: every slot reused
-      LoopbackWorld world(p, heap_config(4 << 20));
-      std::mutex m;
-      std::vector<std::string> failures;
-      run_loopback(world, [&](LoopbackTransport& t) {
-        Communicator comm(t, patient());
-        const int r = t.rank();
-        Allocator& a =
-            which[static_cast<std::size_t>(r)] ? comm.shared_allocator() : default_allocator();
-        auto* x = static_cast<float*>(a.allocate(n * sizeof(float), 64));
-        auto* y = inplace ? x : static_cast<float*>(a.allocate(n * sizeof(float), 64));
-        const std::uint64_t lent_before = shared_segments_of(t)->direct_chunks;
-        for (int call = 0; call < 3; ++call) {
-          for (std::size_t i = 0; i < n; ++i) x[i] = small_value(i, r, call);
-          comm.allreduce(BufferView(x, n, DType::f32), BufferView(y, n, DType::f32), ReduceOp::sum,
-                         AllreduceAlgorithm::shm);
-          if (const std::size_t bad = wrong_sums(y, n, p, call)) {
+  for (const auto& which : layouts)
+    for (AllreduceAlgorithm algo : {AllreduceAlgorithm::shm, AllreduceAlgorithm::ordered_shm})
+      for (bool inplace : {false, true}) {
+        const int p = static_cast<int>(which.size());
+        CAPTURE(name_of(algo));
+        CAPTURE(p);
+        CAPTURE(inplace);
+        CAPTURE(which[0]);
+        CAPTURE(which[1]);
+        const std::size_t n = 100003;  // 7 chunks of a 64 KiB slot, 2 slots: every slot reused
+        LoopbackWorld world(p, heap_config(4 << 20));
+        std::mutex m;
+        std::vector<std::string> failures;
+        run_loopback(world, [&](LoopbackTransport& t) {
+          Communicator comm(t, patient());
+          const int r = t.rank();
+          Allocator& a =
+              which[static_cast<std::size_t>(r)] ? comm.shared_allocator() : default_allocator();
+          const std::uint64_t lent = three_exact_sums(comm, t, a, n, inplace, algo, m, failures);
+          {
             std::lock_guard<std::mutex> lock(m);
-            failures.push_back("rank " + std::to_string(r) + " call " + std::to_string(call) +
-                               ": " + std::to_string(bad) + " wrong sums");
+            const std::uint64_t want = which[static_cast<std::size_t>(r)] ? 3 * 7 : 0;
+            if (lent != want)
+              failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
+                                 " chunks in place, expected " + std::to_string(want));
           }
-        }
-        const std::uint64_t lent = shared_segments_of(t)->direct_chunks - lent_before;
-        {
-          std::lock_guard<std::mutex> lock(m);
-          const std::uint64_t want = which[static_cast<std::size_t>(r)] ? 3 * 7 : 0;
-          if (lent != want)
-            failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
-                               " chunks in place, expected " + std::to_string(want));
-        }
-        if (!inplace) a.deallocate(y, n * sizeof(float));
-        a.deallocate(x, n * sizeof(float));
-      });
-      for (const auto& f : failures) FAIL_CHECK(f);
-    }
-  }
+        });
+        for (const auto& f : failures) FAIL_CHECK(f);
+      }
 }
 
 namespace {
@@ -284,10 +298,13 @@ int node_size(const std::vector<int>& node_of, int r) {
       std::count(node_of.begin(), node_of.end(), node_of[static_cast<std::size_t>(r)]));
 }
 
-// `algo` on node_of's nodes, each rank averaging the same values once from its heap and once from
-// private memory: every rank's two results are bit for bit rank 0's private one.
+// `algo` on node_of's nodes, each rank averaging the same values once from its heap, and `ref`
+// (by default `algo`) once from private memory: every rank's two results are bit for bit rank 0's
+// private one.
 void check_averages_bit_identical(const std::vector<int>& node_of, AllreduceAlgorithm algo,
-                                  std::size_t n) {
+                                  std::size_t n,
+                                  AllreduceAlgorithm ref = AllreduceAlgorithm::automatic) {
+  if (ref == AllreduceAlgorithm::automatic) ref = algo;
   const int p = static_cast<int>(node_of.size());
   LoopbackWorld world(node_of, heap_config(4 << 20));
   std::vector<std::vector<float>> via_heap(p), via_host(p);
@@ -306,7 +323,7 @@ void check_averages_bit_identical(const std::vector<int>& node_of, AllreduceAlgo
     std::copy(data.begin(), data.end(), x);
     std::vector<float> y = data;
     comm.allreduce(BufferView(x, n, DType::f32), ReduceOp::avg, algo);
-    comm.allreduce(BufferView(y.data(), n, DType::f32), ReduceOp::avg, algo);
+    comm.allreduce(BufferView(y.data(), n, DType::f32), ReduceOp::avg, ref);
     via_heap[static_cast<std::size_t>(r)].assign(x, x + n);
     via_host[static_cast<std::size_t>(r)] = y;
     h.deallocate(x, n * sizeof(float));
@@ -368,7 +385,6 @@ TEST_CASE("hier and hier_leader on heap buffers: exact sums on even and uneven n
   for (const auto& lay : layouts)
     for (AllreduceAlgorithm algo : {AllreduceAlgorithm::hier, AllreduceAlgorithm::hier_leader})
       for (bool inplace : {false, true}) {
-        const int p = static_cast<int>(lay.node_of.size());
         CAPTURE(name_of(algo));
         CAPTURE(inplace);
         CAPTURE(lay.node_of[1]);
@@ -382,24 +398,10 @@ TEST_CASE("hier and hier_leader on heap buffers: exact sums on even and uneven n
           const int r = t.rank();
           const bool heap = lay.which[static_cast<std::size_t>(r)];
           Allocator& a = heap ? comm.shared_allocator() : default_allocator();
-          auto* x = static_cast<float*>(a.allocate(n * sizeof(float), 64));
-          auto* y = inplace ? x : static_cast<float*>(a.allocate(n * sizeof(float), 64));
-          SharedSegments* seg = node_segments_of(t);
-          const std::uint64_t lent_before = seg ? seg->direct_chunks : 0;
-          for (int call = 0; call < 3; ++call) {
-            for (std::size_t i = 0; i < n; ++i) x[i] = small_value(i, r, call);
-            comm.allreduce(BufferView(x, n, DType::f32), BufferView(y, n, DType::f32),
-                           ReduceOp::sum, algo);
-            if (const std::size_t bad = wrong_sums(y, n, p, call)) {
-              std::lock_guard<std::mutex> lock(m);
-              failures.push_back("rank " + std::to_string(r) + " call " + std::to_string(call) +
-                                 ": " + std::to_string(bad) + " wrong sums");
-            }
-          }
+          const std::uint64_t lent = three_exact_sums(comm, t, a, n, inplace, algo, m, failures);
           // hier lends its input (reduce-scatter, out of place only) and its output (all-gather)
           // chunk by chunk; hier_leader the non-leaders' inputs (reduce, out of place only) and
           // the leader's output (broadcast).
-          const std::uint64_t lent = (seg ? seg->direct_chunks : 0) - lent_before;
           const bool leader = std::find(lay.node_of.begin(), lay.node_of.end(),
                                         lay.node_of[static_cast<std::size_t>(r)]) -
                                   lay.node_of.begin() ==
@@ -413,8 +415,6 @@ TEST_CASE("hier and hier_leader on heap buffers: exact sums on even and uneven n
             failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
                                " chunks in place, expected " + std::to_string(want));
           }
-          if (!inplace) a.deallocate(y, n * sizeof(float));
-          a.deallocate(x, n * sizeof(float));
         });
         for (const auto& f : failures) FAIL_CHECK(f);
       }
@@ -424,8 +424,22 @@ TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private mem
   check_averages_bit_identical({0, 0, 0}, AllreduceAlgorithm::shm, 70001);
 }
 
-TEST_CASE("shm on heap buffers: a rank returns only once the others have read its buffers") {
-  check_overwrite_on_return({0, 0, 0}, AllreduceAlgorithm::shm, 40000, 60);
+TEST_CASE("ordered_shm on heap buffers: the rank-order bits of ordered on private memory") {
+  // Summed in place in each owner's heap, the result is still x_0 + x_1 + ... in rank order:
+  // the bits of the message-based ordered algorithm.
+  for (int p : {2, 3, 4}) {
+    CAPTURE(p);
+    check_averages_bit_identical(std::vector<int>(static_cast<std::size_t>(p), 0),
+                                 AllreduceAlgorithm::ordered_shm, 70001,
+                                 AllreduceAlgorithm::ordered);
+  }
+}
+
+TEST_CASE("shm and ordered_shm on heap buffers: a rank returns only once the others read them") {
+  for (AllreduceAlgorithm algo : {AllreduceAlgorithm::shm, AllreduceAlgorithm::ordered_shm}) {
+    CAPTURE(name_of(algo));
+    check_overwrite_on_return({0, 0, 0}, algo, 40000, 60);
+  }
 }
 
 TEST_CASE("hier and hier_leader on heap buffers: averages bit-identical to private memory") {

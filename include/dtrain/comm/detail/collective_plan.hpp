@@ -2,8 +2,8 @@
 // and channels at construction, so execution allocates nothing.
 //
 // The plan holds one algorithm (one header each under algo/: ring.hpp with the
-// reduce_scatter and allgather halves, tree.hpp, rhd.hpp, rd.hpp, shm.hpp, broadcast.hpp,
-// ordered.hpp for the reproducible all-reduce and reduce_scatter); a
+// reduce_scatter and allgather halves, tree.hpp, rhd.hpp, rd.hpp, shm.hpp (also ordered_shm),
+// broadcast.hpp, ordered.hpp for the reproducible all-reduce and reduce_scatter); a
 // barrier is the fingerprint exchange alone. An all-reduce that `automatic` chose may also hold
 // the plan of its runner-up, which it times against its own now and then and changes to when
 // the ranks agree that it has become faster (adaptive.hpp). Every execution first exchanges call
@@ -69,7 +69,7 @@ std::unique_ptr<Algorithm> make_algorithm(PlanContext<Transport>& ctx, const voi
         case AllreduceAlgorithm::ordered:
           return std::make_unique<OrderedAlgorithm<T>>(ctx, in, out, true);
         case AllreduceAlgorithm::ordered_shm:
-          return std::make_unique<OrderedShmAlgorithm<T>>(ctx, in, out);
+          return std::make_unique<ShmAlgorithm<T>>(ctx, in, out, true);
         case AllreduceAlgorithm::automatic: break;
       }
       raise<InvalidArgument>("allreduce plan", "algorithm must be resolved before planning");

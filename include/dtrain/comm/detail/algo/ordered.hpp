@@ -13,10 +13,10 @@
 // reduce-scatter by direct exchange, n(p-1)/p bytes in and out per rank like the ring's, in p-1
 // messages per segment instead of one per step; the all-gather only moves finished bits, so its
 // schedule cannot change them (also direct, so all channel ids of the plan are this file's).
-// Node-shared segments get the same order from OrderedShmAlgorithm, which follows the slot
-// protocol of shm.hpp (same counters, so the two may alternate on one communicator) but lets the
-// owner read the p slots in rank order. Memory stays bounded: two segments of p-1 receive
-// buffers (double buffering) or the transport's slots.
+// Node-shared segments get the same order from ordered_shm, shm.hpp's ShmAlgorithm with its
+// owner adding the p contributions in rank order (the same slots, counters and in-place reads of
+// heap buffers as shm). Memory stays bounded: two segments of p-1 receive buffers (double
+// buffering).
 //
 // Channel ids: reduce-scatter segment c is kFirstAlgorithmChannel + c, all-gather segment c is
 // kFirstAlgorithmChannel + segments + c; the peer tells the p-1 messages of one segment apart.
@@ -24,13 +24,9 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include <dtrain/comm/detail/algo/context.hpp>
-#include <dtrain/comm/detail/backoff.hpp>
-#include <dtrain/comm/detail/futex_wait.hpp>
 
 namespace dtrain::detail {
 
@@ -167,85 +163,6 @@ class OrderedAlgorithm : public Algorithm {
   std::size_t nseg_ = 0, seg_max_ = 0;
   uchar* stage_ = nullptr;
   std::vector<std::size_t> rs_recv_, rs_send_, ag_recv_, ag_send_;
-};
-
-/// All-reduce through node-shared segments in rank order: the slot protocol of ShmAlgorithm
-/// (counter 0: contribution copied in, 1: part reduced and published, 2: slot read out), but the
-/// owner of a part adds the p contributions in rank order. Intermediate sums of a rank that is
-/// not first go to its own slot's part (free until it publishes there), so its private input is
-/// read before an in-place result overwrites it; the last addition writes the private result,
-/// which is then published, as in shm.
-template <class Transport>
-class OrderedShmAlgorithm : public Algorithm {
-  using uchar = unsigned char;
-
- public:
-  OrderedShmAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out)
-      : ctx_(ctx),
-        in_(static_cast<const uchar*>(in)),
-        out_(static_cast<uchar*>(out)),
-        seg_(ctx.shared_segments()) {
-    DTRAIN_REQUIRE(seg_ != nullptr, "allreduce",
-                   "algorithm ordered_shm needs a transport with node-shared segments (all ranks "
-                   "on one node, DTRAIN_SHM not 0); ordered works on any transport");
-  }
-
-  void run() override {
-    SharedSegments& w = *seg_;
-    const std::size_t n = ctx_.spec().count, es = ctx_.elem_bytes();
-    const int p = ctx_.size(), r = ctx_.rank();
-    const std::uint64_t S = static_cast<std::uint64_t>(w.slots);
-    const std::size_t chunk = w.slot_bytes / es, nchunks = ceil_div(n, chunk);
-    for (std::size_t k = 0; k < nchunks; ++k) {
-      const std::uint64_t g = w.next_chunk + k;
-      const int s = static_cast<int>(g % S);
-      const std::size_t c0 = k * chunk, cl = std::min(chunk, n - c0);
-      const std::size_t b0 = block_begin(cl, p, r), bl = block_begin(cl, p, r + 1) - b0;
-      const uchar* in = in_ + c0 * es;
-      uchar* mine = w.slot(r, s);
-      if (g >= S)
-        for (int q = 0; q < p; ++q) wait_counter(q, 2, s, g - S + 1);
-      if (b0) std::memcpy(mine, in, b0 * es);
-      if (cl > b0 + bl)
-        std::memcpy(mine + (b0 + bl) * es, in + (b0 + bl) * es, (cl - b0 - bl) * es);
-      counter_publish(w.flag(r, 0, s), g + 1);
-      // As in OrderedAlgorithm: the result itself accumulates when this rank comes first, else
-      // its own slot part does until the last addition (in place, `out` is this rank's input).
-      uchar* dst = out_ + (c0 + b0) * es;
-      uchar* acc = r == 0 ? dst : mine + b0 * es;
-      auto operand = [&](int q) -> const uchar* {
-        return q == r ? in + b0 * es : static_cast<const uchar*>(w.slot(q, s)) + b0 * es;
-      };
-      for (int q = 0; q < p; ++q) {
-        if (q != r) wait_counter(q, 0, s, g + 1);
-        if (q == 0 || bl == 0) continue;
-        ctx_.reduce(q == p - 1 ? dst : acc, q == 1 ? operand(0) : acc, operand(q), bl);
-      }
-      if (bl) {
-        ctx_.finish_avg(dst, bl);
-        std::memcpy(mine + b0 * es, dst, bl * es);
-      }
-      counter_publish(w.flag(r, 1, s), g + 1);
-      for (int i = 1; i < p; ++i) {
-        const int q = (r + i) % p;
-        wait_counter(q, 1, s, g + 1);
-        const std::size_t q0 = block_begin(cl, p, q), ql = block_begin(cl, p, q + 1) - q0;
-        if (ql) std::memcpy(out_ + (c0 + q0) * es, w.slot(q, s) + q0 * es, ql * es);
-      }
-      counter_publish(w.flag(r, 2, s), g + 1);
-    }
-    w.next_chunk += nchunks;
-  }
-
- private:
-  void wait_counter(int q, int kind, int s, std::uint64_t target) {
-    if (!counter_wait(seg_->flag(q, kind, s), target, ctx_.deadline())) ctx_.timeout(q);
-  }
-
-  PlanContext<Transport>& ctx_;
-  const uchar* in_;
-  uchar* out_;
-  SharedSegments* seg_;
 };
 
 }  // namespace dtrain::detail

@@ -9,6 +9,12 @@
 // refilled only after every rank raised counter 2 for its previous chunk, so up to `slots`
 // chunks are in flight and the copies of one chunk overlap the reduction of another.
 //
+// ordered_shm (the reproducible mode's algorithm on node-shared segments) is the same protocol
+// with the owner adding the p contributions to its part in rank order, x_0 + x_1 + ... + x_{p-1},
+// so its bits are those of `ordered` (algo/ordered.hpp) whatever the chunking; it shares shm's
+// counters (the two may alternate on one communicator), chunk placement, waits and in-place
+// reads of heap buffers.
+//
 // In place: where a rank's input and output chunk both lie in its part of the node-shared heap
 // (SharedSegmentConfig::heap_bytes; Communicator::shared_allocator), it copies nothing into its
 // slot. Its slot's last line then says so, with the chunk's offsets in its heap, and the others
@@ -72,14 +78,19 @@ class ShmAlgorithm : public Algorithm {
   using uchar = unsigned char;
 
  public:
-  ShmAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out)
+  /// `rank_order`: sum each element in rank order (ordered_shm, the reproducible mode's
+  /// bits), else starting from the owner's own contribution (shm).
+  ShmAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out, bool rank_order = false)
       : ctx_(ctx),
         in_(static_cast<const uchar*>(in)),
         out_(static_cast<uchar*>(out)),
-        seg_(ctx.shared_segments()) {
+        seg_(ctx.shared_segments()),
+        rank_order_(rank_order) {
     DTRAIN_REQUIRE(seg_ != nullptr, "allreduce",
-                   "algorithm shm needs a transport with node-shared segments (all ranks on one "
-                   "node, DTRAIN_SHM not 0)");
+                   "algorithm " << (rank_order ? "ordered_shm" : "shm")
+                                << " needs a transport with node-shared segments (all ranks on "
+                                   "one node, DTRAIN_SHM not 0)"
+                                << (rank_order ? "; ordered works on any transport" : ""));
     chunk_bytes_ = shm_chunk_bytes(seg_->slot_bytes);
     aligned_ = chunk_bytes_ != seg_->slot_bytes;
     sources_.assign(static_cast<std::size_t>(ctx.size()), Source{});
@@ -131,11 +142,34 @@ class ShmAlgorithm : public Algorithm {
       const std::size_t bl = b1 - b0;
       uchar* dst = out + (c0 + b0) * es;
       const uchar* first = in + (c0 + b0) * es;
-      for (int i = 1; i < p; ++i) {
-        const int q = (r + i) % p;
-        wait_counter(w, q, 0, slot, g + 1);
-        const Source src = peer_source(w, q, slot);  // also when this rank's part is empty
-        if (bl) ctx_.reduce(dst, i == 1 ? first : dst, src.in + b0 * es, bl);
+      if (rank_order_) {
+        // x_0 + x_1 + ... + x_{p-1}. The result itself accumulates when this rank comes first
+        // (it may be this rank's input, in place), else this rank's part of its own slot does
+        // until the last addition: nobody reads it before counter 1, and an in-place input is
+        // then still intact when its turn comes.
+        uchar* acc = r == 0 ? dst : my_slot + b0 * es;
+        const uchar* prev = nullptr;
+        for (int q = 0; q < p; ++q) {
+          const uchar* x = first;
+          if (q != r) {
+            wait_counter(w, q, 0, slot, g + 1);
+            x = peer_source(w, q, slot).in + b0 * es;  // also when this rank's part is empty
+          }
+          if (q == 0 || !bl) {
+            prev = x;
+            continue;
+          }
+          uchar* to = q == p - 1 ? dst : acc;
+          ctx_.reduce(to, prev, x, bl);
+          prev = to;
+        }
+      } else {
+        for (int i = 1; i < p; ++i) {
+          const int q = (r + i) % p;
+          wait_counter(w, q, 0, slot, g + 1);
+          const Source src = peer_source(w, q, slot);  // also when this rank's part is empty
+          if (bl) ctx_.reduce(dst, i == 1 ? first : dst, src.in + b0 * es, bl);
+        }
       }
       if (bl) ctx_.finish_avg(dst, bl);
       if (bl && !(d.direct & kLendOut)) std::memcpy(my_slot + b0 * es, dst, bl * es);
@@ -203,6 +237,7 @@ class ShmAlgorithm : public Algorithm {
   const uchar* in_;
   uchar* out_;
   SharedSegments* seg_;
+  bool rank_order_ = false;
   double spin_ = Backoff::kSpinSeconds;
   bool aligned_ = false;
   std::size_t chunk_bytes_ = 0;
