@@ -68,30 +68,55 @@ DTRAIN_HOST_DEVICE inline accum_t<T> widen1(T x) noexcept {
 }
 }  // namespace detail
 
+namespace detail {
+template <ReduceOp Op>
+using op_constant = std::integral_constant<ReduceOp, Op>;
+// Calls f(op_constant<op>{}) with avg as sum: each element loop then sees one fixed operation,
+// which the compiler vectorises. With the switch of combine() left inside the loop, GCC 12 at
+// -O3 compiled the collectives' reductions to one element per iteration, testing the operation
+// every time (benchmarks/RESULTS.md).
+template <class F>
+void with_op(ReduceOp op, F&& f) {
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return f(op_constant<ReduceOp::sum>{});
+    case ReduceOp::prod: return f(op_constant<ReduceOp::prod>{});
+    case ReduceOp::min: return f(op_constant<ReduceOp::min>{});
+    case ReduceOp::max: return f(op_constant<ReduceOp::max>{});
+  }
+}
+}  // namespace detail
+
 /// out[i] = a[i] (op) b[i] on accumulator types (f32, f64, i32, i64); `out` may alias `a` or `b`.
 /// `avg` combines as sum (finish with scale_avg). Local.
 template <class T, class = std::enable_if_t<!is_16bit_float_v<T>>>
 void reduce(ReduceOp op, T* out, const T* a, const T* b, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) out[i] = detail::combine<T>(op, a[i], b[i]);
+  detail::with_op(op, [&](auto o) {
+    for (std::size_t i = 0; i < n; ++i) out[i] = detail::combine<T>(o, a[i], b[i]);
+  });
 }
 
 /// acc[i] = acc[i] (op) in[i], both of type T. For 16-bit floats: widened, combined in f32,
 /// rounded once. Local; acc and in must not overlap unless equal.
 template <class T>
 void reduce_into(ReduceOp op, T* acc, const T* in, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    if constexpr (is_16bit_float_v<T>)
-      acc[i] = T(detail::combine(op, detail::widen1(acc[i]), detail::widen1(in[i])));
-    else
-      acc[i] = detail::combine<T>(op, acc[i], in[i]);
-  }
+  detail::with_op(op, [&](auto o) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if constexpr (is_16bit_float_v<T>)
+        acc[i] = T(detail::combine(o, detail::widen1(acc[i]), detail::widen1(in[i])));
+      else
+        acc[i] = detail::combine<T>(o, acc[i], in[i]);
+    }
+  });
 }
 
 /// acc[i] = acc[i] (op) widen(in[i]): a 16-bit float operand added into an f32 accumulator
 /// without rounding (round once at the end with narrow). Local.
 template <class T, class = std::enable_if_t<is_16bit_float_v<T>>>
 void reduce_into(ReduceOp op, float* acc, const T* in, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) acc[i] = detail::combine(op, acc[i], detail::widen1(in[i]));
+  detail::with_op(op, [&](auto o) {
+    for (std::size_t i = 0; i < n; ++i) acc[i] = detail::combine(o, acc[i], detail::widen1(in[i]));
+  });
 }
 
 /// out[i] = in[i] in the accumulator type (exact). Local.
