@@ -1,4 +1,5 @@
-# kernels_bench: host GEMM paths against direct BLAS calls, and the MLP step split by phase.
+# kernels_bench: host GEMM paths against direct BLAS calls, the host reduction against its former
+# loop, and the MLP step split by phase.
 # With nvcc/hipcc the same source also builds kernels_bench_cuda / kernels_bench_hip, which add the
 # device kernels against the vendor BLAS and a device memcpy.
 set(_kb_link "")

@@ -1,10 +1,11 @@
-// kernels_bench: host GEMM paths against the BLAS library called directly on the same shapes, and
-// the forward / backward / update split of a 784-1024-1024-10 MLP step. Compiled by nvcc or hipcc
+// kernels_bench: host GEMM paths against the BLAS library called directly on the same shapes, the
+// collectives' host reduction against its former one-element-per-iteration loop, and the forward /
+// backward / update split of a 784-1024-1024-10 MLP step. Compiled by nvcc or hipcc
 // (kernels_bench_cuda / kernels_bench_hip) it also times the device kernels against the vendor
 // BLAS and a device memcpy, after checking each result against the host reference.
 //
 //   kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm] [--no-optim]
-//                 [--same-page-offset]
+//                 [--no-reduce] [--same-page-offset]
 // --same-page-offset starts the optimizer benchmark's arrays all at one offset within their 4 KiB
 // pages (as separately allocated large arrays are), instead of staggering them.
 // Every ratio in the output is measured in the same run, interleaved, best of `iters`.
@@ -21,6 +22,7 @@
 #include <dtrain/core/timer.hpp>
 #include <dtrain/kernels/host/gemm.hpp>
 #include <dtrain/kernels/host/optim.hpp>
+#include <dtrain/kernels/host/reduce.hpp>
 #if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
 #include <dtrain/kernels/host/blas.hpp>
 #include <dtrain/kernels/host/blas_exec.hpp>
@@ -42,6 +44,7 @@ struct Options {
   bool mlp = true;
   bool gemm = true;
   bool optim = true;
+  bool reduce = true;
   bool same_page_offset = false;
 };
 
@@ -68,12 +71,14 @@ Options parse(int argc, char** argv) {
       o.gemm = false;
     else if (a == "--no-optim")
       o.optim = false;
+    else if (a == "--no-reduce")
+      o.reduce = false;
     else if (a == "--same-page-offset")
       o.same_page_offset = true;
     else {
       std::fprintf(stderr,
                    "usage: kernels_bench [-n iters] [-w warmup] [-b batch] [--no-mlp] [--no-gemm] "
-                   "[--no-optim] [--same-page-offset]\n");
+                   "[--no-optim] [--no-reduce] [--same-page-offset]\n");
       std::exit(2);
     }
   }
@@ -311,6 +316,63 @@ void bench_optim(const Options& o) {
   hd::host_simd_limit() = saved_limit;
 }
 
+// The collectives' host reduction (host::reduce, the operation known only at run time, as in
+// every collective) against the loop it replaced, which tested the operation for every element
+// (combine() called with the run-time operation; GCC 12 compiled that to one scalar element per
+// iteration), and against memcpy of the output's bytes. f32 sum; the results of the two loops are
+// compared bit for bit. In place: a = a + b (as shm and gradient sync reduce); out of place:
+// out = a + b.
+void bench_reduce(const Options& o) {
+  using dtrain::ReduceOp;
+  volatile int op_index = 0;  // the operation as the collectives see it: a run-time value
+  const ReduceOp op = op_index == 0 ? ReduceOp::sum : ReduceOp::max;
+  const auto former = [op](float* out, const float* a, const float* b, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = dtrain::host::detail::combine<float>(op, a[i], b[i]);
+  };
+  std::printf(
+      "#\n# Host reduction, f32 sum, operation known at run time; best of %d after %d warm-up, "
+      "paths interleaved\n# times in us; former = one element per iteration, operation "
+      "tested per element\n",
+      o.iters, o.warmup);
+  std::printf("# %9s %11s %11s %11s %11s %11s %13s %13s %s\n", "bytes", "inplace us", "former us",
+              "outplace us", "former us", "memcpy us", "former/new in", "former/new out", "bits");
+  for (const std::size_t bytes :
+       {std::size_t(64) << 10, std::size_t(256) << 10, std::size_t(1) << 20, std::size_t(4) << 20,
+        std::size_t(16) << 20}) {
+    const std::size_t n = bytes / sizeof(float);
+    std::vector<float> a = random_vec(n, 21), b = random_vec(n, 22), out(n), out_former(n);
+    dtrain::host::reduce(op, dtrain::DType::f32, out.data(), a.data(), b.data(), n);
+    former(out_former.data(), a.data(), b.data(), n);
+    const bool same = std::memcmp(out.data(), out_former.data(), bytes) == 0;
+    std::vector<float> acc = a;
+    double best[5] = {1e30, 1e30, 1e30, 1e30, 1e30};
+    for (int it = -o.warmup; it < o.iters; ++it) {
+      double t[5];
+      double t0 = dtrain::now_seconds();
+      dtrain::host::reduce(op, dtrain::DType::f32, acc.data(), acc.data(), b.data(), n);
+      t[0] = dtrain::now_seconds() - t0;
+      t0 = dtrain::now_seconds();
+      former(acc.data(), acc.data(), b.data(), n);
+      t[1] = dtrain::now_seconds() - t0;
+      t0 = dtrain::now_seconds();
+      dtrain::host::reduce(op, dtrain::DType::f32, out.data(), a.data(), b.data(), n);
+      t[2] = dtrain::now_seconds() - t0;
+      t0 = dtrain::now_seconds();
+      former(out_former.data(), a.data(), b.data(), n);
+      t[3] = dtrain::now_seconds() - t0;
+      t0 = dtrain::now_seconds();
+      std::memcpy(out.data(), a.data(), bytes);
+      t[4] = dtrain::now_seconds() - t0;
+      if (it >= 0)
+        for (int k = 0; k < 5; ++k) best[k] = std::min(best[k], t[k]);
+    }
+    std::printf("  %9zu %11.1f %11.1f %11.1f %11.1f %11.1f %13.2f %13.2f %s\n", bytes,
+                best[0] * 1e6, best[1] * 1e6, best[2] * 1e6, best[3] * 1e6, best[4] * 1e6,
+                best[1] / best[0], best[3] / best[2], same ? "identical" : "DIFFER");
+  }
+}
+
 void bench_mlp(const Options& o) {
   const std::int64_t batch = o.batch;
   // The layers' GEMM is the policy's: CBLAS through HostBlasExec when this build has it.
@@ -492,6 +554,7 @@ int main(int argc, char** argv) {
 #endif
   if (o.gemm) bench_host_gemm(o);
   if (o.optim) bench_optim(o);
+  if (o.reduce) bench_reduce(o);
   if (o.mlp) bench_mlp(o);
 #if defined(DTRAIN_BENCH_GPU)
   bench_device(o);
