@@ -9,6 +9,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <dtrain/core/rng.hpp>
@@ -631,4 +632,98 @@ TEST_CASE("reduce_into for every op and dtype") {
   CHECK_THROWS_AS(host::reduce_into(ReduceOp::sum, dtrain::BufferView(d1, 2, dtrain::DType::f64),
                                     dtrain::BufferView(d2, 3, dtrain::DType::f64)),
                   dtrain::InvalidArgument);
+}
+
+namespace {
+// The contract's element operation, written out independently of reduce.hpp: acc (op) in.
+template <class T>
+T contract_op(dtrain::ReduceOp op, T acc, T in) {
+  using dtrain::ReduceOp;
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    if (op == ReduceOp::sum || op == ReduceOp::avg) return static_cast<T>(U(acc) + U(in));
+    if (op == ReduceOp::prod) return static_cast<T>(U(acc) * U(in));
+  } else {
+    if (op == ReduceOp::sum || op == ReduceOp::avg) return acc + in;
+    if (op == ReduceOp::prod) return acc * in;
+  }
+  if (op == ReduceOp::min) return in < acc ? in : acc;
+  return acc < in ? in : acc;
+}
+}  // namespace
+
+// The reductions run in fixed-size blocks with a remainder (reduce.hpp, elementwise): every length
+// around a block, each operation, out of place and with the output equal to either input, NaN
+// and signed zeros included, against the element operation applied one element at a time.
+TEST_CASE_TEMPLATE("host reductions equal the element operation at every length around a block", T,
+                   float, double, std::int32_t, std::int64_t) {
+  using dtrain::ReduceOp;
+  constexpr std::size_t block = host::detail::kElementBlockBytes / sizeof(T);
+  const std::size_t lengths[] = {0,         1,         block - 1,     block,
+                                 block + 1, 2 * block, 3 * block + 5, 7 * block + block / 2};
+  for (std::size_t n : lengths) {
+    std::vector<T> a(n), b(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      a[i] = static_cast<T>(static_cast<long>(i * 37 % 101) - 50);
+      b[i] = static_cast<T>(static_cast<long>(i * 53 % 97) - 48);
+      if constexpr (std::is_floating_point_v<T>) {
+        a[i] /= T(8);
+        if (i % 29 == 3) a[i] = std::numeric_limits<T>::quiet_NaN();
+        if (i % 31 == 5) b[i] = std::numeric_limits<T>::quiet_NaN();
+        if (i % 23 == 7) a[i] = -T(0);
+      } else if (i % 17 == 2) {
+        a[i] = std::numeric_limits<T>::max();  // sums and products wrap
+      }
+    }
+    for (ReduceOp op :
+         {ReduceOp::sum, ReduceOp::avg, ReduceOp::prod, ReduceOp::min, ReduceOp::max}) {
+      CAPTURE(n);
+      CAPTURE(static_cast<int>(op));
+      std::vector<T> want(n);
+      for (std::size_t i = 0; i < n; ++i) want[i] = contract_op(op, a[i], b[i]);
+      std::vector<T> out(n, T(7));
+      host::reduce(op, out.data(), a.data(), b.data(), n);
+      CHECK(same_bits(out, want));
+      std::vector<T> in_a = a, in_b = b;
+      host::reduce(op, in_a.data(), in_a.data(), b.data(), n);  // output is the first operand
+      CHECK(same_bits(in_a, want));
+      host::reduce(op, in_b.data(), a.data(), in_b.data(), n);  // output is the second operand
+      CHECK(same_bits(in_b, want));
+      std::vector<T> acc = a;
+      host::reduce_into(op, acc.data(), b.data(), n);
+      CHECK(same_bits(acc, want));
+    }
+    std::vector<T> scaled = a, want_scaled(n);
+    for (std::size_t i = 0; i < n; ++i) want_scaled[i] = static_cast<T>(a[i] / T(3));
+    host::scale_avg(scaled.data(), n, 3);
+    CHECK(same_bits(scaled, want_scaled));
+  }
+}
+
+TEST_CASE_TEMPLATE("16-bit reductions widen, combine and round element by element at every length",
+                   H, dtrain::half, dtrain::bfloat16) {
+  using dtrain::ReduceOp;
+  constexpr std::size_t block = host::detail::kElementBlockBytes / sizeof(float);
+  for (std::size_t n : {std::size_t{1}, block - 1, block, block + 1, 3 * block + 5}) {
+    std::vector<H> a(n), b(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      a[i] = H(static_cast<float>(static_cast<long>(i * 37 % 101) - 50) / 7.0f);
+      b[i] = H(static_cast<float>(static_cast<long>(i * 53 % 97) - 48) / 3.0f);
+    }
+    std::vector<float> wide(n), want_wide(n);
+    host::widen(a.data(), wide.data(), n);
+    for (std::size_t i = 0; i < n; ++i) want_wide[i] = static_cast<float>(a[i]);
+    CHECK(same_bits(wide, want_wide));
+    host::reduce_into(ReduceOp::sum, wide.data(), b.data(), n);
+    for (std::size_t i = 0; i < n; ++i) want_wide[i] += static_cast<float>(b[i]);
+    CHECK(same_bits(wide, want_wide));
+    std::vector<H> narrow(n), acc = a;
+    host::narrow(wide.data(), narrow.data(), n);
+    host::reduce_into(ReduceOp::sum, acc.data(), b.data(), n);  // widen both, add, round once
+    for (std::size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(narrow[i].bits == H(want_wide[i]).bits);
+      CHECK(acc[i].bits == H(want_wide[i]).bits);
+    }
+  }
 }
