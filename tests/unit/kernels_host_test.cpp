@@ -727,3 +727,44 @@ TEST_CASE_TEMPLATE("16-bit reductions widen, combine and round element by elemen
     }
   }
 }
+
+// ReLU, identity and the bias passes run in fixed-size blocks with a remainder (elementwise.hpp):
+// every length around a block, bit for bit against the same operations one element at a time.
+TEST_CASE_TEMPLATE("ReLU, identity and bias passes at every length around a block", T, float,
+                   double) {
+  constexpr std::size_t block = host::detail::kElementBlockBytes / sizeof(T);
+  for (std::size_t n : {std::size_t{1}, block - 1, block, block + 1, 3 * block + 5}) {
+    CAPTURE(n);
+    const auto x = random_vec<T>(n, 21, -2, 2);
+    const auto dy = random_vec<T>(n, 22);
+    std::vector<T> want_y(n), want_dx(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      want_y[i] = x[i] > T(0) ? x[i] : T(0);
+      want_dx[i] = x[i] > T(0) ? dy[i] : T(0);
+    }
+    std::vector<T> y(n), dx(n), same = x;
+    host::activation_forward(host::Activation::relu, x.data(), y.data(), n);
+    CHECK(same_bits(y, want_y));
+    host::activation_forward(host::Activation::relu, same.data(), same.data(), n);  // in place
+    CHECK(same_bits(same, want_y));
+    host::activation_backward(host::Activation::relu, x.data(), y.data(), dy.data(), dx.data(), n);
+    CHECK(same_bits(dx, want_dx));
+    std::vector<T> copy(n);
+    host::activation_forward(host::Activation::identity, x.data(), copy.data(), n);
+    CHECK(same_bits(copy, x));
+    // Bias over `n` columns and 3 rows: added per row; the gradient sums the rows in order.
+    const std::int64_t rows = 3, cols = static_cast<std::int64_t>(n);
+    const auto bias = random_vec<T>(n, 23);
+    auto m = random_vec<T>(3 * n, 24);
+    std::vector<T> want_m = m, db(n, T(0.5)), want_db(n, T(0.5));
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < n; ++c) {
+        want_m[r * n + c] += bias[c];
+        want_db[c] += m[r * n + c];
+      }
+    host::bias_grad(m.data(), db.data(), rows, cols);
+    CHECK(same_bits(db, want_db));
+    host::bias_add(m.data(), bias.data(), rows, cols);
+    CHECK(same_bits(m, want_m));
+  }
+}

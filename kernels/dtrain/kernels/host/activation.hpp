@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/kernels/host/elementwise.hpp>
 
 namespace dtrain {
 namespace host {
@@ -96,7 +97,8 @@ template <class T>
 void bias_add(T* __restrict y, const T* __restrict bias, std::int64_t rows, std::int64_t cols) {
   for (std::int64_t r = 0; r < rows; ++r) {
     T* __restrict row = y + r * cols;
-    for (std::int64_t c = 0; c < cols; ++c) row[c] += bias[c];
+    detail::elementwise<T>(static_cast<std::size_t>(cols),
+                           [&](std::size_t c) { row[c] += bias[c]; });
   }
 }
 
@@ -105,7 +107,7 @@ template <class T>
 void bias_grad(const T* __restrict dy, T* __restrict db, std::int64_t rows, std::int64_t cols) {
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* __restrict row = dy + r * cols;
-    for (std::int64_t c = 0; c < cols; ++c) db[c] += row[c];
+    detail::elementwise<T>(static_cast<std::size_t>(cols), [&](std::size_t c) { db[c] += row[c]; });
   }
 }
 
@@ -114,11 +116,10 @@ template <class T>
 void activation_forward(Activation f, const T* x, T* y, std::size_t n) {
   switch (f) {
     case Activation::identity:
-      if (x != y)
-        for (std::size_t i = 0; i < n; ++i) y[i] = x[i];
+      if (x != y) detail::elementwise<T>(n, [&](std::size_t i) { y[i] = x[i]; });
       return;
     case Activation::relu:
-      for (std::size_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] : T(0);
+      detail::elementwise<T>(n, [&](std::size_t i) { y[i] = x[i] > T(0) ? x[i] : T(0); });
       return;
     case Activation::gelu:
       for (std::size_t i = 0; i < n; ++i) y[i] = detail::gelu<T>(x[i]);
@@ -134,22 +135,21 @@ template <class T>
 void activation_backward(Activation f, const T* x, const T* y, const T* dy, T* dx, std::size_t n) {
   switch (f) {
     case Activation::identity:
-      if (dx != dy)
-        for (std::size_t i = 0; i < n; ++i) dx[i] = dy[i];
+      if (dx != dy) detail::elementwise<T>(n, [&](std::size_t i) { dx[i] = dy[i]; });
       return;
     case Activation::relu:
       // Both operands loaded before the select, so the compiler makes it a vector blend: a
       // branch on the sign of x is mispredicted about every other element.
-      for (std::size_t i = 0; i < n; ++i) {
+      detail::elementwise<T>(n, [&](std::size_t i) {
         const T g = dy[i];
         dx[i] = x[i] > T(0) ? g : T(0);
-      }
+      });
       return;
     case Activation::gelu:
       for (std::size_t i = 0; i < n; ++i) dx[i] = dy[i] * detail::gelu_grad<T>(x[i]);
       return;
     case Activation::tanh:
-      for (std::size_t i = 0; i < n; ++i) dx[i] = dy[i] * (T(1) - y[i] * y[i]);
+      detail::elementwise<T>(n, [&](std::size_t i) { dx[i] = dy[i] * (T(1) - y[i] * y[i]); });
       return;
   }
 }
