@@ -768,3 +768,26 @@ TEST_CASE_TEMPLATE("ReLU, identity and bias passes at every length around a bloc
     CHECK(same_bits(m, want_m));
   }
 }
+
+// fill, axpy and scale run in fixed-size blocks with a remainder too (memory.hpp): every length
+// around a block. axpy's operands make alpha * x exact, so a fused multiply-add (under
+// -march=native) and a multiply then add give the same bits.
+TEST_CASE_TEMPLATE("fill, axpy and scale at every length around a block", T, float, double) {
+  constexpr std::size_t block = host::detail::kElementBlockBytes / sizeof(T);
+  for (std::size_t n : {std::size_t{1}, block - 1, block, block + 1, 3 * block + 5}) {
+    CAPTURE(n);
+    std::vector<T> x(n), y(n), want(n);
+    host::fill(x.data(), T(-2.5), n);
+    CHECK(same_bits(x, std::vector<T>(n, T(-2.5))));
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<T>(static_cast<long>(i % 13) - 6);
+      y[i] = static_cast<T>(i % 7) / T(3);
+      want[i] = T(0.5) * x[i] + y[i];
+    }
+    host::axpy(T(0.5), x.data(), y.data(), n);
+    CHECK(same_bits(y, want));
+    for (std::size_t i = 0; i < n; ++i) want[i] = y[i] * T(0.7);
+    host::scale(y.data(), n, T(0.7));
+    CHECK(same_bits(y, want));
+  }
+}

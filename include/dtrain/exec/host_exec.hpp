@@ -81,7 +81,7 @@ class HostExec {
   }
   template <class T>
   void fill(stream_type, T* x, std::size_t n, T value) const noexcept {
-    for (std::size_t i = 0; i < n; ++i) x[i] = value;
+    host::fill(x, value, n);
   }
 
   template <class T>

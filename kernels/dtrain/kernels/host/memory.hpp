@@ -6,13 +6,15 @@
 #include <cstring>
 #include <type_traits>
 
+#include <dtrain/kernels/host/elementwise.hpp>
+
 namespace dtrain {
 namespace host {
 
 /// x[i] = value for i < n. Local, blocking; the caller owns x.
 template <class T>
 void fill(T* x, T value, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) x[i] = value;
+  detail::elementwise<T>(n, [&](std::size_t i) { x[i] = value; });
 }
 
 /// dst[i] = src[i] for i < n; the ranges must not overlap. Local, blocking.
@@ -25,7 +27,7 @@ void copy(const T* src, T* dst, std::size_t n) noexcept {
 /// y[i] = alpha * x[i] + y[i] (gradient accumulation, loss scaling). Local, blocking.
 template <class T>
 void axpy(T alpha, const T* x, T* y, std::size_t n) noexcept {
-  for (std::size_t i = 0; i < n; ++i) y[i] = alpha * x[i] + y[i];
+  detail::elementwise<T>(n, [&](std::size_t i) { y[i] = alpha * x[i] + y[i]; });
 }
 
 /// sum(x[i]^2) accumulated in double, left to right (the global gradient norm's square). Local.
@@ -39,7 +41,7 @@ double sum_squares(const T* x, std::size_t n) noexcept {
 /// x[i] *= factor for i < n (gradient clipping). Local, blocking.
 template <class T>
 void scale(T* x, std::size_t n, T factor) noexcept {
-  for (std::size_t i = 0; i < n; ++i) x[i] *= factor;
+  detail::elementwise<T>(n, [&](std::size_t i) { x[i] *= factor; });
 }
 
 /// scale * sum(x[0..n)) accumulated in double, left to right. Local.
