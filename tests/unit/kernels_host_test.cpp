@@ -652,7 +652,7 @@ T contract_op(dtrain::ReduceOp op, T acc, T in) {
 }
 }  // namespace
 
-// The reductions run in fixed-size blocks with a remainder (reduce.hpp, elementwise): every length
+// The reductions run in fixed-size blocks with a remainder (elementwise.hpp): every length
 // around a block, each operation, out of place and with the output equal to either input, NaN
 // and signed zeros included, against the element operation applied one element at a time.
 TEST_CASE_TEMPLATE("host reductions equal the element operation at every length around a block", T,
