@@ -22,5 +22,5 @@ include("${PROJECT_SOURCE_DIR}/cmake/dtrain_gpu.cmake")
 foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
   dtrain_add_gpu_executable(NAME kernels_bench_${_dialect}
     SOURCE "${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cpp" DIALECT ${_dialect}
-    DEFINES ${_kb_defs} INCLUDES ${_kb_incs} LIBS ${_kb_libs})
+    DEFINES ${_kb_defs} INCLUDES ${_kb_incs} HOST_LIBS ${_kb_libs})
 endforeach()

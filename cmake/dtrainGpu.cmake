@@ -12,12 +12,16 @@
 # and avoids CMake's CUDA language needing a newer CMake for newer toolkits.
 #
 # dtrain_add_gpu_executable(NAME n SOURCE file DIALECT cuda|hip [DEFINES d...] [INCLUDES dir...]
-#                           [FLAGS flag...] [LIBS lib...] [OUT var])
+#                           [FLAGS flag...] [LIBS lib...] [HOST_LIBS lib...] [OUT var])
 #   builds ${CMAKE_CURRENT_BINARY_DIR}/<n> and a target <n> (part of ALL). DTRAIN_GPU_DIALECTS lists
 #   the dialects whose compiler was found (cuda, hip); DTRAIN_GPU_INCLUDE_DIRS the include roots
 #   every unit gets (set by the includer: the installed include dir, or the source tree's roots).
 #   With cuBLAS / hipBLAS found, units get DTRAIN_HAVE_CUBLAS / DTRAIN_HAVE_HIPBLAS and the library.
 #   FLAGS go to the compiler as they are (e.g. -Xcompiler=-march=native for nvcc's host compiler).
+#   LIBS go to the compiler driver as they are. HOST_LIBS (-L/-l flags of libraries without device
+#   code: MPI, HDF5, BLAS) reach only the host linker under nvcc (-Xlinker), so its device link
+#   step does not search them; nvlink otherwise warns about every static archive it finds there
+#   (e.g. glibc's empty libdl.a). Under hipcc they are passed like LIBS.
 
 # Directory-scoped: the settings are variables, and each directory that compiles units needs them.
 include_guard(DIRECTORY)
@@ -160,7 +164,7 @@ if(NOT DEFINED DTRAIN_GPU_DEPENDS)
 endif()
 
 function(dtrain_add_gpu_executable)
-  cmake_parse_arguments(A "" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;FLAGS;LIBS" ${ARGN})
+  cmake_parse_arguments(A "" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;FLAGS;LIBS;HOST_LIBS" ${ARGN})
   set(_exe "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}")
   set(_defs "")
   foreach(_d IN LISTS A_DEFINES)
@@ -170,9 +174,14 @@ function(dtrain_add_gpu_executable)
     list(APPEND _defs "-I${_d}")
   endforeach()
   if(A_DIALECT STREQUAL "cuda")
+    set(_host_libs "")
+    foreach(_l IN LISTS A_HOST_LIBS)
+      list(APPEND _host_libs -Xlinker "${_l}")
+    endforeach()
     add_custom_command(OUTPUT "${_exe}"
       COMMAND "${DTRAIN_NVCC}" ${_dtrain_cuda_flags} -DDTRAIN_HAVE_CUDA=1 ${_defs} ${A_FLAGS}
-              ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_dtrain_cuda_libs}
+              ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_host_libs}
+              ${_dtrain_cuda_libs}
       DEPENDS "${A_SOURCE}" ${DTRAIN_GPU_DEPENDS}
       COMMENT "nvcc (sm ${DTRAIN_CUDA_ARCHS}) ${A_NAME}" VERBATIM)
     add_custom_target(${A_NAME} ALL DEPENDS "${_exe}")
@@ -184,7 +193,7 @@ function(dtrain_add_gpu_executable)
     target_compile_definitions(${A_NAME} PRIVATE DTRAIN_HAVE_HIP=1 ${A_DEFINES})
     target_compile_options(${A_NAME} PRIVATE ${A_FLAGS})
     target_include_directories(${A_NAME} PRIVATE ${A_INCLUDES})
-    target_link_libraries(${A_NAME} PRIVATE ${A_LIBS})
+    target_link_libraries(${A_NAME} PRIVATE ${A_LIBS} ${A_HOST_LIBS})
     target_include_directories(${A_NAME} PRIVATE ${DTRAIN_GPU_INCLUDE_DIRS})
     target_link_libraries(${A_NAME} PRIVATE hip::host Threads::Threads)
     if(DTRAIN_GPU_HIPBLAS)
@@ -200,7 +209,7 @@ function(dtrain_add_gpu_executable)
     endif()
     add_custom_command(OUTPUT "${_exe}"
       COMMAND "${CMAKE_COMMAND}" -E env "TMPDIR=${DTRAIN_HIPCC_TMPDIR}" "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} -DDTRAIN_HAVE_HIP=1 ${_defs} ${A_FLAGS}
-              ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_dtrain_hip_libs}
+              ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${A_HOST_LIBS} ${_dtrain_hip_libs}
       DEPENDS "${A_SOURCE}" ${DTRAIN_GPU_DEPENDS}
       COMMENT "hipcc (${DTRAIN_HIP_ARCHS_EFFECTIVE}) ${A_NAME}" VERBATIM)
     add_custom_target(${A_NAME} ALL DEPENDS "${_exe}")

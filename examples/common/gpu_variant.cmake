@@ -37,6 +37,6 @@ function(dtrain_add_gpu_variants)
   list(REMOVE_ITEM _inc /usr/include /usr/local/include)
   foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
     dtrain_add_gpu_executable(NAME ${A_NAME}_${_dialect} SOURCE "${A_SOURCE}" DIALECT ${_dialect}
-      DEFINES DTRAIN_EXAMPLE_GPU=1 ${A_DEFINES} INCLUDES ${_inc} LIBS ${_libs})
+      DEFINES DTRAIN_EXAMPLE_GPU=1 ${A_DEFINES} INCLUDES ${_inc} HOST_LIBS ${_libs})
   endforeach()
 endfunction()
