@@ -6,12 +6,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <functional>
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -403,6 +405,38 @@ TEST_CASE("calibration: a disturbed sample on one rank does not change the decis
   CostModel slow = clean[0].model;
   slow.shm_beta *= 50;
   CHECK(detail::model_decisions(slow, detail::flat_model_view(p)) != clean[0].decisions);
+}
+
+TEST_CASE("calibration: a rank stalled in a measurement is named in the calibration's terms") {
+  // Rank 1 stops for 1.5 s after its first probe sample; rank 0 meets the deadline inside one of
+  // the calibration's own all-reduce plans. Its error must say so: those plans are numbered in
+  // the communicator's sequence, and "allreduce #N" alone would read as the caller's N-th call.
+  const int p = 2;
+  std::mutex m;
+  std::vector<std::string> messages(p);
+  std::atomic<bool> stalled{false};
+  Hook h([&](const CalibrationSample& s) {
+    if (s.rank == 1 && s.quantity == CalibrationQuantity::probe && !stalled.exchange(true))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    return synthetic(s, p);
+  });
+  run_loopback(p, [&](LoopbackTransport& t) {
+    CommConfig c = config();
+    c.timeout_s = 0.3;
+    detail::CommState<LoopbackTransport> st(t, c);
+    try {
+      detail::calibrate(st, detail::flat_model_view(p));
+    } catch (const Error& e) {
+      std::lock_guard<std::mutex> lock(m);
+      messages[static_cast<std::size_t>(t.rank())] = e.what();
+    }
+  });
+  REQUIRE(stalled.load());
+  CAPTURE(messages[0]);
+  CHECK(messages[0].find("allreduce #") != std::string::npos);
+  CHECK(messages[0].find("during the cost-model calibration") != std::string::npos);
+  CHECK(messages[0].find("wait for rank 1") != std::string::npos);
+  // The caller's own collectives keep the plain label (the safety tests check it in full).
 }
 
 TEST_CASE("calibration: the validation replaces a pick that measures slower than its runner-up") {

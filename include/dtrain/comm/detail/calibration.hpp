@@ -509,9 +509,11 @@ class Calibrator {
   }
 
  private:
+  static constexpr const char* kDuring = "the cost-model calibration";
   static PlanSpec spec(CollectiveKind k) {
     PlanSpec s;
     s.kind = k;
+    s.during = k == CollectiveKind::calibrate ? nullptr : kDuring;  // "calibrate #N" says it
     return s;
   }
   static PlanSpec allreduce_spec(AllreduceAlgorithm a, DType t, const void* in, void* out,

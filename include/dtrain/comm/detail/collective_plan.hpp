@@ -131,7 +131,7 @@ class PlanImpl final : public Job {
 
   std::string label() const override {
     const Spec& s = ctx_.spec();
-    return operation_label(make_fingerprint(s.kind, seq_, s.count, s.dtype, s.op, s.algo, s.root));
+    return plan_label(make_fingerprint(s.kind, seq_, s.count, s.dtype, s.op, s.algo, s.root), s);
   }
 
   const Spec& spec() const noexcept { return ctx_.spec(); }
@@ -189,6 +189,7 @@ class PlanImpl final : public Job {
       v.in = schedule.samples().data();
       v.out = schedule.samples().data();
       v.check = false;
+      v.during = "an adaptive plan's check of its algorithm";
       ballot = std::make_unique<PlanImpl>(comm, v);
     }
     AdaptSchedule schedule;
@@ -279,7 +280,7 @@ class PlanImpl final : public Job {
       check_mine_.merge(check_peer_);
     }
     if (check_mine_.mismatch)
-      raise<RemoteError>(operation_label(ctx_.fingerprint()),
+      raise<RemoteError>(plan_label(ctx_.fingerprint(), ctx_.spec()),
                          concat("mismatched collective calls: rank ", check_mine_.a_rank,
                                 " called ", describe(check_mine_.a), " but rank ",
                                 check_mine_.b_rank, " called ", describe(check_mine_.b)));

@@ -53,7 +53,20 @@ struct PlanSpec {
   // An all-reduce that `automatic` chose: the runner-up it checks itself against while in use
   // (detail/adaptive.hpp); `automatic` = no check, the plan keeps `algo`.
   AllreduceAlgorithm runner_up = AllreduceAlgorithm::automatic;
+  // What the plan serves where it is not one of the caller's collectives (the cost-model
+  // calibration's measurements): its errors name it after the operation, so that a timeout there
+  // does not read as the caller's collective of the same sequence number. Static text; null for
+  // the caller's plans.
+  const char* during = nullptr;
 };
+
+/// The operation's name in errors: operation_label(f), and what the plan serves where `spec`
+/// says (PlanSpec::during).
+inline std::string plan_label(const Fingerprint& f, const PlanSpec& spec) {
+  std::string s = operation_label(f);
+  if (spec.during) s += concat(" during ", spec.during);
+  return s;
+}
 
 /// Elements [begin, end) of block `i` when `count` elements are split into `parts` blocks whose
 /// sizes differ by at most one (the first count % parts blocks are one larger).
@@ -301,11 +314,11 @@ class PlanContext {
   [[noreturn]] void timeout(int peer) const {
     if (root_) root_->timeout(peer);
     if (deadline_.abandoned())
-      raise<RemoteError>(operation_label(fp_),
+      raise<RemoteError>(plan_label(fp_, spec_),
                          concat("wait for rank ", peer,
                                 " abandoned: an earlier collective of this communicator failed "
                                 "or an error is unwinding this rank"));
-    raise<TimeoutError>(operation_label(fp_), timeout_detail(*comm_->transport, peer, deadline_));
+    raise<TimeoutError>(plan_label(fp_, spec_), timeout_detail(*comm_->transport, peer, deadline_));
   }
   /// The transport rank of this context's rank `g` (the identity outside a group view).
   int transport_rank(int g) const noexcept {
