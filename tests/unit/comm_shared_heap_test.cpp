@@ -277,13 +277,22 @@ TEST_CASE(
           const int r = t.rank();
           Allocator& a =
               which[static_cast<std::size_t>(r)] ? comm.shared_allocator() : default_allocator();
+          const std::uint64_t whole_before = node_segments_of(t)->whole_calls;
           const std::uint64_t lent = three_exact_sums(comm, t, a, n, inplace, algo, m, failures);
+          const std::uint64_t whole = node_segments_of(t)->whole_calls - whole_before;
           {
             std::lock_guard<std::mutex> lock(m);
-            const std::uint64_t want = which[static_cast<std::size_t>(r)] ? 3 * 7 : 0;
+            // Every rank in its heap: each call runs whole from the heaps (one chunk each);
+            // otherwise the heap ranks lend every chunk of the slot path.
+            const bool all = std::count(which.begin(), which.end(), true) == p;
+            const std::uint64_t want = all ? 3 : which[static_cast<std::size_t>(r)] ? 3 * 7 : 0;
             if (lent != want)
               failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
                                  " chunks in place, expected " + std::to_string(want));
+            if (whole != (all ? 3u : 0u))
+              failures.push_back("rank " + std::to_string(r) + " ran " + std::to_string(whole) +
+                                 " calls whole from the heaps, expected " +
+                                 std::to_string(all ? 3 : 0));
           }
         });
         for (const auto& f : failures) FAIL_CHECK(f);
@@ -421,7 +430,12 @@ TEST_CASE("hier and hier_leader on heap buffers: exact sums on even and uneven n
 }
 
 TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private memory") {
-  check_averages_bit_identical({0, 0, 0}, AllreduceAlgorithm::shm, 70001);
+  // Every rank in its heap: the whole-call path (2 ranks: one fused pass; more: in pieces).
+  for (int p : {2, 3, 4}) {
+    CAPTURE(p);
+    check_averages_bit_identical(std::vector<int>(static_cast<std::size_t>(p), 0),
+                                 AllreduceAlgorithm::shm, 70001);
+  }
 }
 
 TEST_CASE("ordered_shm on heap buffers: the rank-order bits of ordered on private memory") {
@@ -436,10 +450,12 @@ TEST_CASE("ordered_shm on heap buffers: the rank-order bits of ordered on privat
 }
 
 TEST_CASE("shm and ordered_shm on heap buffers: a rank returns only once the others read them") {
-  for (AllreduceAlgorithm algo : {AllreduceAlgorithm::shm, AllreduceAlgorithm::ordered_shm}) {
-    CAPTURE(name_of(algo));
-    check_overwrite_on_return({0, 0, 0}, algo, 40000, 60);
-  }
+  for (AllreduceAlgorithm algo : {AllreduceAlgorithm::shm, AllreduceAlgorithm::ordered_shm})
+    for (int p : {2, 3}) {
+      CAPTURE(name_of(algo));
+      CAPTURE(p);
+      check_overwrite_on_return(std::vector<int>(static_cast<std::size_t>(p), 0), algo, 40000, 60);
+    }
 }
 
 TEST_CASE("hier and hier_leader on heap buffers: averages bit-identical to private memory") {

@@ -692,6 +692,22 @@ TEST_CASE_TEMPLATE("host reductions equal the element operation at every length 
       std::vector<T> acc = a;
       host::reduce_into(op, acc.data(), b.data(), n);
       CHECK(same_bits(acc, want));
+      // reduce_store2: the reduction, an avg finished over 3 ranks, stored twice, with each
+      // output distinct or equal to either input (as shm's whole-call path aliases them).
+      std::vector<T> want2 = want;
+      if (op == ReduceOp::avg) host::scale_avg(want2.data(), n, 3);
+      std::vector<T> o0(n, T(7)), o1(n, T(9));
+      host::reduce_store2(op, a.data(), b.data(), o0.data(), o1.data(), n, 3);
+      CHECK(same_bits(o0, want2));
+      CHECK(same_bits(o1, want2));
+      std::vector<T> x0 = a, x1 = b;
+      host::reduce_store2(op, x0.data(), x1.data(), x0.data(), x1.data(), n, 3);
+      CHECK(same_bits(x0, want2));
+      CHECK(same_bits(x1, want2));
+      x0 = a, x1 = b;
+      host::reduce_store2(op, x0.data(), x1.data(), x1.data(), x0.data(), n, 3);
+      CHECK(same_bits(x0, want2));
+      CHECK(same_bits(x1, want2));
     }
     std::vector<T> scaled = a, want_scaled(n);
     for (std::size_t i = 0; i < n; ++i) want_scaled[i] = static_cast<T>(a[i] / T(3));

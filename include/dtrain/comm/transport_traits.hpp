@@ -107,6 +107,9 @@ struct SharedSegments {
   /// Chunks of shm, hier and hier_leader of which the other ranks read some of this rank's
   /// buffers in its heap in place (this rank's count, for tests and benchmarks).
   std::uint64_t direct_chunks = 0;
+  /// Calls of shm / ordered_shm that ran whole from every rank's heap (no slot copies; algo/
+  /// shm.hpp), this rank's count, for tests and benchmarks. Each is also one direct chunk.
+  std::uint64_t whole_calls = 0;
 
   static constexpr std::size_t kFlagStride = 8;  // uint64 per counter: one 64-byte line each
   static_assert(kFlagStride >= 2, "a counter's line also holds its waiters word");
@@ -143,6 +146,11 @@ struct SharedSegments {
   }
   /// Byte `offset` of rank q's heap, as mapped here.
   const unsigned char* heap_at(int q, std::size_t offset) const noexcept {
+    return heap[static_cast<std::size_t>(q)] + offset;
+  }
+  /// The same, for the one algorithm that stores into another rank's buffer (shm's whole-call
+  /// path, which has rank q's leave to write there).
+  unsigned char* heap_to_write(int q, std::size_t offset) const noexcept {
     return heap[static_cast<std::size_t>(q)] + offset;
   }
   /// Lays out one rank's segment: `flag_mem` (flag_bytes(slots), 64-byte aligned) gets zeroed

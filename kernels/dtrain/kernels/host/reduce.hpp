@@ -132,15 +132,43 @@ void narrow(const accum_t<T>* in, T* out, std::size_t n) noexcept {
   detail::elementwise<accum_t<T>>(n, [&](std::size_t i) { out[i] = T(in[i]); });
 }
 
+namespace detail {
+/// x divided by `ranks`, as scale_avg finishes an avg.
+template <class T>
+inline T avg_of(T x, int ranks) noexcept {
+  if constexpr (std::is_integral_v<T>)
+    return static_cast<T>(x / ranks);
+  else
+    return T(widen1(x) / static_cast<accum_t<T>>(ranks));
+}
+}  // namespace detail
+
 /// Divides by `ranks` to finish an `avg`: integers truncate toward zero; floats divide in their
 /// accumulator type (16-bit floats: widened, divided in f32, rounded once). Local.
 template <class T>
 void scale_avg(T* acc, std::size_t n, int ranks) noexcept {
-  detail::elementwise<T>(n, [&](std::size_t i) {
-    if constexpr (std::is_integral_v<T>)
-      acc[i] = static_cast<T>(acc[i] / ranks);
+  detail::elementwise<T>(n, [&](std::size_t i) { acc[i] = detail::avg_of(acc[i], ranks); });
+}
+
+/// out0[i] = out1[i] = a[i] (op) b[i], an avg finished over `ranks` as scale_avg does: the bits of
+/// reduce then scale_avg then a copy, in one pass (accumulator types). out0 may alias a and out1
+/// b, or the reverse. Local.
+template <class T, class = std::enable_if_t<!is_16bit_float_v<T>>>
+void reduce_store2(ReduceOp op, const T* a, const T* b, T* out0, T* out1, std::size_t n,
+                   int ranks) noexcept {
+  detail::with_op(op, [&](auto o) {
+    if (op == ReduceOp::avg)
+      detail::elementwise<T>(n, [&](std::size_t i) {
+        const T v = detail::avg_of(detail::combine<T>(o, a[i], b[i]), ranks);
+        out0[i] = v;
+        out1[i] = v;
+      });
     else
-      acc[i] = T(detail::widen1(acc[i]) / static_cast<accum_t<T>>(ranks));
+      detail::elementwise<T>(n, [&](std::size_t i) {
+        const T v = detail::combine<T>(o, a[i], b[i]);
+        out0[i] = v;
+        out1[i] = v;
+      });
   });
 }
 
@@ -164,6 +192,26 @@ inline void reduce(ReduceOp op, DType t, void* out, const void* a, const void* b
     case DType::bf16: break;
   }
   raise<InvalidArgument>("host::reduce",
+                         dtrain::detail::concat(name_of(t), " accumulates in f32: widen it first"));
+}
+
+/// Untyped reduce_store2 for the collectives (accumulator dtypes, as the untyped reduce). Local.
+inline void reduce_store2(ReduceOp op, DType t, const void* a, const void* b, void* out0,
+                          void* out1, std::size_t n, int ranks) {
+  auto run = [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    reduce_store2(op, static_cast<const T*>(a), static_cast<const T*>(b), static_cast<T*>(out0),
+                  static_cast<T*>(out1), n, ranks);
+  };
+  switch (t) {
+    case DType::f32: return run(static_cast<float*>(nullptr));
+    case DType::f64: return run(static_cast<double*>(nullptr));
+    case DType::i32: return run(static_cast<std::int32_t*>(nullptr));
+    case DType::i64: return run(static_cast<std::int64_t*>(nullptr));
+    case DType::f16:
+    case DType::bf16: break;
+  }
+  raise<InvalidArgument>("host::reduce_store2",
                          dtrain::detail::concat(name_of(t), " accumulates in f32: widen it first"));
 }
 

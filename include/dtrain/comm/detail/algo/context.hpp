@@ -334,6 +334,12 @@ class PlanContext {
   void finish_avg(void* data, std::size_t n) const {
     if (spec_.op == ReduceOp::avg) host::scale_avg(wdtype_, data, n, p_);
   }
+  /// out0 = out1 = a op b, finished as finish_avg does, in one pass: the bits of reduce,
+  /// finish_avg and a copy. out0 may alias a and out1 b (or the reverse).
+  void reduce_finish_twice(void* out0, void* out1, const void* a, const void* b,
+                           std::size_t n) const {
+    host::reduce_store2(spec_.op, wdtype_, a, b, out0, out1, n, p_);
+  }
 
  private:
   struct Channel {
