@@ -40,9 +40,10 @@
 // number consumed. A rank reads and writes only part r of the others' buffers, and nobody else
 // touches those parts during the call, so in place is safe. The parts are the slot path's (part r
 // of each chunk, the owner's contribution first), so the bits are the same wherever the buffers
-// lie. Against the slot path, 2 ranks, in place, buffers in the heaps: 1.9-4x faster from 16 KiB
-// to 16 MiB (benchmarks/RESULTS.md). If any rank's buffers are elsewhere, every rank carries on
-// with the slot path, the offering ranks lending that first chunk's input as well as its output.
+// lie. Against the slot path, 2 ranks, in place, buffers in the heaps: 2-3x faster from 16 KiB
+// to 16 MiB (medians; benchmarks/RESULTS.md). If any rank's buffers are elsewhere, every rank
+// carries on with the slot path, the offering ranks lending that first chunk's input as well as its
+// output.
 //
 // Waits for a partner's counter spin for about the time the partner needs for one chunk before
 // they sleep in the kernel until the partner's raise wakes them (detail/futex_wait.hpp), as long
@@ -268,10 +269,10 @@ class ShmAlgorithm : public Algorithm {
     return true;
   }
 
-  // The whole call in place, every rank's buffers in its heap: this rank reduces its part of
-  // the vector (partition r of p) straight from every rank's input, a piece at a time into
-  // `piece_`, and stores each reduced piece into every rank's output; then raises counter 1 and
-  // returns once every rank raised its own (nobody reads or writes this rank's buffers after
+  // The whole call, every rank's buffers in its heap: this rank reduces its part of the vector
+  // straight from every rank's input (2 ranks: in one pass that also stores the result; more: a
+  // piece at a time into `piece_`) and stores it into every rank's output; then raises counter 1
+  // and returns once every rank raised its own (nobody reads or writes this rank's buffers after
   // that). No slot copies, two hand-offs per call. The sum's order is the slot path's (from this
   // rank's own contribution, or in rank order for ordered_shm), so the bits are the same. A rank
   // reads only the others' part r and writes only part r of every output, so in place is safe:
