@@ -4,8 +4,10 @@
 //   neighbours merge), the fallback when full or without a heap, and concurrent use;
 // - the all-reduce (shm, and ordered_shm with the rank-order bits of ordered): exact sums and
 //   bit-identical averages against buffers in private memory, with
-//   every rank's buffers in the heap or only some ranks' (each rank decides for itself), in place
-//   and out of place, over more chunks than slots; each rank counts the chunks it lent;
+//   every rank's buffers in the heap (each call then runs whole from the heaps, no slot copies)
+//   or only some ranks' (the slot path, each rank lending what lies in its heap), in place and
+//   out of place, over more chunks than slots; each rank counts the chunks it lent and the calls
+//   run whole;
 // - a rank that lent its buffers returns only when the others have read them: every rank
 //   overwrites its buffer as soon as its call returns, and no rank may see those values;
 // - the same for hier and hier_leader inside each node of several (even and uneven nodes, a
