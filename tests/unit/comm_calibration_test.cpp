@@ -408,21 +408,23 @@ TEST_CASE("calibration: a disturbed sample on one rank does not change the decis
 }
 
 TEST_CASE("calibration: a rank stalled in a measurement is named in the calibration's terms") {
-  // Rank 1 stops for 1.5 s after its first probe sample; rank 0 meets the deadline inside one of
-  // the calibration's own all-reduce plans. Its error must say so: those plans are numbered in
-  // the communicator's sequence, and "allreduce #N" alone would read as the caller's N-th call.
+  // Rank 1 stops after its first probe sample until rank 0 has failed (at most 60 s); rank 0
+  // meets the deadline inside one of the calibration's own all-reduce plans. Its error must say
+  // so: those plans are numbered in the communicator's sequence, and "allreduce #N" alone would
+  // read as the caller's N-th call. The deadline leaves a sanitizer build's slow steps room.
   const int p = 2;
   std::mutex m;
   std::vector<std::string> messages(p);
-  std::atomic<bool> stalled{false};
+  std::atomic<bool> stalled{false}, rank0_failed{false};
   Hook h([&](const CalibrationSample& s) {
     if (s.rank == 1 && s.quantity == CalibrationQuantity::probe && !stalled.exchange(true))
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      for (int i = 0; i < 6000 && !rank0_failed.load(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
     return synthetic(s, p);
   });
   run_loopback(p, [&](LoopbackTransport& t) {
     CommConfig c = config();
-    c.timeout_s = 0.3;
+    c.timeout_s = 3;
     detail::CommState<LoopbackTransport> st(t, c);
     try {
       detail::calibrate(st, detail::flat_model_view(p));
@@ -430,6 +432,7 @@ TEST_CASE("calibration: a rank stalled in a measurement is named in the calibrat
       std::lock_guard<std::mutex> lock(m);
       messages[static_cast<std::size_t>(t.rank())] = e.what();
     }
+    if (t.rank() == 0) rank0_failed = true;
   });
   REQUIRE(stalled.load());
   CAPTURE(messages[0]);
