@@ -163,7 +163,7 @@ class ShmAlgorithm : public Algorithm {
         if (cl > b1) std::memcpy(my_slot + b1 * es, in + (c0 + b1) * es, (cl - b1) * es);
       }
       counter_publish(w.flag(r, 0, slot), g + 1);
-      if (k == 0 && p > 1 && every_rank_offers_whole(w, slot, g, d)) {
+      if (every_rank_offers_whole(w, slot, g, d)) {
         push_whole(w, slot, g);
         return;
       }
@@ -242,26 +242,30 @@ class ShmAlgorithm : public Algorithm {
   // Rank q's chunk in `slot`, once its counter 0 for the chunk there was seen, from the
   // descriptor it left (remembered for the copy-out of the same chunk).
   const Source& peer_source(const SharedSegments& w, int q, int slot) {
-    Descriptor d;
-    if (aligned_) std::memcpy(&d, w.slot(q, slot) + w.slot_bytes - kLine, sizeof(d));
+    const Descriptor d = aligned_ ? descriptor_of(w, q, slot) : Descriptor{};
     Source& s = sources_[static_cast<std::size_t>(q)];
     const uchar* in_slot = w.slot(q, slot) + d.off;
     s.in = d.direct & kLendIn ? w.heap_at(q, d.in) : in_slot;
     s.out = d.direct & kLendOut ? w.heap_at(q, d.out) : in_slot;
     return s;
   }
+  // What rank q left in its slot's last line.
+  static Descriptor descriptor_of(const SharedSegments& w, int q, int slot) {
+    Descriptor d;
+    std::memcpy(&d, w.slot(q, slot) + w.slot_bytes - kLine, sizeof(d));
+    return d;
+  }
   // At the first chunk, after this rank raised its counter 0 for it: whether every rank offered
   // the whole call in place (kWhole; waits for every counter 0 of the chunk first, and remembers
   // where each rank's buffers are). Every rank reads the same descriptors, so all decide alike.
-  // This rank not offering decides it at once (for every rank alike).
+  // This rank not offering (every chunk but the first) decides it at once, for every rank alike.
   bool every_rank_offers_whole(SharedSegments& w, int slot, std::uint64_t g, const Descriptor& d) {
     if (!(d.direct & kWhole)) return false;
     const int p = ctx_.size(), r = ctx_.rank();
     for (int i = 1; i < p; ++i) {
       const int q = (r + i) % p;
       wait_counter(w, q, 0, slot, g + 1);
-      Descriptor e;
-      std::memcpy(&e, w.slot(q, slot) + w.slot_bytes - kLine, sizeof(e));
+      const Descriptor e = descriptor_of(w, q, slot);
       if (!(e.direct & kWhole)) return false;
       sources_[static_cast<std::size_t>(q)].in = w.heap_at(q, e.in);
       outputs_[static_cast<std::size_t>(q)] = w.heap_to_write(q, e.out);
