@@ -270,34 +270,49 @@ TEST_CASE(
         CAPTURE(inplace);
         CAPTURE(which[0]);
         CAPTURE(which[1]);
-        const std::size_t n = 100003;  // 7 chunks of a 64 KiB slot, 2 slots: every slot reused
-        LoopbackWorld world(p, heap_config(4 << 20));
-        std::mutex m;
-        std::vector<std::string> failures;
-        run_loopback(world, [&](LoopbackTransport& t) {
-          Communicator comm(t, patient());
-          const int r = t.rank();
-          Allocator& a =
-              which[static_cast<std::size_t>(r)] ? comm.shared_allocator() : default_allocator();
-          const std::uint64_t whole_before = node_segments_of(t)->whole_calls;
-          const std::uint64_t lent = three_exact_sums(comm, t, a, n, inplace, algo, m, failures);
-          const std::uint64_t whole = node_segments_of(t)->whole_calls - whole_before;
-          {
-            std::lock_guard<std::mutex> lock(m);
-            // Every rank in its heap: each call runs whole from the heaps (one chunk each);
-            // otherwise the heap ranks lend every chunk of the slot path.
-            const bool all = std::count(which.begin(), which.end(), true) == p;
-            const std::uint64_t want = all ? 3 : which[static_cast<std::size_t>(r)] ? 3 * 7 : 0;
-            if (lent != want)
-              failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
-                                 " chunks in place, expected " + std::to_string(want));
-            if (whole != (all ? 3u : 0u))
-              failures.push_back("rank " + std::to_string(r) + " ran " + std::to_string(whole) +
-                                 " calls whole from the heaps, expected " +
-                                 std::to_string(all ? 3 : 0));
-          }
-        });
-        for (const auto& f : failures) FAIL_CHECK(f);
+        // 7 chunks of a 64 KiB slot, 2 slots: every slot reused; and 4000 bytes, one hand-off
+        // (small_call) unless every rank is in its heap.
+        for (const std::size_t n : {std::size_t{100003}, std::size_t{1000}}) {
+          CAPTURE(n);
+          const std::uint64_t chunks = n > 1000 ? 7 : 1;
+          LoopbackWorld world(p, heap_config(4 << 20));
+          std::mutex m;
+          std::vector<std::string> failures;
+          run_loopback(world, [&](LoopbackTransport& t) {
+            Communicator comm(t, patient());
+            const int r = t.rank();
+            Allocator& a =
+                which[static_cast<std::size_t>(r)] ? comm.shared_allocator() : default_allocator();
+            const SharedSegments& seg = *node_segments_of(t);
+            const std::uint64_t whole_before = seg.whole_calls, one_before = seg.one_shot_calls;
+            const std::uint64_t lent = three_exact_sums(comm, t, a, n, inplace, algo, m, failures);
+            const std::uint64_t whole = seg.whole_calls - whole_before;
+            const std::uint64_t one_shot = seg.one_shot_calls - one_before;
+            {
+              std::lock_guard<std::mutex> lock(m);
+              // Every rank in its heap: each call runs whole from the heaps (one chunk each);
+              // otherwise the heap ranks lend every chunk of the slot path, or their input to a
+              // small call, which runs in one hand-off.
+              const bool all = std::count(which.begin(), which.end(), true) == p;
+              const bool small = chunks == 1;
+              const std::uint64_t want = all                                  ? 3
+                                         : which[static_cast<std::size_t>(r)] ? 3 * chunks
+                                                                              : 0;
+              if (lent != want)
+                failures.push_back("rank " + std::to_string(r) + " lent " + std::to_string(lent) +
+                                   " chunks in place, expected " + std::to_string(want));
+              if (whole != (all ? 3u : 0u))
+                failures.push_back("rank " + std::to_string(r) + " ran " + std::to_string(whole) +
+                                   " calls whole from the heaps, expected " +
+                                   std::to_string(all ? 3 : 0));
+              if (one_shot != (small && !all ? 3u : 0u))
+                failures.push_back("rank " + std::to_string(r) + " ran " +
+                                   std::to_string(one_shot) + " calls in one hand-off, expected " +
+                                   std::to_string(small && !all ? 3 : 0));
+            }
+          });
+          for (const auto& f : failures) FAIL_CHECK(f);
+        }
       }
 }
 
@@ -432,23 +447,32 @@ TEST_CASE("hier and hier_leader on heap buffers: exact sums on even and uneven n
 }
 
 TEST_CASE("shm on heap buffers: averages bit-identical to buffers in private memory") {
-  // Every rank in its heap: the whole-call path (2 ranks: one fused pass; more: in pieces).
-  for (int p : {2, 3, 4}) {
-    CAPTURE(p);
-    check_averages_bit_identical(std::vector<int>(static_cast<std::size_t>(p), 0),
-                                 AllreduceAlgorithm::shm, 70001);
-  }
+  // Every rank in its heap: the whole-call path (2 ranks: one fused pass; more: in pieces). In
+  // private memory: the slot path, and below 4 KiB the one-hand-off path (small_call), whose
+  // whole-vector sums must keep each part's order.
+  for (int p : {2, 3, 4})
+    for (std::size_t n : {std::size_t{70001}, std::size_t{1024}, std::size_t{7}}) {
+      CAPTURE(p);
+      CAPTURE(n);
+      check_averages_bit_identical(std::vector<int>(static_cast<std::size_t>(p), 0),
+                                   AllreduceAlgorithm::shm, n);
+    }
 }
 
 TEST_CASE("ordered_shm on heap buffers: the rank-order bits of ordered on private memory") {
   // Summed in place in each owner's heap, the result is still x_0 + x_1 + ... in rank order:
-  // the bits of the message-based ordered algorithm.
-  for (int p : {2, 3, 4}) {
-    CAPTURE(p);
-    check_averages_bit_identical(std::vector<int>(static_cast<std::size_t>(p), 0),
-                                 AllreduceAlgorithm::ordered_shm, 70001,
-                                 AllreduceAlgorithm::ordered);
-  }
+  // the bits of the message-based ordered algorithm. The second call swaps the two: ordered on
+  // the heap buffers, ordered_shm on private memory (below 4 KiB its one-hand-off path).
+  for (int p : {2, 3, 4})
+    for (std::size_t n : {std::size_t{70001}, std::size_t{1024}, std::size_t{7}}) {
+      CAPTURE(p);
+      CAPTURE(n);
+      const std::vector<int> one_node(static_cast<std::size_t>(p), 0);
+      check_averages_bit_identical(one_node, AllreduceAlgorithm::ordered_shm, n,
+                                   AllreduceAlgorithm::ordered);
+      check_averages_bit_identical(one_node, AllreduceAlgorithm::ordered, n,
+                                   AllreduceAlgorithm::ordered_shm);
+    }
 }
 
 TEST_CASE("shm and ordered_shm on heap buffers: a rank returns only once the others read them") {
@@ -456,7 +480,8 @@ TEST_CASE("shm and ordered_shm on heap buffers: a rank returns only once the oth
     for (int p : {2, 3}) {
       CAPTURE(name_of(algo));
       CAPTURE(p);
-      check_overwrite_on_return(std::vector<int>(static_cast<std::size_t>(p), 0), algo, 40000, 60);
+      for (std::size_t n : {std::size_t{40000}, std::size_t{1000}})
+        check_overwrite_on_return(std::vector<int>(static_cast<std::size_t>(p), 0), algo, n, 60);
     }
 }
 

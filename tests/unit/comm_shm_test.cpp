@@ -77,7 +77,7 @@ TEST_CASE("shm with page-offset chunks: exact sums with every rank's buffers at 
     for (bool inplace : {false, true}) {
       CAPTURE(inplace);
       // Several chunks with every slot reused; and counts where some ranks' parts are empty.
-      for (std::size_t n : {std::size_t{50000}, std::size_t{1}, std::size_t{2}}) {
+      for (std::size_t n : {std::size_t{50000}, std::size_t{1}, std::size_t{2}, std::size_t{300}}) {
         CAPTURE(n);
         run_case<float>(p, inplace, n);
         run_case<double>(p, inplace, n);

@@ -96,7 +96,11 @@ struct CostModel {
       }
       case AllreduceAlgorithm::shm: {
         if (shm_alpha <= 0) return 1e300;  // not available
-        // Per chunk: three counter hand-offs; per byte: what the measurement saw.
+        // Per chunk: three counter hand-offs; per byte: what the measurement saw. Calls of at
+        // most 4 KiB run in one hand-off (algo/shm.hpp, small_call) unless every rank's buffers
+        // lie in its heap (two, no copies); the calibration's one-chunk measurement is one of
+        // those, and a third of it stands for a hand-off of the larger calls: rough at 4 KiB,
+        // where the calibration's probes measure every algorithm.
         const double chunks = std::ceil(n / shm_chunk);
         return 3 * std::max(chunks, 1.0) * shm_alpha + n * shm_beta;
       }

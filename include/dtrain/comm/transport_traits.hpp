@@ -110,6 +110,9 @@ struct SharedSegments {
   /// Calls of shm / ordered_shm that ran whole from every rank's heap (no slot copies; algo/
   /// shm.hpp), this rank's count, for tests and benchmarks. Each is also one direct chunk.
   std::uint64_t whole_calls = 0;
+  /// Calls of shm / ordered_shm small enough to run in one hand-off (algo/shm.hpp, small_call),
+  /// this rank's count, for tests and benchmarks.
+  std::uint64_t one_shot_calls = 0;
 
   static constexpr std::size_t kFlagStride = 8;  // uint64 per counter: one 64-byte line each
   static_assert(kFlagStride >= 2, "a counter's line also holds its waiters word");

@@ -45,6 +45,12 @@
 // carries on with the slot path, the offering ranks lending that first chunk's input as well as its
 // output.
 //
+// Small calls (at most kOneShotBytes, 4 KiB) take one hand-off instead of two: every rank
+// copies its whole input into its slot (or, where its buffers lie in its heap, offers them in
+// place), and once every rank's input is there, each computes the whole result into its own
+// output, part by part in the slot path's order, so the bits do not change (small_call). Where
+// every rank offers its heap buffers, the whole-call path above runs instead (faster there).
+//
 // Waits for a partner's counter spin for about the time the partner needs for one chunk before
 // they sleep in the kernel until the partner's raise wakes them (detail/futex_wait.hpp), as long
 // as the ranks do not outnumber the cores: every rank then has a core and the partner answers
@@ -122,6 +128,10 @@ class ShmAlgorithm : public Algorithm {
     const int p = ctx_.size(), r = ctx_.rank(), S = w.slots;
     const std::size_t chunk = chunk_bytes_ / es;
     const std::size_t nchunks = ceil_div(n, chunk);
+    if (p > 1 && n && n * es <= std::min(kOneShotBytes, chunk_bytes_)) {
+      small_call(w, n, es);
+      return;
+    }
     const uchar* in = in_;
     uchar* out = out_;
     bool any_direct = false;
@@ -320,11 +330,78 @@ class ShmAlgorithm : public Algorithm {
     w.next_chunk += 1;
   }
 
+  // A call of at most kOneShotBytes (one chunk). A rank whose buffers lie in its heap offers the
+  // whole call, as the first chunk of a larger call does; any other copies its input into its
+  // slot. Each raises counter 0. If every rank offered: push_whole. Else, once every other rank's
+  // counter 0 is seen, every rank computes the whole result from the inputs (the slots, or in
+  // place in the heaps of the ranks that offered) into its output, each part q in the slot path's
+  // order for part q (from rank q's contribution, or in rank order for ordered_shm: the same
+  // bits), and raises counter 2, which lets the others refill their slots: one hand-off per call
+  // against the slot path's two (counter 0, then counter 1 before the copy-out). Every rank sums
+  // the whole vector rather than its part, which below kOneShotBytes costs less than the second
+  // hand-off (2 ranks, private buffers, 1-4 KiB: 0.3-0.4 us of 2.5-3 faster; level at 8 KiB,
+  // slower beyond). A rank that offered has its input read in place, so it sums into piece_ and
+  // writes its output only once every rank raised counter 2. An offering rank does not copy its
+  // input: with every rank in its heap (the usual case) the copy would fetch the part that the
+  // other rank's push_whole wrote there, and cost more than the hand-off saved.
+  void small_call(SharedSegments& w, std::size_t n, std::size_t es) {
+    const int p = ctx_.size(), r = ctx_.rank(), S = w.slots;
+    const std::uint64_t g = w.next_chunk;
+    const int slot = static_cast<int>(g % static_cast<std::uint64_t>(S));
+    if (g >= static_cast<std::uint64_t>(S))
+      for (int q = 0; q < p; ++q) wait_counter(w, q, 2, slot, g - S + 1);
+    Descriptor d;
+    const bool offer = aligned_ && w.in_own_heap(in_, n * es) && w.in_own_heap(out_, n * es);
+    if (offer) {
+      d.direct = kLendIn | kLendOut | kWhole;
+      d.in = w.own_heap_offset(in_);
+      d.out = w.own_heap_offset(out_);
+      ++w.direct_chunks;
+    } else {
+      std::memcpy(w.slot(r, slot), in_, n * es);
+    }
+    if (aligned_) std::memcpy(w.slot(r, slot) + w.slot_bytes - kLine, &d, sizeof(d));
+    counter_publish(w.flag(r, 0, slot), g + 1);
+    if (every_rank_offers_whole(w, slot, g, d)) {
+      push_whole(w, slot, g);
+      return;
+    }
+    for (int i = 1; i < p; ++i) {
+      const int q = (r + i) % p;
+      wait_counter(w, q, 0, slot, g + 1);
+      const Descriptor e = aligned_ ? descriptor_of(w, q, slot) : Descriptor{};
+      sources_[static_cast<std::size_t>(q)].in =
+          e.direct & kLendIn ? w.heap_at(q, e.in) : w.slot(q, slot);
+    }
+    // This rank's own contribution from where the others read it: its input may be its output.
+    sources_[static_cast<std::size_t>(r)].in = offer ? in_ : w.slot(r, slot);
+    uchar* const result = offer ? piece_.data() : out_;
+    for (int q = 0; q < p; ++q) {
+      const std::size_t b0 = block_begin(n, p, q), bl = block_begin(n, p, q + 1) - b0;
+      if (!bl) continue;
+      uchar* dst = result + b0 * es;
+      auto input = [&](int j) {  // the j-th contribution to part q in the order of the sum
+        return sources_[static_cast<std::size_t>(rank_order_ ? j : (q + j) % p)].in + b0 * es;
+      };
+      for (int j = 1; j < p; ++j) ctx_.reduce(dst, j == 1 ? input(0) : dst, input(j), bl);
+    }
+    ctx_.finish_avg(result, n);
+    ++w.one_shot_calls;
+    counter_publish(w.flag(r, 2, slot), g + 1);
+    w.next_chunk += 1;
+    if (offer) {
+      for (int i = 1; i < p; ++i) wait_counter(w, (r + i) % p, 2, slot, g + 1);
+      std::memcpy(out_, result, n * es);
+    }
+  }
+
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
     if (!counter_wait(w.flag(q, kind, s), target, ctx_.deadline(), spin_))
       ctx_.timeout(ctx_.transport_rank(q));
   }
   static constexpr std::size_t kPage = 4096, kLine = 64, kPieceBytes = 16 * 1024;
+  static constexpr std::size_t kOneShotBytes = 4 * 1024;
+  static_assert(kOneShotBytes <= kPieceBytes, "small_call sums into piece_");
   // Smallest slot whose chunks are placed by offset (the page it gives up is at most 6%).
   static constexpr std::size_t kAlignMinSlot = 64 * 1024;
   static_assert(shm_chunk_bytes(kAlignMinSlot) == kAlignMinSlot - kPage - kLine &&
