@@ -67,6 +67,52 @@ TEST_CASE("mismatched collectives raise on every rank, naming both calls") {
   }
 }
 
+TEST_CASE("the fingerprint check through the node's segments and through messages alike") {
+  // Up to 8 ranks with segments: one hand-off through them (each checked call one check line);
+  // without segments, or with more ranks: message rounds. Both name both calls on every rank,
+  // and both are barriers.
+  struct Case {
+    int p;
+    bool segments;
+    bool via_segments;
+  };
+  for (const Case k : {Case{3, true, true}, Case{3, false, false}, Case{10, true, false}}) {
+    CAPTURE(k.p);
+    CAPTURE(k.segments);
+    SharedSegmentConfig sc;
+    sc.enabled = k.segments;
+    LoopbackWorld world(k.p, sc);
+    std::atomic<int> named{0}, wrong_checks{0}, early{0}, arrived{0};
+    run_loopback(world, [&](LoopbackTransport& t) {
+      Communicator comm(t, quick(20));
+      const SharedSegments* w = node_segments_of(t);
+      const std::uint64_t before = w ? w->next_check : 0;
+      std::vector<float> x(100, 1.0f);
+      comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+      arrived.fetch_add(1);
+      comm.barrier();
+      if (arrived.load() != k.p) ++early;
+      const std::uint64_t checks = w ? w->next_check - before : 0;
+      if (checks != (k.via_segments ? 2u : 0u)) ++wrong_checks;
+      try {
+        if (t.rank() == k.p - 1)
+          comm.broadcast(BufferView(span<float>(x)), 0);
+        else
+          comm.allreduce(BufferView(span<float>(x)), ReduceOp::sum, AllreduceAlgorithm::ring);
+      } catch (const RemoteError& e) {
+        const std::string what = e.what();
+        if (what.find("mismatched collective calls") != std::string::npos &&
+            what.find("broadcast #2 (root 0, f32, 100 elements)") != std::string::npos &&
+            what.find("allreduce #2 (ring, sum, f32, 100 elements)") != std::string::npos)
+          ++named;
+      }
+    });
+    CHECK(named.load() == k.p);
+    CHECK(wrong_checks.load() == 0);
+    CHECK(early.load() == 0);
+  }
+}
+
 TEST_CASE("different counts or a skipped call are mismatches too") {
   std::atomic<int> errors{0};
   run_loopback(4, [&](LoopbackTransport& t) {

@@ -114,14 +114,33 @@ struct SharedSegments {
   /// this rank's count, for tests and benchmarks.
   std::uint64_t one_shot_calls = 0;
 
+  /// Fingerprint checks this rank has published through check_line (collective_plan.hpp).
+  std::uint64_t next_check = 0;
+
   static constexpr std::size_t kFlagStride = 8;  // uint64 per counter: one 64-byte line each
   static_assert(kFlagStride >= 2, "a counter's line also holds its waiters word");
+  /// After the slots' counters, three lines for the plans' fingerprint check: a counter of the
+  /// checks published and the fingerprints of the last two.
+  static constexpr std::size_t kCheckLines = 3;
+  static std::size_t flag_lines(int slots) noexcept {
+    return 3 * static_cast<std::size_t>(slots) + kCheckLines;
+  }
   static std::size_t flag_bytes(int slots) noexcept {
-    return 3 * static_cast<std::size_t>(slots) * kFlagStride * sizeof(std::uint64_t);
+    return flag_lines(slots) * kFlagStride * sizeof(std::uint64_t);
   }
   std::atomic<std::uint64_t>& flag(int q, int kind, int slot) const noexcept {
     return flags[static_cast<std::size_t>(q)]
                 [(static_cast<std::size_t>(kind) * slots + slot) * kFlagStride];
+  }
+  /// Rank q's count of fingerprint checks published (a counter: counter_publish, counter_wait).
+  std::atomic<std::uint64_t>& check_flag(int q) const noexcept {
+    return flags[static_cast<std::size_t>(q)][3 * static_cast<std::size_t>(slots) * kFlagStride];
+  }
+  /// The line where rank q leaves the fingerprint of its check number `c` (two alternate).
+  unsigned char* check_line(int q, std::uint64_t c) const noexcept {
+    auto* line = &flags[static_cast<std::size_t>(q)]
+                       [(3 * static_cast<std::size_t>(slots) + 1 + c % 2) * kFlagStride];
+    return reinterpret_cast<unsigned char*>(line);
   }
   unsigned char* slot(int q, int s) const noexcept {
     return data[static_cast<std::size_t>(q)] + static_cast<std::size_t>(s) * slot_bytes;
@@ -160,7 +179,7 @@ struct SharedSegments {
   /// counters constructed in place.
   static void init_flags(void* flag_mem, int slots) noexcept {
     auto* f = static_cast<std::atomic<std::uint64_t>*>(flag_mem);
-    for (std::size_t i = 0; i < 3 * static_cast<std::size_t>(slots) * kFlagStride; ++i)
+    for (std::size_t i = 0; i < flag_lines(slots) * kFlagStride; ++i)
       new (&f[i]) std::atomic<std::uint64_t>(0);
   }
 };

@@ -19,6 +19,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
 #include <dtrain/comm/detail/adaptive.hpp>
@@ -31,9 +32,12 @@
 #include <dtrain/comm/detail/algo/ring.hpp>
 #include <dtrain/comm/detail/algo/shm.hpp>
 #include <dtrain/comm/detail/algo/tree.hpp>
+#include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
 #include <dtrain/comm/detail/fingerprint.hpp>
+#include <dtrain/comm/detail/futex_wait.hpp>
 #include <dtrain/comm/detail/progress_engine.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/failure.hpp>
@@ -93,6 +97,11 @@ class PlanImpl final : public Job {
     ctx_.register_range(&check_mine_, sizeof(CheckState), Space::host);
     ctx_.register_range(&check_peer_, sizeof(CheckState), Space::host);
     if (p == 1) return;
+    if (const SharedSegments* w = ctx_.shared_segments()) {
+      Transport& t = *comm.transport;
+      check_spin_ = segment_spin_seconds(node_map_of(t).machine_ranks(t.rank()),
+                                         std::thread::hardware_concurrency(), w->slot_bytes);
+    }
     for (int d = 1, round = 0; d < p; d <<= 1, ++round) {
       // One id per round, the same in every plan: a rank that skipped a call still meets its
       // peers here and the sequence numbers in the fingerprints tell what went wrong.
@@ -266,8 +275,14 @@ class PlanImpl final : public Job {
     throw;
   }
 
-  // The fingerprint exchange (also the barrier): channel pairs 0.. of the plan, one per round.
+  // The fingerprint exchange (also the barrier): through the node-shared segments where every
+  // rank has them and they are few (check_in_segments), else channel pairs 0.. of the plan, one
+  // per round of a dissemination.
   void check() {
+    if (SharedSegments* w = ctx_.shared_segments(); w && ctx_.size() <= kSegmentCheckRanks) {
+      check_in_segments(*w);
+      return;
+    }
     const int r = ctx_.rank();
     check_mine_ = CheckState{};
     check_mine_.seen = ctx_.fingerprint();
@@ -285,6 +300,46 @@ class PlanImpl final : public Job {
                                 " called ", describe(check_mine_.a), " but rank ",
                                 check_mine_.b_rank, " called ", describe(check_mine_.b)));
   }
+  // Every rank leaves its fingerprint in its check line for check number c (one per checked
+  // plan execution, in the same order on every rank), raises its check counter, and reads every
+  // other rank's line once that rank's counter shows c: a barrier, and a comparison in which
+  // every rank sees the same fingerprints and so reports the same pair (rank 0's and the first
+  // that differs from it). Against the message rounds: one hand-off instead of ceil(log2 p)
+  // round trips through MPI (2 ranks here: 0.3-0.5 us less per call; benchmarks/RESULTS.md), but
+  // p - 1 lines to read, hence only up to kSegmentCheckRanks ranks. Two lines alternate: a rank
+  // writes check c + 2 only after reading every rank's check c + 1, which every rank raised after
+  // reading check c. A rank that skipped a call reaches the others' next check with its
+  // fingerprint of the call after: a mismatch, as with messages.
+  void check_in_segments(SharedSegments& w) {
+    const int p = ctx_.size(), r = ctx_.rank();
+    const std::uint64_t c = w.next_check++;
+    const Fingerprint mine = ctx_.fingerprint();
+    std::memcpy(w.check_line(r, c), &mine, sizeof(mine));
+    counter_publish(w.check_flag(r), c + 1);
+    Fingerprint first = mine;
+    int differs = -1;
+    Fingerprint other;
+    for (int q = 0; q < p; ++q) {
+      Fingerprint f = mine;
+      if (q != r) {
+        if (!counter_wait(w.check_flag(q), c + 1, ctx_.deadline(), check_spin_))
+          ctx_.timeout(ctx_.transport_rank(q));
+        std::memcpy(&f, w.check_line(q, c), sizeof(f));
+      }
+      if (q == 0) {
+        first = f;
+      } else if (differs < 0 && f != first) {
+        differs = q;
+        other = f;
+      }
+    }
+    if (differs >= 0)
+      raise<RemoteError>(plan_label(ctx_.fingerprint(), ctx_.spec()),
+                         concat("mismatched collective calls: rank 0 called ", describe(first),
+                                " but rank ", differs, " called ", describe(other)));
+  }
+  static constexpr int kSegmentCheckRanks = 8;
+
   std::size_t check_channels() const noexcept {
     std::size_t rounds = 0;
     for (int d = 1; d < ctx_.size(); d <<= 1) ++rounds;
@@ -292,6 +347,7 @@ class PlanImpl final : public Job {
   }
 
   CommState<Transport>* comm_;
+  double check_spin_ = Backoff::kSpinSeconds;  // check_in_segments' waits (as shm's)
   CheckState check_mine_{}, check_peer_{};
   PlanContext<Transport> ctx_;
   float* wide_in_ = nullptr;
