@@ -339,11 +339,12 @@ class ShmAlgorithm : public Algorithm {
   // bits), and raises counter 2, which lets the others refill their slots: one hand-off per call
   // against the slot path's two (counter 0, then counter 1 before the copy-out). Every rank sums
   // the whole vector rather than its part, which below kOneShotBytes costs less than the second
-  // hand-off (2 ranks, private buffers, 1-4 KiB: 0.3-0.4 us of 2.5-3 faster; level at 8 KiB,
-  // slower beyond). A rank that offered has its input read in place, so it sums into piece_ and
-  // writes its output only once every rank raised counter 2. An offering rank does not copy its
-  // input: with every rank in its heap (the usual case) the copy would fetch the part that the
-  // other rank's push_whole wrote there, and cost more than the hand-off saved.
+  // hand-off (2 ranks, private buffers: 0.35 us of 2.65 faster at 1 KiB, 0.65 of 3.5 at 4 KiB;
+  // level at 8 KiB, slower beyond; benchmarks/RESULTS.md). A rank that offered has its input read
+  // in place, so it sums into piece_ and writes its output only once every rank raised counter 2.
+  // An offering rank does not copy its input: with every rank in its heap (the usual case) the copy
+  // would fetch the part that the other rank's push_whole wrote there, and cost more than the
+  // hand-off saved.
   void small_call(SharedSegments& w, std::size_t n, std::size_t es) {
     const int p = ctx_.size(), r = ctx_.rank(), S = w.slots;
     const std::uint64_t g = w.next_chunk;
