@@ -21,7 +21,10 @@
 // other core free for its loader and progress threads).
 // Per mode: samples/s, and rank 0's split of the step (data wait, forward, backward, sync wait,
 // optimizer). Forward is timed on separate forward-only passes of the same batches (the fused
-// forward_backward cannot be split), backward is the remainder. Peak resident memory per rank
+// forward_backward cannot be split), backward is the remainder. Also per mode, the CPU cores the
+// figure used (getrusage of every participating process, all threads, over the timed wall time):
+// under a competing load a fair scheduler leaves a job at most its share of the cores, so this
+// bounds how much of its quiet throughput it can keep there. Peak resident memory per rank
 // (getrusage) is reported against the training state (parameters, gradients, optimizer state,
 // activations and their gradients for one batch, the loader's prefetch buffers).
 #include <mpi.h>
@@ -95,9 +98,21 @@ struct Result {
   std::string bucket_algorithms;
   int algorithm_changes = 0;
   bool grads_in_heap = false;  // the gradient arena lay in the node-shared heap
+  // CPU the group's processes used while timed (every thread: compute, progress, loader), over
+  // the timed wall time: how many cores the figure took. Under a competing load, a job cannot
+  // keep more of its quiet throughput than the cores a fair scheduler leaves it over these.
+  double cpu_cores = 0;
 };
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
+
+// CPU seconds of this process so far, every thread (user and system).
+double process_cpu_seconds() {
+  struct rusage u {};
+  getrusage(RUSAGE_SELF, &u);
+  auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
+  return sec(u.ru_utime) + sec(u.ru_stime);
+}
 
 // Parameters of the MLP 784-H-H-10.
 double parameter_count(std::int64_t h) {
@@ -215,10 +230,13 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   };
   for (std::int64_t i = 0; i < a.warmup; ++i) step(false);
   comm.barrier();
+  const double cpu_start = process_cpu_seconds();
   const dtrain::Timer wall;
   for (std::int64_t i = 0; i < a.steps; ++i) step(true);
   double elapsed = wall.seconds();
+  double cpu = process_cpu_seconds() - cpu_start;
   comm.allreduce(dtrain::BufferView(&elapsed, 1, dtrain::DType::f64), dtrain::ReduceOp::max);
+  comm.allreduce(dtrain::BufferView(&cpu, 1, dtrain::DType::f64), dtrain::ReduceOp::sum);
   // The latest rank's end of each step's forward and backward pass, after the timed loop (the
   // ranks of one node read one monotonic clock).
   std::vector<double> latest = fb_end;
@@ -240,6 +258,7 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
 
   Result r;
   r.samples_per_s = static_cast<double>(a.steps * a.batch * world) / elapsed;
+  r.cpu_cores = cpu / elapsed;
   const double s = static_cast<double>(a.steps);
   r.split.data = ph.data / s;
   r.split.forward = std::min(fwd, ph.backward / s);
@@ -496,6 +515,12 @@ int main(int argc, char** argv) {
             "the all-reduce costs)\n",
             1e3 * two[0].split.sync, 1e3 * two[0].lag);
       std::printf(
+          "# CPU cores used while timed (every thread of the group's processes over wall time), "
+          "1 rank / 2 ranks:");
+      for (int m = 0; m < 3; ++m)
+        std::printf(" %s %.2f / %.2f%s", name_of(modes[m]), one[m].cpu_cores, two[m].cpu_cores,
+                    m < 2 ? "," : "\n");
+      std::printf(
           "# both ranks training alone at once (no communication): %.0f samples/s together; "
           "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
           pair_sps, two[0].samples_per_s / pair_sps);
@@ -526,6 +551,8 @@ int main(int argc, char** argv) {
             .add("bucket_algorithm_changes_2", two[0].algorithm_changes)
             .add("gradients_in_shared_heap", two[0].grads_in_heap)
             .add("sync_wait_ms_2", 1e3 * two[0].split.sync)
+            .add("cpu_cores_1", one[0].cpu_cores)
+            .add("cpu_cores_2", two[0].cpu_cores)
             .add_raw("phase_split_2", split_json(two[0].split))
             .add_raw("phase_split_1", split_json(one[0].split));
         if (!std::isnan(two[0].lag)) js.add("lag_behind_latest_rank_ms_2", 1e3 * two[0].lag);
@@ -534,9 +561,11 @@ int main(int argc, char** argv) {
           char b[256];
           std::snprintf(b, sizeof b,
                         "%s\n    \"%s\": {\"samples_per_s_1\": %.1f, \"samples_per_s_2\": %.1f, "
-                        "\"scaling_efficiency\": %.4f, \"phase_split_2\": ",
+                        "\"scaling_efficiency\": %.4f, \"cpu_cores_1\": %.3f, "
+                        "\"cpu_cores_2\": %.3f, \"phase_split_2\": ",
                         m ? "," : "", name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
-                        two[m].samples_per_s / (2 * one[m].samples_per_s));
+                        two[m].samples_per_s / (2 * one[m].samples_per_s), one[m].cpu_cores,
+                        two[m].cpu_cores);
           modes_json += b + split_json(two[m].split) + "}";
         }
         modes_json += "\n  }";

@@ -5,8 +5,8 @@ dependency).
 Same model (MLP 784-H-H-10, ReLU, softmax cross-entropy), same per-rank batch, same optimizer
 (AdamW, or SGD with momentum 0.9), synthetic data, CPU, gloo backend, one thread per rank. Like
 train_bench it measures 1 rank and 2 ranks in one run: rank 0 alone on a one-rank process group
-while rank 1 sleeps, then both ranks on the world group. Prints samples/s, the scaling efficiency
-and, with --json FILE, the same keys as train_bench's overlap mode.
+while rank 1 sleeps, then both ranks on the world group. Prints samples/s, the scaling efficiency,
+the CPU cores each figure used and, with --json FILE, the same keys as train_bench's overlap mode.
 
 Debian 12: apt-get install python3-torch (PyTorch 1.13). Run, from the repository root:
   OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 benchmarks/compare/ddp_bench.py \\
@@ -16,6 +16,7 @@ It starts its two ranks itself (torch.multiprocessing, rendezvous on 127.0.0.1).
 import argparse
 import json
 import os
+import resource
 import sys
 import time
 
@@ -25,6 +26,12 @@ def positive(text):
     if v < 1:
         raise argparse.ArgumentTypeError(f"{text} is not a positive integer")
     return v
+
+
+def cpu_seconds():
+    """CPU seconds of this process so far, every thread (user and system), as train_bench."""
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    return u.ru_utime + u.ru_stime
 
 
 def worker(rank, args, queue):
@@ -67,21 +74,26 @@ def worker(rank, args, queue):
         for i in range(args.warmup):
             step(i)
         dist.barrier(group=group)
+        cpu0 = cpu_seconds()
         t0 = time.perf_counter()
         for i in range(args.steps):
             step(i)
         elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+        cpu = torch.tensor([cpu_seconds() - cpu0], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-        return args.steps * args.batch * world / float(elapsed[0])
+        dist.all_reduce(cpu, op=dist.ReduceOp.SUM, group=group)
+        # samples/s, and the cores the group's processes used while timed (all their threads)
+        return (args.steps * args.batch * world / float(elapsed[0]),
+                float(cpu[0]) / float(elapsed[0]))
 
-    sps1 = None
+    one = None
     if rank == 0:
-        sps1 = measure(solo, 1)
+        one = measure(solo, 1)
     # Rank 1 waits asleep (gloo's barrier would block in a receive, not spin).
     dist.barrier()
-    sps2 = measure(dist.group.WORLD, 2)
+    two = measure(dist.group.WORLD, 2)
     if rank == 0:
-        queue.put((sps1, sps2))
+        queue.put((one, two))
     dist.destroy_process_group()
 
 
@@ -106,19 +118,22 @@ def main():
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(worker, args=(args, queue), nprocs=2, join=True, start_method="spawn")
-    sps1, sps2 = queue.get()
+    (sps1, cores1), (sps2, cores2) = queue.get()
     eff = sps2 / (2 * sps1)
     print(f"# ddp_bench: PyTorch {torch.__version__} DDP (gloo, 1 thread per rank), MLP 784-"
           f"{args.hidden}-{args.hidden}-10, {args.optimizer}, batch {args.batch} per rank, "
           f"{args.steps} timed steps, synthetic data")
     print(f"  1 rank {sps1:.0f} samples/s, 2 ranks {sps2:.0f} samples/s, efficiency {eff:.3f}")
+    print(f"# CPU cores used while timed (every thread of the group's processes over wall time), "
+          f"1 rank / 2 ranks: {cores1:.2f} / {cores2:.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"framework": f"pytorch-{torch.__version__}-ddp-gloo",
                        "model": f"mlp-784-{args.hidden}-{args.hidden}-10",
                        "optimizer": args.optimizer, "batch_per_rank": args.batch,
                        "steps": args.steps, "samples_per_s_1": sps1, "samples_per_s_2": sps2,
-                       "scaling_efficiency": eff}, f, indent=2)
+                       "scaling_efficiency": eff, "cpu_cores_1": cores1,
+                       "cpu_cores_2": cores2}, f, indent=2)
     return 0
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dtrain's train_bench next to PyTorch DDP (ddp_bench.py) on the same machine in one run: the three
 # configurations of benchmarks/RESULTS.md, each framework in turn, 2 ranks, one thread per rank.
-#   benchmarks/compare/side_by_side.sh [--load N] [--configs "H B OPT;H B OPT..."] BUILD_DIR OUT_DIR [STEPS]
+#   benchmarks/compare/side_by_side.sh [--load N] [--rounds N] [--configs "H B OPT;H B OPT..."]
+#       BUILD_DIR OUT_DIR [STEPS]
 # Needs BUILD_DIR/benchmarks/train_bench and Debian's python3-torch (installed here when missing,
 # as root; otherwise the apt-get line is printed). Writes one JSON per run into OUT_DIR and prints
 # the table with the ratios dtrain / PyTorch.
@@ -10,16 +11,24 @@
 # compares each framework's loaded throughput with its own quiet one, so "dtrain's slowdown under
 # load is no worse than PyTorch's" is read off one run (last column >= 1), and the third splits
 # that "kept" into the share of the machine each job received under load (its cores loaded over
-# its cores quiet, from /proc/stat and the loops' own CPU time) and the work it did per core.
+# its cores quiet, from /proc/stat and the loops' own CPU time) and the work it did per core; the
+# fourth sets each framework's kept against the most a fair scheduler lets it keep: its share of
+# the cores under the load over the cores its 2-rank figure used quiet.
+# --rounds N: train_bench's interleaved rounds (each dtrain figure the median of N; default 1).
 # --configs: the configurations to run (default "256 64 adamw;1024 128 sgd;1024 128 adamw").
 set -euo pipefail
 LOAD=0
+ROUNDS=1
 CONFIGS="256 64 adamw;1024 128 sgd;1024 128 adamw"
 while [[ $# -gt 0 && $1 == --* ]]; do
   case "$1" in
     --load)
       LOAD=${2:?--load needs a count}
       [[ $LOAD =~ ^[0-9]+$ ]] || { echo "side_by_side.sh: --load wants a count, got '$LOAD'" >&2; exit 2; }
+      shift 2 ;;
+    --rounds)
+      ROUNDS=${2:?--rounds needs a count}
+      [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || { echo "side_by_side.sh: --rounds wants a count, got '$ROUNDS'" >&2; exit 2; }
       shift 2 ;;
     --configs) CONFIGS=${2:?--configs needs a list}; shift 2 ;;
     *) echo "side_by_side.sh: unknown option $1" >&2; exit 2 ;;
@@ -96,7 +105,7 @@ run_pair() {
   echo "== $tag ($suffix): dtrain train_bench"
   timed_cpu "$OUT/cpu-dtrain-$tag-$suffix.txt" \
     mpiexec.mpich -n 2 "$BUILD/benchmarks/train_bench" --hidden "$hidden" --batch "$batch" \
-    --optimizer "$opt" --steps "$STEPS" --json "$OUT/dtrain-$tag-$suffix.json"
+    --optimizer "$opt" --steps "$STEPS" --rounds "$ROUNDS" --json "$OUT/dtrain-$tag-$suffix.json"
   echo "== $tag ($suffix): PyTorch DDP"
   timed_cpu "$OUT/cpu-torch-$tag-$suffix.txt" \
     /usr/bin/python3 "$HERE/ddp_bench.py" --hidden "$hidden" --batch "$batch" --optimizer "$opt" \
@@ -115,10 +124,10 @@ for c in "${configs[@]}"; do
   fi
 done
 
-/usr/bin/python3 - "$OUT" "$LOAD" "${configs[@]}" <<'PY'
+/usr/bin/python3 - "$OUT" "$LOAD" "$(getconf _NPROCESSORS_ONLN)" "${configs[@]}" <<'PY'
 import json, sys
-out, load = sys.argv[1], int(sys.argv[2])
-configs = [c.split() for c in sys.argv[3:]]
+out, load, ncpu = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+configs = [c.split() for c in sys.argv[4:]]
 def get(fw, tag, suffix):
     return json.load(open(f"{out}/{fw}-{tag}-{suffix}.json"))
 print("| model | optimizer | batch/rank | dtrain 1 rank | dtrain 2 ranks | dtrain eff. | "
@@ -165,5 +174,32 @@ if load:
             q, l = cores(fw, tag, "quiet"), cores(fw, tag, f"load{load}")
             kept = get(fw, tag, f"load{load}")["samples_per_s_2"] / get(fw, tag, "quiet")["samples_per_s_2"]
             row += f" {q:.2f} / {l:.2f} | {l / q:.2f} | {kept / (l / q):.2f} |"
+        print(row)
+    # The ceiling a fair scheduler puts on "kept": the 2 ranks and the busy loops each want a core,
+    # so the 2-rank job gets at most 2 * ncpu / (2 + load) cores under the load, against the cores
+    # its 2-rank figure used quiet (train_bench's and ddp_bench's own getrusage over the timed
+    # loop). A job that idles part of its quiet run has a higher ceiling than one that keeps its
+    # cores busy. Above 1.00 in "of ceiling": the job got more than that share (several runnable
+    # threads per rank, or the loops' share not taken).
+    fair = min(2.0, 2.0 * ncpu / (2 + load))
+    print()
+    print(f"The ceiling on kept under a fair scheduler: {fair:.2f} cores for the 2 ranks among {load} "
+          f"busy loops on {ncpu} cores, over the cores the 2-rank figure used quiet (its own "
+          f"getrusage over the timed steps):")
+    print("| model | optimizer | dtrain 2-rank cores quiet | dtrain ceiling | dtrain kept | of ceiling | "
+          "PyTorch 2-rank cores quiet | PyTorch ceiling | PyTorch kept | of ceiling |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for h, b, o in configs:
+        tag = f"h{h}-b{b}-{o}"
+        row = f"| 784-{h}-{h}-10 | {o} |"
+        for fw in ("dtrain", "torch"):
+            q, l = get(fw, tag, "quiet"), get(fw, tag, f"load{load}")
+            kept = l["samples_per_s_2"] / q["samples_per_s_2"]
+            cq = q.get("cpu_cores_2")
+            if not cq:
+                row += f" - | - | {kept:.2f} | - |"
+                continue
+            ceiling = min(1.0, fair / cq)
+            row += f" {cq:.2f} | {ceiling:.2f} | {kept:.2f} | {kept / ceiling:.2f} |"
         print(row)
 PY
