@@ -34,6 +34,13 @@ def cpu_seconds():
     return u.ru_utime + u.ru_stime
 
 
+def median_pair(pairs):
+    """The (samples/s, cores) pair with the median samples/s (of an even count, the lower of the
+    middle two, as train_bench)."""
+    ordered = sorted(pairs, key=lambda x: x[0])
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def worker(rank, args, queue):
     import torch
     import torch.distributed as dist
@@ -86,14 +93,18 @@ def worker(rank, args, queue):
         return (args.steps * args.batch * world / float(elapsed[0]),
                 float(cpu[0]) / float(elapsed[0]))
 
-    one = None
+    # Each round measures 1 rank, then 2 ranks, as train_bench's --rounds does; each figure is the
+    # median over the rounds (with the cores of the same round).
+    ones, twos = [], []
+    for _ in range(args.rounds):
+        if rank == 0:
+            ones.append(measure(solo, 1))
+        # Rank 1 waits asleep (gloo's barrier would block in a receive, not spin).
+        dist.barrier()
+        twos.append(measure(dist.group.WORLD, 2))
     if rank == 0:
-        one = measure(solo, 1)
-    # Rank 1 waits asleep (gloo's barrier would block in a receive, not spin).
-    dist.barrier()
-    two = measure(dist.group.WORLD, 2)
-    if rank == 0:
-        queue.put((one, two))
+        effs = [t[0] / (2 * o[0]) for o, t in zip(ones, twos)]
+        queue.put((median_pair(ones), median_pair(twos), effs))
     dist.destroy_process_group()
 
 
@@ -104,6 +115,8 @@ def main():
     p.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw")
     p.add_argument("--steps", type=positive, default=300)
     p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--rounds", type=positive, default=1,
+                   help="rounds of the 1- and 2-rank figures; each figure the median over them")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--port", type=int, default=29517)
@@ -118,12 +131,15 @@ def main():
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(worker, args=(args, queue), nprocs=2, join=True, start_method="spawn")
-    (sps1, cores1), (sps2, cores2) = queue.get()
+    (sps1, cores1), (sps2, cores2), round_effs = queue.get()
     eff = sps2 / (2 * sps1)
     print(f"# ddp_bench: PyTorch {torch.__version__} DDP (gloo, 1 thread per rank), MLP 784-"
           f"{args.hidden}-{args.hidden}-10, {args.optimizer}, batch {args.batch} per rank, "
-          f"{args.steps} timed steps, synthetic data")
+          f"{args.steps} timed steps, synthetic data; median of {args.rounds} round(s)")
     print(f"  1 rank {sps1:.0f} samples/s, 2 ranks {sps2:.0f} samples/s, efficiency {eff:.3f}")
+    if args.rounds > 1:
+        print(f"# efficiency of the single rounds (min - max): {min(round_effs):.3f} - "
+              f"{max(round_effs):.3f}")
     print(f"# CPU cores used while timed (every thread of the group's processes over wall time), "
           f"1 rank / 2 ranks: {cores1:.2f} / {cores2:.2f}")
     if args.json:
@@ -132,7 +148,10 @@ def main():
                        "model": f"mlp-784-{args.hidden}-{args.hidden}-10",
                        "optimizer": args.optimizer, "batch_per_rank": args.batch,
                        "steps": args.steps, "samples_per_s_1": sps1, "samples_per_s_2": sps2,
-                       "scaling_efficiency": eff, "cpu_cores_1": cores1,
+                       "scaling_efficiency": eff, "rounds": args.rounds,
+                       "scaling_efficiency_round_min": min(round_effs),
+                       "scaling_efficiency_round_max": max(round_effs),
+                       "cpu_cores_1": cores1,
                        "cpu_cores_2": cores2}, f, indent=2)
     return 0
 

@@ -14,7 +14,8 @@
 # its cores quiet, from /proc/stat and the loops' own CPU time) and the work it did per core; the
 # fourth sets each framework's kept against the most a fair scheduler lets it keep: its share of
 # the cores under the load over the cores its 2-rank figure used quiet.
-# --rounds N: train_bench's interleaved rounds (each dtrain figure the median of N; default 1).
+# --rounds N: interleaved rounds of both benches' 1- and 2-rank figures (each figure the median of
+# N; default 1).
 # --configs: the configurations to run (default "256 64 adamw;1024 128 sgd;1024 128 adamw").
 set -euo pipefail
 LOAD=0
@@ -109,7 +110,7 @@ run_pair() {
   echo "== $tag ($suffix): PyTorch DDP"
   timed_cpu "$OUT/cpu-torch-$tag-$suffix.txt" \
     /usr/bin/python3 "$HERE/ddp_bench.py" --hidden "$hidden" --batch "$batch" --optimizer "$opt" \
-    --steps "$STEPS" --json "$OUT/torch-$tag-$suffix.json"
+    --steps "$STEPS" --rounds "$ROUNDS" --json "$OUT/torch-$tag-$suffix.json"
 }
 
 for c in "${configs[@]}"; do
