@@ -196,10 +196,7 @@ if load:
         for fw in ("dtrain", "torch"):
             q, l = get(fw, tag, "quiet"), get(fw, tag, f"load{load}")
             kept = l["samples_per_s_2"] / q["samples_per_s_2"]
-            cq = q.get("cpu_cores_2")
-            if not cq:
-                row += f" - | - | {kept:.2f} | - |"
-                continue
+            cq = q["cpu_cores_2"]
             ceiling = min(1.0, fair / cq)
             row += f" {cq:.2f} | {ceiling:.2f} | {kept:.2f} | {kept / ceiling:.2f} |"
         print(row)
