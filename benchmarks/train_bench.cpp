@@ -24,9 +24,14 @@
 // forward_backward cannot be split), backward is the remainder. Also per mode, the CPU cores the
 // figure used (getrusage of every participating process, all threads, over the timed wall time):
 // under a competing load a fair scheduler leaves a job at most its share of the cores, so this
-// bounds how much of its quiet throughput it can keep there. Peak resident memory per rank
-// (getrusage) is reported against the training state (parameters, gradients, optimizer state,
-// activations and their gradients for one batch, the loader's prefetch buffers).
+// bounds how much of its quiet throughput it can keep there. Memory per rank is reported against
+// the training state (parameters, gradients, optimizer state, activations and their gradients
+// for one batch, the loader's prefetch buffers) twice: the peak resident set (getrusage), which
+// counts every node-shared page a rank touched (with the arenas in the node-shared heap, the
+// other rank's gradients that the shm all-reduce reads and writes in place as well as its own),
+// and the largest proportional set size (PSS, /proc/self/smaps_rollup) seen at the end of each
+// 2-rank figure's timed steps, which splits a shared page between the ranks that touch it, so that
+// the ranks' figures add up to the node's use.
 #include <mpi.h>
 
 #include <sys/resource.h>
@@ -36,6 +41,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -113,6 +119,23 @@ double process_cpu_seconds() {
   auto sec = [](const timeval& t) { return static_cast<double>(t.tv_sec) + 1e-6 * t.tv_usec; };
   return sec(u.ru_utime) + sec(u.ru_stime);
 }
+
+// This process's proportional set size in MiB (shared pages divided among the processes that
+// map them), or NaN where the kernel does not report it.
+double pss_mib() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  std::string key;
+  double kib = 0;
+  while (f >> key) {
+    if (key == "Pss:" && (f >> kib)) return kib / 1024.0;
+    f.ignore(1 << 20, '\n');
+  }
+  return std::nan("");
+}
+// The largest pss_mib() seen after a 2-rank figure's timed steps (the model, its optimizer and
+// loader alive), in this process. Not after the 1-rank figures: each builds its model in private
+// memory while the pages the 2-rank model had in the heap stay mapped and resident.
+double g_peak_pss_mib = 0;
 
 // Parameters of the MLP 784-H-H-10.
 double parameter_count(std::int64_t h) {
@@ -259,6 +282,10 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   Result r;
   r.samples_per_s = static_cast<double>(a.steps * a.batch * world) / elapsed;
   r.cpu_cores = cpu / elapsed;
+  if (world > 1) {  // the 2-rank job, not the 1-rank figures' private copies of the model
+    const double pss = pss_mib();
+    if (!(pss <= g_peak_pss_mib)) g_peak_pss_mib = pss;  // NaN where not reported
+  }
   const double s = static_cast<double>(a.steps);
   r.split.data = ph.data / s;
   r.split.forward = std::min(fwd, ph.backward / s);
@@ -459,9 +486,10 @@ int main(int argc, char** argv) {
     for (const auto& d : world_comm.allreduce_decisions())
       decisions += (decisions.empty() ? "" : " ") + std::to_string(d.min_bytes) + ":" +
                    dtrain::name_of(d.algo);
-    double rss[2] = {0, 0};
+    double rss[2] = {0, 0}, pss[2] = {0, 0};
     double mine = peak_rss_mib();
     MPI_Gather(&mine, 1, MPI_DOUBLE, rss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(&g_peak_pss_mib, 1, MPI_DOUBLE, pss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
 
     if (rank == 0) {
@@ -528,6 +556,12 @@ int main(int argc, char** argv) {
           "# peak RSS: rank 0 %.1f MiB, rank 1 %.1f MiB; training state %.1f MiB "
           "(parameters, gradients, optimizer state, activations, prefetch)\n",
           rss[0], rss[1], state_mib);
+      std::printf(
+          "# largest PSS after the 2-rank figures' timed steps: rank 0 %.1f MiB, rank 1 %.1f MiB "
+          "(%.2fx, %.2fx the "
+          "training state; node-shared pages split between the ranks that touch them, where the "
+          "peak RSS counts them on each)\n",
+          pss[0], pss[1], pss[0] / state_mib, pss[1] / state_mib);
       if (!a.json.empty()) {
         dtrain::JsonSummary js;
         char model[64];
@@ -572,6 +606,8 @@ int main(int argc, char** argv) {
         js.add_raw("modes", modes_json)
             .add("peak_rss_mib_rank0", rss[0])
             .add("peak_rss_mib_rank1", rss[1])
+            .add("peak_pss_mib_rank0", pss[0])
+            .add("peak_pss_mib_rank1", pss[1])
             .add("training_state_mib", state_mib);
         js.write(a.json);
       }

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <functional>
@@ -290,6 +291,29 @@ class CountingLoopback : public LoopbackTransport {
   mutable std::mutex m_;
   std::vector<std::size_t> sizes_;
 };
+
+TEST_CASE("cache knee: the smallest working set whose copy ran halfway to the memory-bound one") {
+  using detail::cache_knee;
+  const double MiB = 1 << 20;
+  const std::vector<double> ws = {8 * MiB, 16 * MiB, 32 * MiB, 64 * MiB};
+  // This VM's copies (GB/s 55.5, 47.8, 25.9, 16.0 at 8-64 MiB working sets): halfway in ratio
+  // between the first and the last lies below the 32 MiB copy, above the 16 MiB one.
+  CHECK(cache_knee(ws, {1 / 55.5, 1 / 47.8, 1 / 25.9, 1 / 16.0}) == 32 * MiB);
+  CHECK(cache_knee(ws, {1.0, 1.1, 2.5, 3.5}) == 32 * MiB);
+  CHECK(cache_knee(ws, {1.0, 3.0, 3.0, 3.0}) == 16 * MiB);             // left the cache at once
+  CHECK(cache_knee(ws, {1.0, 1.0, 1.0, 2.0}) == 64 * MiB);             // only the last one
+  CHECK(cache_knee(ws, {1.0, std::sqrt(2.0), 2.0, 2.0}) == 16 * MiB);  // exactly halfway counts
+  CHECK(cache_knee(ws, {1.0, 1.4, 2.0, 2.0}) == 32 * MiB);             // just below it
+  // No memory-bound regime within the sets tried: no switch.
+  CHECK(cache_knee(ws, {1.0, 1.05, 1.1, 1.29}) == 0);
+  CHECK(cache_knee(ws, {1.0, 1.0, 1.0, 1.3}) == 64 * MiB);
+  // Missing or unusable times: no switch.
+  CHECK(cache_knee({}, {}) == 0);
+  CHECK(cache_knee({8 * MiB}, {1.0}) == 0);
+  CHECK(cache_knee(ws, {1.0, 2.0, 3.0}) == 0);
+  CHECK(cache_knee(ws, {0.0, 1.0, 2.0, 3.0}) == 0);
+  CHECK(cache_knee(ws, {1.0, 2.0, 3.0, std::nan("")}) == 0);
+}
 
 TEST_CASE("probe warm-up: each algorithm runs unmeasured calls by the model before it is timed") {
   CHECK(detail::probe_warm_calls(5e-6) == detail::kProbeWarmMax);  // 4 KiB on one node

@@ -10,9 +10,9 @@
 //    inter_alpha and inter_beta, and where nodes have several ranks the same exchange between
 //    every rank and its counterpart there, all pairs at once, for inter_share; a one-element rd
 //    all-reduce for the fixed cost of a call; on a node's first rank, in the first three rounds,
-//    a 4 MiB copy in the last-level cache and one of the cache's size from memory (source and
-//    destination twice the cache), whose ratio is the factor by which per-byte costs grow once a
-//    node's working set leaves the cache) are measured
+//    copies of working sets from 8 to 64 MiB, whose first and last give the factor by which
+//    per-byte costs grow once a node's working set leaves the cache, and whose knee where
+//    (kCopyFirstBytes, cache_knee)) are measured
 //    once per round, one after the other, for kRounds rounds; each quantity takes the median over
 //    the rounds (a latency sample is the minimum of a short burst), so a burst of load from another
 //    process spoils at most a round or two of each quantity, not the result.
@@ -59,8 +59,6 @@
 #include <thread>
 #include <vector>
 
-#include <unistd.h>
-
 #include <dtrain/comm/allreduce_decision.hpp>
 #include <dtrain/comm/collective_plan.hpp>
 #include <dtrain/comm/cost_model.hpp>
@@ -101,8 +99,9 @@ enum class CalibrationQuantity {
   inter_shared,  // one 4 MiB exchange of local rank l of node 2k with local rank l of node
                  // 2k+1, every such pair at once (nodes of several ranks)
   call,          // one one-element rd all-reduce (minimum of a burst): the fixed cost of a call
-  copy_cache,    // one local 4 MiB copy that stays in the last-level cache (a node's first rank)
-  copy_memory,   // one local copy of one last-level cache's size (a node's first rank), per byte
+  copy_cache,    // one local 4 MiB copy, a working set in any last-level cache (a node's first
+                 // rank), per byte
+  copy_memory,   // one local copy of a larger working set (`bytes`: 16 to 64 MiB), per byte
   probe          // one validation run of `algo` at `bytes`
 };
 
@@ -470,18 +469,37 @@ inline AllreduceDecisions apply_probes(const CostModel& cm, const ModelView& vie
   return decisions_from(pick);
 }
 
-/// The last-level cache in bytes (sysfs index 3, else sysconf), 0 when unknown. Local.
-inline std::size_t last_level_cache_bytes() {
-  if (std::FILE* f = std::fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "r")) {
-    unsigned long long v = 0;
-    char unit = 0;
-    const int got = std::fscanf(f, "%llu%c", &v, &unit);
-    std::fclose(f);
-    if (got >= 1 && v > 0)
-      return static_cast<std::size_t>(v) * (unit == 'K' ? 1024u : unit == 'M' ? 1u << 20 : 1u);
-  }
-  const long v = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-  return v > 0 ? static_cast<std::size_t>(v) : 0;
+/// The copies that find where a node's cache ends (a node's first rank, kCopyRounds rounds):
+/// source and destination of kCopyFirstBytes each (their working set stays in any last-level
+/// cache), then of twice, four and eight times that, prefixes of two buffers of kCopyMaxBytes.
+/// Each time per byte is the median over the rounds. The sizes are measured rather than read from
+/// the machine: where sysfs has no cache entries (a VM here), sysconf reported a 508 MiB level-3
+/// cache that the copies place at 32-48 MiB, and buffers sized by that report cost a node's first
+/// rank 256 MiB of peak memory for the calibration alone (benchmarks/RESULTS.md). At most
+/// 2 * kCopyMaxBytes: caches beyond a 64 MiB working set show no knee here, and the model then
+/// keeps the cache's per-byte terms at every size.
+inline constexpr std::size_t kCopyFirstBytes = 4u << 20;
+inline constexpr std::size_t kCopyMaxBytes = 32u << 20;
+inline constexpr int kCopyRounds = 3;
+/// Slower than the smallest copy by less than this, the largest copy shows no memory-bound
+/// regime (the working sets tried all fit a cache, or the machine's memory keeps up).
+inline constexpr double kKneeMinFactor = 1.3;
+
+/// Where copies leave the cache: from the per-byte times of copies of ascending working sets
+/// `ws` (source and destination bytes), the smallest working set whose copy ran at least halfway
+/// in ratio from the first one's per-byte time to the last one's (their geometric mean: the
+/// model's switch from the one to the other is then off by at most the square root of
+/// mem_factor at the sizes tried), as CostModel::cache_bytes; 0 (the model never switches) when
+/// the last ran less than kKneeMinFactor times slower than the first, or the times are unusable.
+/// Pure.
+inline double cache_knee(const std::vector<double>& ws, const std::vector<double>& per_byte) {
+  if (ws.size() < 2 || ws.size() != per_byte.size()) return 0;
+  const double first = per_byte.front(), last = per_byte.back();
+  if (!(first > 0) || !(last >= kKneeMinFactor * first)) return 0;
+  const double half = std::sqrt(first * last);
+  for (std::size_t i = 1; i < ws.size(); ++i)
+    if (per_byte[i] >= half) return ws[i];
+  return ws.back();
 }
 
 template <class Transport>
@@ -643,17 +661,17 @@ class Calibrator {
       call_plan = std::make_unique<Plan>(
           st_, allreduce_spec(AllreduceAlgorithm::rd, DType::f32, one, one, 1));
     }
-    // Cache against memory: a node's first rank copies 4 MiB (in the last-level cache) and one
-    // last-level cache's worth (from memory: source and destination together are twice the
-    // cache), in the first rounds. Skipped when the cache size is unknown or the probes are
-    // limited below 4 MiB (tests). The two buffers are the calibration's largest allocation, made
-    // while the model and optimizer state already exist: each is one cache's size, at most
-    // 128 MiB, so a rank's peak memory grows by twice that at most.
-    const std::size_t llc = last_level_cache_bytes();
-    const bool copier = nodes.local_rank(r_) == 0 && llc > 0 && calibration_probe_limit() >= big;
-    const std::size_t mem_bytes = copier ? std::min<std::size_t>(llc, 128u << 20) : 0;
+    // Cache against memory: a node's first rank copies working sets from 8 to 64 MiB (see
+    // kCopyFirstBytes), skipped where the probes are limited below 4 MiB (tests). The two
+    // buffers are the calibration's largest allocation, made while the model and optimizer state
+    // already exist: a rank's peak memory grows by 2 * kCopyMaxBytes at most.
+    const bool copier = nodes.local_rank(r_) == 0 && calibration_probe_limit() >= big;
+    const std::size_t mem_bytes = copier ? kCopyMaxBytes : 0;
     std::vector<unsigned char> mem_src(mem_bytes, 1), mem_dst(mem_bytes, 0);
-    constexpr int kCopyRounds = 3;
+    std::vector<std::size_t> copy_sizes;  // bytes copied, each a working set of twice that
+    for (std::size_t b = kCopyFirstBytes; copier && b <= kCopyMaxBytes; b *= 2)
+      copy_sizes.push_back(b);
+    std::vector<std::vector<double>> s_copies(copy_sizes.size());
 
     // The shm all-reduce: over the whole group where it shares segments (one node); with
     // several nodes, among the ranks of each node on the node's segments, which is what hier and
@@ -696,7 +714,7 @@ class Calibrator {
     }
 
     std::vector<double> s_alpha, s_beta, s_gamma, s_shm_alpha, s_shm_beta, s_inter_alpha,
-        s_inter_beta, s_inter_shared, s_call, s_copy_cache, s_copy_memory;
+        s_inter_beta, s_inter_shared, s_call;
     for (int round = 0; round < kRounds; ++round) {
       if (paired)
         pair_round(partner, round, CalibrationQuantity::alpha, CalibrationQuantity::beta, s_alpha,
@@ -740,14 +758,22 @@ class Calibrator {
         }
       }
       if (copier && round < kCopyRounds) {
-        double t0 = now_seconds();
-        std::memcpy(y.data(), x.data(), big);
-        s_copy_cache.push_back(
-            sample(CalibrationQuantity::copy_cache, round, (now_seconds() - t0) / double(big)));
-        t0 = now_seconds();
-        std::memcpy(mem_dst.data(), mem_src.data(), mem_bytes);
-        s_copy_memory.push_back(sample(CalibrationQuantity::copy_memory, round,
-                                       (now_seconds() - t0) / double(mem_bytes)));
+        for (std::size_t i = 0; i < copy_sizes.size(); ++i) {
+          // The same copy three times, the faster of the last two timed: what fits the cache is
+          // then in it.
+          const std::size_t b = copy_sizes[i];
+          std::memcpy(mem_dst.data(), mem_src.data(), b);
+          double best = 1e30;
+          for (int rep = 0; rep < 2; ++rep) {
+            const double t0 = now_seconds();
+            std::memcpy(mem_dst.data(), mem_src.data(), b);
+            best = std::min(best, now_seconds() - t0);
+          }
+          const double per_byte = best / double(b);
+          const CalibrationQuantity q =
+              i == 0 ? CalibrationQuantity::copy_cache : CalibrationQuantity::copy_memory;
+          s_copies[i].push_back(sample(q, round, per_byte, AllreduceAlgorithm::ring, 2 * b));
+        }
       }
       if (shm_seg) {
         double best = 1e30;
@@ -767,6 +793,16 @@ class Calibrator {
       // A pause between rounds spreads them in time, so one burst of load hits few of them.
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
+    // Where this node's copies left the cache (a node's first rank), as a working set.
+    double knee = 0;
+    if (copier) {
+      std::vector<double> ws, per_byte;
+      for (std::size_t i = 0; i < copy_sizes.size(); ++i) {
+        ws.push_back(2.0 * static_cast<double>(copy_sizes[i]));
+        per_byte.push_back(median_of(s_copies[i]));
+      }
+      knee = cache_knee(ws, per_byte);
+    }
     // Raw medians, agreed (maximum over ranks), then the fit: every rank fits the same numbers.
     double m[14] = {median_of(s_alpha),
                     median_of(s_beta),
@@ -776,10 +812,10 @@ class Calibrator {
                     median_of(s_inter_alpha),
                     median_of(s_inter_beta),
                     median_of(s_call),
-                    median_of(s_copy_cache),
-                    median_of(s_copy_memory),
+                    copier ? median_of(s_copies.front()) : 0.0,
+                    copier ? median_of(s_copies.back()) : 0.0,
                     static_cast<double>(nodes.max_machine_ranks()),
-                    static_cast<double>(copier ? llc : 0),
+                    knee,
                     static_cast<double>(shm_seg ? shm_seg->slot_bytes : 0),
                     median_of(s_inter_shared)};
     agree_max(m, 14);
