@@ -18,12 +18,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/shared_heap.hpp>
@@ -166,6 +169,75 @@ TEST_CASE("shared heap allocator: blocks inside, aligned, zeroed, disjoint, reus
   CHECK(fallback.allocations == 1);
   heap.deallocate(whole, mem.size() - 8192);
   CHECK(heap.allocate(0, 64) == nullptr);
+}
+
+namespace {
+// This process's resident pages of shared memory (RssShmem), in bytes; -1 where not reported.
+long long resident_shared_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return -1;
+  char line[256];
+  long long kib = -1;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "RssShmem: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return kib < 0 ? -1 : kib * 1024;
+}
+}  // namespace
+
+TEST_CASE(
+    "shared heap allocator: a freed large block's pages leave shared memory, not its neighbours") {
+  const std::size_t MiB = 1 << 20, size = 8 * MiB;
+  void* map = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(map != MAP_FAILED);
+  auto* mem = static_cast<unsigned char*>(map);
+  {
+    CountingAllocator fallback;
+    SharedHeapAllocator heap(mem, size, fallback);
+    auto* a = static_cast<unsigned char*>(heap.allocate(100, 64));
+    auto* b = static_cast<unsigned char*>(heap.allocate(3 * MiB, 64));
+    auto* c = static_cast<unsigned char*>(heap.allocate(100, 64));
+    auto* small = static_cast<unsigned char*>(heap.allocate(MiB / 2, 64));
+    REQUIRE((a && b && c && small));
+    std::memset(a, 0x11, 100);
+    std::memset(b, 0x22, 3 * MiB);
+    std::memset(c, 0x33, 100);
+    std::memset(small, 0x44, MiB / 2);
+    const long long resident = resident_shared_bytes();
+    // A block below kReleaseMinBytes keeps its pages.
+    heap.deallocate(small, MiB / 2);
+    CHECK(heap.released() == 0);
+    heap.deallocate(b, 3 * MiB);
+    // The whole pages inside b's range (its first and last page may hold a and c).
+    CHECK(heap.released() >= 3 * MiB - 2 * 4096);
+    CHECK(heap.released() <= 3 * MiB + 4096);
+    if (resident >= 0) CHECK(resident - resident_shared_bytes() >= static_cast<long long>(2 * MiB));
+    CHECK(std::all_of(a, a + 100, [](unsigned char v) { return v == 0x11; }));
+    CHECK(std::all_of(c, c + 100, [](unsigned char v) { return v == 0x33; }));
+    // The range is handed out again, zeroed.
+    auto* again = static_cast<unsigned char*>(heap.allocate(3 * MiB, 64));
+    REQUIRE(again != nullptr);
+    CHECK(heap.owns(again));
+    CHECK(std::all_of(again, again + 3 * MiB, [](unsigned char v) { return v == 0; }));
+    heap.deallocate(again, 3 * MiB);
+    heap.deallocate(a, 100);
+    heap.deallocate(c, 100);
+  }
+  ::munmap(map, size);
+
+  // Private memory (a heap in a vector, as the ranks-as-threads tests have) keeps its pages:
+  // nothing released, nothing changed.
+  std::vector<unsigned char> priv(8 * MiB);
+  CountingAllocator fallback;
+  SharedHeapAllocator heap(priv.data(), priv.size(), fallback);
+  auto* x = static_cast<unsigned char*>(heap.allocate(100, 64));
+  auto* y = static_cast<unsigned char*>(heap.allocate(3 * MiB, 64));
+  std::memset(x, 0x55, 100);
+  std::memset(y, 0x66, 3 * MiB);
+  heap.deallocate(y, 3 * MiB);
+  CHECK(heap.released() == 0);
+  CHECK(std::all_of(x, x + 100, [](unsigned char v) { return v == 0x55; }));
+  heap.deallocate(x, 100);
 }
 
 TEST_CASE("shared heap allocator without a heap hands every block to the fallback") {

@@ -13,6 +13,9 @@
 #include <mutex>
 #include <string>
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
 
@@ -23,7 +26,9 @@ namespace dtrain {
 /// where they are used) and, from HostAllocator::kStaggerBytes on, staggered within a page as
 /// HostAllocator's are. A request that does not fit (or any request without a heap) is served by
 /// `fallback` instead, so code written for the heap runs unchanged where there is none;
-/// owns() tells which. Thread-safe. The heap's memory and `fallback` must outlive every block.
+/// owns() tells which. A freed block of at least kReleaseMinBytes gives its pages back to the
+/// system (they would otherwise stay resident in every process that touched them). Thread-safe.
+/// The heap's memory and `fallback` must outlive every block.
 class SharedHeapAllocator final : public Allocator {
  public:
   SharedHeapAllocator(unsigned char* base, std::size_t bytes,
@@ -77,6 +82,7 @@ class SharedHeapAllocator final : public Allocator {
     std::size_t start = b->second.start, len = b->second.bytes;
     used_ -= len;
     blocks_.erase(b);
+    release_pages(start, len);
     // Merge with the free neighbours on both sides.
     auto next = free_.lower_bound(start);
     if (next != free_.end() && next->first == start + len) {
@@ -109,8 +115,35 @@ class SharedHeapAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     return used_;
   }
+  /// Freed blocks at least this large give their whole pages back to the system.
+  static constexpr std::size_t kReleaseMinBytes = 1u << 20;
+  /// Bytes given back to the system so far (pages of freed blocks, see deallocate()).
+  std::size_t released() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return released_;
+  }
 
  private:
+  // A page of node-shared memory stays resident after its block is freed, counted in every
+  // process that touched it, until it is removed from the shared memory object: the pages wholly
+  // inside a freed block of at least kReleaseMinBytes are removed (MADV_REMOVE; the next block
+  // there is zeroed by allocate() anyway). Best effort: memory that is not a shared mapping (a
+  // heap in private memory, as ranks-as-threads tests make) refuses it and stays as it is. Under
+  // the lock, so no allocation takes the range meanwhile; nobody else reads a freed block.
+  void release_pages(std::size_t start, std::size_t len) noexcept {
+#if defined(MADV_REMOVE)
+    static const auto page = static_cast<std::uintptr_t>(::sysconf(_SC_PAGESIZE));
+    if (page == 0 || page > kReleaseMinBytes) return;
+    const auto at = reinterpret_cast<std::uintptr_t>(base_ + start);
+    const std::uintptr_t lo = (at + page - 1) / page * page, hi = (at + len) / page * page;
+    if (hi <= lo || hi - lo < kReleaseMinBytes) return;
+    if (::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_REMOVE) == 0) released_ += hi - lo;
+#else
+    (void)start;
+    (void)len;
+#endif
+  }
+
   struct Block {
     std::size_t start, bytes;  // the range taken from the free list, padding included
   };
@@ -121,7 +154,8 @@ class SharedHeapAllocator final : public Allocator {
   std::map<std::size_t, std::size_t> free_;  // offset -> length, disjoint, never adjacent
   std::map<unsigned char*, Block> blocks_;
   std::size_t used_ = 0;
-  std::size_t next_ = 0;  // staggered blocks handed out
+  std::size_t next_ = 0;      // staggered blocks handed out
+  std::size_t released_ = 0;  // bytes given back by release_pages
 };
 
 }  // namespace dtrain
