@@ -558,9 +558,8 @@ int main(int argc, char** argv) {
           rss[0], rss[1], state_mib);
       std::printf(
           "# largest PSS after the 2-rank figures' timed steps: rank 0 %.1f MiB, rank 1 %.1f MiB "
-          "(%.2fx, %.2fx the "
-          "training state; node-shared pages split between the ranks that touch them, where the "
-          "peak RSS counts them on each)\n",
+          "(%.2fx, %.2fx the training state; node-shared pages split between the ranks that "
+          "touch them, where the peak RSS counts them on each)\n",
           pss[0], pss[1], pss[0] / state_mib, pss[1] / state_mib);
       if (!a.json.empty()) {
         dtrain::JsonSummary js;

@@ -11,8 +11,8 @@
 //    every rank and its counterpart there, all pairs at once, for inter_share; a one-element rd
 //    all-reduce for the fixed cost of a call; on a node's first rank, in the first three rounds,
 //    copies of working sets from 8 to 64 MiB, whose first and last give the factor by which
-//    per-byte costs grow once a node's working set leaves the cache, and whose knee where
-//    (kCopyFirstBytes, cache_knee)) are measured
+//    per-byte costs grow once a node's working set leaves the cache, and whose knee says where
+//    it leaves it: kCopyFirstBytes, cache_knee) are measured
 //    once per round, one after the other, for kRounds rounds; each quantity takes the median over
 //    the rounds (a latency sample is the minimum of a short burst), so a burst of load from another
 //    process spoils at most a round or two of each quantity, not the result.
@@ -793,16 +793,14 @@ class Calibrator {
       // A pause between rounds spreads them in time, so one burst of load hits few of them.
       std::this_thread::sleep_for(std::chrono::microseconds(100));
     }
-    // Where this node's copies left the cache (a node's first rank), as a working set.
-    double knee = 0;
-    if (copier) {
-      std::vector<double> ws, per_byte;
-      for (std::size_t i = 0; i < copy_sizes.size(); ++i) {
-        ws.push_back(2.0 * static_cast<double>(copy_sizes[i]));
-        per_byte.push_back(median_of(s_copies[i]));
-      }
-      knee = cache_knee(ws, per_byte);
+    // Each copy's median per byte, and where this node's copies left the cache, as a working
+    // set (a node's first rank; none elsewhere).
+    std::vector<double> copy_ws, copy_per_byte;
+    for (std::size_t i = 0; i < copy_sizes.size(); ++i) {
+      copy_ws.push_back(2.0 * static_cast<double>(copy_sizes[i]));
+      copy_per_byte.push_back(median_of(s_copies[i]));
     }
+    const double knee = cache_knee(copy_ws, copy_per_byte);
     // Raw medians, agreed (maximum over ranks), then the fit: every rank fits the same numbers.
     double m[14] = {median_of(s_alpha),
                     median_of(s_beta),
@@ -812,8 +810,8 @@ class Calibrator {
                     median_of(s_inter_alpha),
                     median_of(s_inter_beta),
                     median_of(s_call),
-                    copier ? median_of(s_copies.front()) : 0.0,
-                    copier ? median_of(s_copies.back()) : 0.0,
+                    copier ? copy_per_byte.front() : 0.0,
+                    copier ? copy_per_byte.back() : 0.0,
                     static_cast<double>(nodes.max_machine_ranks()),
                     knee,
                     static_cast<double>(shm_seg ? shm_seg->slot_bytes : 0),
