@@ -8,4 +8,9 @@ if(DTRAIN_HAVE_MPI)
   dtrain_add_benchmark(NAME allreduce_bench
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/allreduce_bench.cpp
     LINK ${_comm_bench_link})
+  # reduce_scatter and allgather (from the node-shared heaps, and on private buffers) against
+  # MPI_Reduce_scatter_block and MPI_Allgather on one node.
+  dtrain_add_benchmark(NAME parts_bench
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/parts_bench.cpp
+    LINK dtrain::mpi)
 endif()

@@ -167,17 +167,26 @@ TEST_CASE("allreduce: every algorithm agrees with MPI_Allreduce on MPI_COMM_WORL
   compare_all_algorithms(MPI_COMM_WORLD);
 }
 
+// MPI_COMM_WORLD with 8 MiB node-shared heaps (Communicator::shared_allocator).
+struct HeapWorld {
+  static SharedSegmentConfig segments() {
+    SharedSegmentConfig seg = SharedSegmentConfig::from_env();
+    seg.heap_bytes = 8u << 20;
+    return seg;
+  }
+  MpiTransport transport{MPI_COMM_WORLD, segments()};
+  Communicator<MpiTransport> comm{transport, cfg()};
+};
+
 // The shm all-reduce and ordered_shm (the same protocol, summing in rank order) on buffers in the
 // node-shared heap (read in place by the other ranks): every rank's buffers there, or only the
 // even ranks' (each rank decides for itself), in place and out of place, against MPI_Allreduce;
 // the ranks whose buffers lie there count the chunks they lent.
 TEST_CASE("shm and ordered_shm on node-shared heap buffers agree with MPI_Allreduce") {
-  SharedSegmentConfig seg = SharedSegmentConfig::from_env();
-  seg.heap_bytes = 8u << 20;
-  MpiTransport transport(MPI_COMM_WORLD, seg);
-  Communicator comm(transport, cfg());
+  HeapWorld world;
+  Communicator<MpiTransport>& comm = world.comm;
   const int p = comm.size(), r = comm.rank();
-  const SharedSegments* w = shared_segments_of(transport);
+  const SharedSegments* w = shared_segments_of(world.transport);
   if (!w) {
     MESSAGE("no node-shared segments here (one rank, several nodes or DTRAIN_SHM=0): skipped");
     return;
@@ -229,6 +238,50 @@ TEST_CASE("shm and ordered_shm on node-shared heap buffers agree with MPI_Allred
             a.deallocate(x, n * es);
           }
   CHECK(failures == 0);
+}
+
+// reduce_scatter and allgather on node-shared heap buffers (one hand-off, read in place; algo/
+// shm_parts.hpp) and with only the even ranks' buffers there (the ring after the hand-off), against
+// MPI_Reduce_scatter and MPI_Allgatherv; the calls run from the heaps are counted.
+TEST_CASE("reduce_scatter and allgather on node-shared heap buffers agree with MPI") {
+  HeapWorld world;
+  Communicator<MpiTransport>& comm = world.comm;
+  const int p = comm.size(), r = comm.rank();
+  const SharedSegments* w = shared_segments_of(world.transport);
+  if (!w) {
+    MESSAGE("no node-shared segments here (one rank, several nodes or DTRAIN_SHM=0): skipped");
+    return;
+  }
+  for (bool only_even : {false, true})
+    for (std::size_t n : {std::size_t{3}, std::size_t{1001}, std::size_t{300007}}) {
+      CAPTURE(only_even);
+      CAPTURE(n);
+      std::vector<int> counts(p), displs(p);
+      for (int q = 0; q < p; ++q) {
+        counts[q] = static_cast<int>(partition_count(n, p, q));
+        displs[q] = static_cast<int>(partition_begin(n, p, q));
+      }
+      Allocator& a = only_even && r % 2 ? default_allocator() : comm.shared_allocator();
+      const std::size_t mine_n = static_cast<std::size_t>(counts[r]);
+      auto* in = static_cast<std::int32_t*>(a.allocate(n * 4, 64));
+      auto* mine = static_cast<std::int32_t*>(a.allocate(mine_n * 4 + 4, 64));
+      auto* all = static_cast<std::int32_t*>(a.allocate(n * 4, 64));
+      for (std::size_t i = 0; i < n; ++i) in[i] = static_cast<std::int32_t>((i * 7 + r * 13) % 101);
+      const std::uint64_t before = w->part_calls;
+      comm.reduce_scatter(BufferView(in, n, DType::i32), BufferView(mine, mine_n, DType::i32),
+                          ReduceOp::sum);
+      std::vector<std::int32_t> ref(mine_n + 1), all_ref(n);
+      MPI_Reduce_scatter(in, ref.data(), counts.data(), MPI_INT32_T, MPI_SUM, MPI_COMM_WORLD);
+      CHECK(std::equal(mine, mine + mine_n, ref.begin()));
+      comm.allgather(BufferView(mine, mine_n, DType::i32), BufferView(all, n, DType::i32));
+      MPI_Allgatherv(mine, counts[r], MPI_INT32_T, all_ref.data(), counts.data(), displs.data(),
+                     MPI_INT32_T, MPI_COMM_WORLD);
+      CHECK(std::equal(all, all + n, all_ref.begin()));
+      CHECK(w->part_calls - before == (only_even && p > 1 ? 0u : 2u));
+      a.deallocate(all, n * 4);
+      a.deallocate(mine, mine_n * 4 + 4);
+      a.deallocate(in, n * 4);
+    }
 }
 
 // Run by mpi_comm_np2..4 (one node) and, alone, with DTRAIN_RANKS_PER_NODE=1 and 2 (fake nodes;

@@ -113,6 +113,9 @@ struct SharedSegments {
   /// Calls of shm / ordered_shm small enough to run in one hand-off (algo/shm.hpp, small_call),
   /// this rank's count, for tests and benchmarks.
   std::uint64_t one_shot_calls = 0;
+  /// Calls of reduce_scatter / allgather that ran from every rank's heap in one hand-off (algo/
+  /// shm_parts.hpp), this rank's count, for tests and benchmarks.
+  std::uint64_t part_calls = 0;
 
   /// Fingerprint checks this rank has published through check_line (collective_plan.hpp).
   std::uint64_t next_check = 0;

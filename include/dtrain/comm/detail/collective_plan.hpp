@@ -3,6 +3,7 @@
 //
 // The plan holds one algorithm (one header each under algo/: ring.hpp with the
 // reduce_scatter and allgather halves, tree.hpp, rhd.hpp, rd.hpp, shm.hpp (also ordered_shm),
+// shm_parts.hpp for reduce_scatter and allgather on one node (from the heaps, else the ring's),
 // broadcast.hpp, ordered.hpp for the reproducible all-reduce and reduce_scatter); a
 // barrier is the fingerprint exchange alone. An all-reduce that `automatic` chose may also hold
 // the plan of its runner-up, which it times against its own now and then and changes to when
@@ -31,6 +32,7 @@
 #include <dtrain/comm/detail/algo/rhd.hpp>
 #include <dtrain/comm/detail/algo/ring.hpp>
 #include <dtrain/comm/detail/algo/shm.hpp>
+#include <dtrain/comm/detail/algo/shm_parts.hpp>
 #include <dtrain/comm/detail/algo/tree.hpp>
 #include <dtrain/comm/detail/backoff.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
@@ -57,8 +59,13 @@ std::unique_ptr<Algorithm> make_algorithm(PlanContext<Transport>& ctx, const voi
     case CollectiveKind::reduce_scatter:
       if (s.algo == AllreduceAlgorithm::ordered)
         return std::make_unique<OrderedAlgorithm<T>>(ctx, in, out, false);
+      if (ShmPartsAlgorithm<T>::usable(ctx))
+        return std::make_unique<ShmPartsAlgorithm<T>>(ctx, in, out);
       return std::make_unique<RingReduceScatter<T>>(ctx, in, out);
-    case CollectiveKind::allgather: return std::make_unique<RingAllgather<T>>(ctx, in, out);
+    case CollectiveKind::allgather:
+      if (ShmPartsAlgorithm<T>::usable(ctx))
+        return std::make_unique<ShmPartsAlgorithm<T>>(ctx, in, out);
+      return std::make_unique<RingAllgather<T>>(ctx, in, out);
     case CollectiveKind::allreduce:
       switch (s.algo) {
         case AllreduceAlgorithm::ring:

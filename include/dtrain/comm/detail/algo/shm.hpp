@@ -94,6 +94,28 @@ constexpr std::size_t shm_chunk_bytes(std::size_t slot_bytes) noexcept {
                                                                 : slot_bytes;
 }
 
+/// Waits until rank q's counter `kind` of `slot` in `w` reaches `target`: spins for `spin`
+/// seconds, then sleeps (detail/futex_wait.hpp); past `ctx`'s deadline, its error naming the
+/// rank, the call and the peer. Local, blocking.
+template <class Transport>
+void wait_segment_counter(const PlanContext<Transport>& ctx, const SharedSegments& w, int q,
+                          int kind, int slot, std::uint64_t target, double spin) {
+  if (!counter_wait(w.flag(q, kind, slot), target, ctx.deadline(), spin))
+    ctx.timeout(ctx.transport_rank(q));
+}
+
+/// The slot of chunk number g, once every rank has read out the chunk it held before (counter 2
+/// of chunk g - slots), so that this rank may fill it. Local, blocking.
+template <class Transport>
+int free_slot_for(const PlanContext<Transport>& ctx, const SharedSegments& w, std::uint64_t g,
+                  double spin) {
+  const auto S = static_cast<std::uint64_t>(w.slots);
+  const int slot = static_cast<int>(g % S);
+  if (g >= S)
+    for (int q = 0; q < ctx.size(); ++q) wait_segment_counter(ctx, w, q, 2, slot, g - S + 1, spin);
+  return slot;
+}
+
 template <class Transport>
 class ShmAlgorithm : public Algorithm {
   using uchar = unsigned char;
@@ -137,11 +159,9 @@ class ShmAlgorithm : public Algorithm {
     bool any_direct = false;
     for (std::size_t k = 0; k < nchunks; ++k) {
       const std::uint64_t g = w.next_chunk + k;
-      const int slot = static_cast<int>(g % static_cast<std::uint64_t>(S));
+      const int slot = free_slot_for(ctx_, w, g, spin_);
       const std::size_t c0 = k * chunk, cl = std::min(chunk, n - c0);
       const std::size_t b0 = block_begin(cl, p, r), b1 = block_begin(cl, p, r + 1);
-      if (g >= static_cast<std::uint64_t>(S))
-        for (int q = 0; q < p; ++q) wait_counter(w, q, 2, slot, g - S + 1);
       // Where the other ranks find this chunk's data: in place, where input and output both lie
       // in this rank's heap, else in the slot at the output's offset within a page (see the top).
       Descriptor d;
@@ -346,11 +366,9 @@ class ShmAlgorithm : public Algorithm {
   // would fetch the part that the other rank's push_whole wrote there, and cost more than the
   // hand-off saved.
   void small_call(SharedSegments& w, std::size_t n, std::size_t es) {
-    const int p = ctx_.size(), r = ctx_.rank(), S = w.slots;
+    const int p = ctx_.size(), r = ctx_.rank();
     const std::uint64_t g = w.next_chunk;
-    const int slot = static_cast<int>(g % static_cast<std::uint64_t>(S));
-    if (g >= static_cast<std::uint64_t>(S))
-      for (int q = 0; q < p; ++q) wait_counter(w, q, 2, slot, g - S + 1);
+    const int slot = free_slot_for(ctx_, w, g, spin_);
     Descriptor d;
     const bool offer = aligned_ && w.in_own_heap(in_, n * es) && w.in_own_heap(out_, n * es);
     if (offer) {
@@ -397,8 +415,7 @@ class ShmAlgorithm : public Algorithm {
   }
 
   void wait_counter(const SharedSegments& w, int q, int kind, int s, std::uint64_t target) {
-    if (!counter_wait(w.flag(q, kind, s), target, ctx_.deadline(), spin_))
-      ctx_.timeout(ctx_.transport_rank(q));
+    wait_segment_counter(ctx_, w, q, kind, s, target, spin_);
   }
   static constexpr std::size_t kPage = 4096, kLine = 64, kPieceBytes = 16 * 1024;
   static constexpr std::size_t kOneShotBytes = 4 * 1024;
