@@ -9,12 +9,14 @@
 // (non-blocking barrier polled every millisecond, so it does not compete for a core); then both
 // ranks run the same loop on MPI_COMM_WORLD. Data is synthetic (an in-memory dataset read through
 // the prefetching Loader, as example 10 reads its HDF5 file), the model an MLP 784-H-H-10 with
-// softmax cross-entropy. Each figure is measured in three modes:
+// softmax cross-entropy. Each figure is measured in four modes:
 //   overlap     gradient buckets all-reduce while backward runs; wait, then opt.step()
 //   no-overlap  backward first, then all buckets (ready_all), wait, opt.step()
 //   fused       as overlap, but each bucket is updated by the optimizer as soon as its average
 //               has arrived (sync.wait(opt)); those updates run inside the sync wait, timed
 //               apart and counted as optimizer time
+//   sharded     as fused, with sharded steps (GradientSync::shard_updates): each bucket
+//               reduce-scattered, each rank updating its part, the parameters all-gathered
 // A last figure has both ranks train alone at once (a communicator each, no communication, overlap
 // mode): the 2-rank figure over it is the cost of communication alone, where the scaling
 // efficiency above also counts what two ranks lose by sharing the machine (the 1-rank run had the
@@ -82,9 +84,13 @@ struct Args {
   std::int64_t shared_heap = 1;
 };
 
-enum class Mode { overlap, no_overlap, fused };
+enum class Mode { overlap, no_overlap, fused, sharded };
+constexpr int kModes = 4;
 const char* name_of(Mode m) {
-  return m == Mode::overlap ? "overlap" : m == Mode::no_overlap ? "no-overlap" : "fused";
+  return m == Mode::overlap      ? "overlap"
+         : m == Mode::no_overlap ? "no-overlap"
+         : m == Mode::fused      ? "fused"
+                                 : "sharded";
 }
 
 struct Phases {
@@ -168,6 +174,11 @@ struct TimedUpdates {
     opt.complete_step();
     seconds += t.seconds();
   }
+  void set_state_partial(bool partial) { opt.set_state_partial(partial); }
+  template <class F>
+  void for_each_state_arena(F&& f) {
+    opt.for_each_state_arena(std::forward<F>(f));
+  }
 };
 
 template <class Comm, class Exec>
@@ -185,6 +196,7 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   model.init(a.seed);
   dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
                                        static_cast<std::size_t>(a.bucket_kib) * 1024);
+  if (mode == Mode::sharded) sync.shard_updates(model.parameters());
   // Only the chosen optimizer exists, so its state alone counts in the peak memory.
   const bool use_sgd = a.optimizer == "sgd";
   dtrain::SgdOptions so;
@@ -224,7 +236,7 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
     if (timed) fb_end.push_back(dtrain::now_seconds());
     t.reset();
     double t_opt = 0;
-    if (mode == Mode::fused) {
+    if (mode == Mode::fused || mode == Mode::sharded) {
       if (use_sgd) {
         TimedUpdates<dtrain::BasicSgd<Exec>> timed{*sgd_p, t_opt};
         sync.wait(timed);
@@ -236,7 +248,7 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
       sync.wait();
     }
     const double t_sync = t.seconds() - t_opt;
-    if (mode != Mode::fused) {
+    if (mode != Mode::fused && mode != Mode::sharded) {
       t.reset();
       if (use_sgd)
         sgd_p->step();
@@ -427,14 +439,14 @@ int main(int argc, char** argv) {
     dtrain::MpiTransport world_transport(MPI_COMM_WORLD, segments);
     dtrain::Communicator world_comm(world_transport);
 
-    const Mode modes[] = {Mode::overlap, Mode::no_overlap, Mode::fused};
+    const Mode modes[kModes] = {Mode::overlap, Mode::no_overlap, Mode::fused, Mode::sharded};
     // Every round measures each mode's 1-rank figure and then its 2-rank figure, so a drift of the
     // machine's speed over the run (this one is shared) reaches both figures of a round alike;
     // each figure is the median over the rounds, and the rounds' own efficiencies give its spread.
     const auto rounds = static_cast<std::size_t>(a.rounds);
-    std::vector<Result> one_r[3], two_r[3];
+    std::vector<Result> one_r[kModes], two_r[kModes];
     for (std::size_t r = 0; r < rounds; ++r)
-      for (int m = 0; m < 3; ++m) {
+      for (int m = 0; m < kModes; ++m) {
         // 1 rank: rank 0 on its own communicator; rank 1 sleeps in a polled non-blocking barrier.
         Result solo_result;
         if (rank == 0) {
@@ -451,9 +463,9 @@ int main(int argc, char** argv) {
         }
         two_r[m].push_back(run(world_comm, modes[m]));
       }
-    Result one[3], two[3];
-    double eff_lo[3], eff_hi[3];
-    for (int m = 0; m < 3; ++m) {
+    Result one[kModes], two[kModes];
+    double eff_lo[kModes], eff_hi[kModes];
+    for (int m = 0; m < kModes; ++m) {
       one[m] = median_result(one_r[m]);
       two[m] = median_result(two_r[m]);
       eff_lo[m] = 1e300;
@@ -509,7 +521,7 @@ int main(int argc, char** argv) {
       std::printf("# %-11s %12s %12s %10s   rank 0 split on 2 ranks: %s\n", "mode", "1 rank sps",
                   "2 ranks sps", "efficiency",
                   "data / forward / backward / sync wait / optimizer, step ms");
-      for (int m = 0; m < 3; ++m) {
+      for (int m = 0; m < kModes; ++m) {
         const Phases& p = two[m].split;
         const double t = p.total();
         std::printf(
@@ -522,9 +534,9 @@ int main(int argc, char** argv) {
       }
       if (rounds > 1) {
         std::printf("# efficiency of the single rounds (min - max):");
-        for (int m = 0; m < 3; ++m)
+        for (int m = 0; m < kModes; ++m)
           std::printf(" %s %.3f - %.3f%s", name_of(modes[m]), eff_lo[m], eff_hi[m],
-                      m < 2 ? "," : "\n");
+                      m < kModes - 1 ? "," : "\n");
       }
       std::printf("# all-reduce on 2 ranks, automatic decisions (from bytes per rank): %s\n",
                   decisions.c_str());
@@ -545,9 +557,9 @@ int main(int argc, char** argv) {
       std::printf(
           "# CPU cores used while timed (every thread of the group's processes over wall time), "
           "1 rank / 2 ranks:");
-      for (int m = 0; m < 3; ++m)
+      for (int m = 0; m < kModes; ++m)
         std::printf(" %s %.2f / %.2f%s", name_of(modes[m]), one[m].cpu_cores, two[m].cpu_cores,
-                    m < 2 ? "," : "\n");
+                    m < kModes - 1 ? "," : "\n");
       std::printf(
           "# both ranks training alone at once (no communication): %.0f samples/s together; "
           "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
@@ -590,7 +602,7 @@ int main(int argc, char** argv) {
             .add_raw("phase_split_1", split_json(one[0].split));
         if (!std::isnan(two[0].lag)) js.add("lag_behind_latest_rank_ms_2", 1e3 * two[0].lag);
         std::string modes_json = "{";
-        for (int m = 0; m < 3; ++m) {
+        for (int m = 0; m < kModes; ++m) {
           char b[256];
           std::snprintf(b, sizeof b,
                         "%s\n    \"%s\": {\"samples_per_s_1\": %.1f, \"samples_per_s_2\": %.1f, "

@@ -121,6 +121,7 @@ class Communicator {
   }
   /// Collective, blocking: `in` holds the full vector (same count on every rank); `out` gets
   /// this rank's part of the reduction, partition_count(in.count, size(), rank()) elements.
+  /// `out` may be this rank's part of `in` itself (in place), else it must not overlap `in`.
   void reduce_scatter(BufferView in, BufferView out, ReduceOp op) {
     run_adhoc(reduce_scatter_spec(in, out, op));
   }
@@ -178,11 +179,18 @@ class Communicator {
   Plan plan_broadcast(BufferView buf, int root) {
     return Plan(make_plan(broadcast_spec(buf, root)));
   }
-  Plan plan_reduce_scatter(BufferView in, BufferView out, ReduceOp op) {
-    return Plan(make_plan(reduce_scatter_spec(in, out, op)));
+  /// With `check_fingerprints` false, as plan_allreduce's group form: for a plan that every
+  /// rank executes together with a checked one, in the same order.
+  Plan plan_reduce_scatter(BufferView in, BufferView out, ReduceOp op,
+                           bool check_fingerprints = true) {
+    Spec s = reduce_scatter_spec(in, out, op);
+    s.check = check_fingerprints;
+    return Plan(make_plan(s));
   }
-  Plan plan_allgather(BufferView in, BufferView out) {
-    return Plan(make_plan(allgather_spec(in, out)));
+  Plan plan_allgather(BufferView in, BufferView out, bool check_fingerprints = true) {
+    Spec s = allgather_spec(in, out);
+    s.check = check_fingerprints;
+    return Plan(make_plan(s));
   }
 
   // ---- algorithm choice ----------------------------------------------------------------------
@@ -342,7 +350,10 @@ class Communicator {
                    "output must be " << want << " x " << name_of(in.dtype) << " (rank " << rank()
                                      << "'s part of " << in.count << "), got " << out.count << " x "
                                      << name_of(out.dtype));
-    DTRAIN_REQUIRE(!overlap(in, out), "reduce_scatter", "input and output overlap");
+    const auto* own = static_cast<const char*>(in.data) +
+                      partition_begin(in.count, size(), rank()) * size_of(in.dtype);
+    DTRAIN_REQUIRE(out.data == own || !overlap(in, out), "reduce_scatter",
+                   "output overlaps the input other than as this rank's own part");
     Spec s = make_spec(detail::CollectiveKind::reduce_scatter);
     if (state_->config.reproducible) s.algo = AllreduceAlgorithm::ordered;  // rank order too
     s.op = op;

@@ -23,19 +23,37 @@ namespace dtrain {
 
 namespace detail {
 // Starts bucket i's planned all-reduce; hides the transport type from GradientSync's users.
+// With sharded updates, also bucket i's reduce_scatter of the gradients and all-gather of the
+// parameters, and all-gathers of other arenas' parts (the optimizer state).
 struct BucketLauncher {
   virtual ~BucketLauncher() = default;
   virtual CollectiveHandle start(std::size_t i) = 0;
   virtual AllreduceAlgorithm algorithm(std::size_t i) const = 0;
   virtual int algorithm_changes(std::size_t i) const = 0;
+  virtual void plan_parts(BufferView grad_bucket, BufferView grad_part, BufferView param_part,
+                          BufferView param_bucket, bool check_fingerprints) = 0;
+  virtual CollectiveHandle start_reduce_scatter(std::size_t i) = 0;
+  virtual CollectiveHandle start_allgather(std::size_t i) = 0;
+  virtual void allgather(BufferView part, BufferView whole) = 0;
 };
 
 template <class Transport>
 struct PlannedBuckets final : BucketLauncher {
-  std::vector<CollectivePlan<Transport>> plans;
+  explicit PlannedBuckets(Communicator<Transport>& c) : comm(&c) {}
+  Communicator<Transport>* comm;
+  std::vector<CollectivePlan<Transport>> plans, scatters, gathers;
   CollectiveHandle start(std::size_t i) override { return plans[i].start(); }
   AllreduceAlgorithm algorithm(std::size_t i) const override { return plans[i].algorithm(); }
   int algorithm_changes(std::size_t i) const override { return plans[i].algorithm_changes(); }
+  void plan_parts(BufferView grad_bucket, BufferView grad_part, BufferView param_part,
+                  BufferView param_bucket, bool check_fingerprints) override {
+    scatters.push_back(
+        comm->plan_reduce_scatter(grad_bucket, grad_part, ReduceOp::avg, check_fingerprints));
+    gathers.push_back(comm->plan_allgather(param_part, param_bucket, false));
+  }
+  CollectiveHandle start_reduce_scatter(std::size_t i) override { return scatters[i].start(); }
+  CollectiveHandle start_allgather(std::size_t i) override { return gathers[i].start(); }
+  void allgather(BufferView part, BufferView whole) override { comm->allgather(part, whole); }
 };
 // Whether a communicator all-reduces device buffers itself (asked where it can answer).
 template <class C, class = void>
@@ -43,6 +61,12 @@ struct has_device_reduction_query : std::false_type {};
 template <class C>
 struct has_device_reduction_query<
     C, std::void_t<decltype(bool{std::declval<const C&>().reduces_device_memory()})>>
+    : std::true_type {};
+// Whether an optimizer can say that its state is partial (sharded updates).
+template <class O, class = void>
+struct has_partial_state : std::false_type {};
+template <class O>
+struct has_partial_state<O, std::void_t<decltype(std::declval<O&>().set_state_partial(true))>>
     : std::true_type {};
 template <class C>
 bool reduces_device_memory(const C& comm) {
@@ -115,7 +139,7 @@ class BasicGradientSync {
       mirror_ = Tensor({static_cast<std::int64_t>(n)}, grads.dtype, exec.host_allocator());
       target = mirror_.view();
     }
-    auto launcher = std::make_unique<detail::PlannedBuckets<Transport>>();
+    auto launcher = std::make_unique<detail::PlannedBuckets<Transport>>(comm);
     for (std::size_t i = 0; i < nb; ++i) {
       const std::size_t end = n - i * per_bucket_;
       const std::size_t begin = end > per_bucket_ ? end - per_bucket_ : 0;
@@ -138,6 +162,8 @@ class BasicGradientSync {
     launcher_ = std::move(launcher);
     ready_.assign(nb, 0);
     handles_.resize(nb);
+    rank_ = comm.rank();
+    size_ = comm.size();
   }
   /// Host gradients on the process-wide HostExec.
   template <class Transport, class E = Exec, class = std::enable_if_t<std::is_same_v<E, HostExec>>>
@@ -196,7 +222,81 @@ class BasicGradientSync {
     Updater u{&opt, [](void* o, std::size_t off, std::size_t c) {
                 static_cast<Optimizer*>(o)->update(off, c);
               }};
+    if constexpr (detail::has_partial_state<Optimizer>::value) {
+      if (sharded_) opt.set_state_partial(true);
+    } else {
+      DTRAIN_REQUIRE(!sharded_, "GradientSync::wait",
+                     "sharded updates need an optimizer with set_state_partial and "
+                     "for_each_state_arena (Sgd, AdamW)");
+    }
     if (finish(&u)) opt.complete_step();
+  }
+
+  /// Local. From the next step on, wait(optimizer) runs a sharded step (every rank must call it
+  /// alike, between steps): each bucket's gradients are reduce-scattered (averaged in place; rank
+  /// r gets part r of the bucket, partition_begin's split), the optimizer updates only this
+  /// rank's part of each bucket as soon as it has arrived, and each bucket's parameters are then
+  /// all-gathered from their owners, while later buckets are still reduced and updated. Every
+  /// rank ends the step with the same parameters as the unsharded step, each updated once
+  /// instead of on every rank: on 2 ranks the same bits (an average of two is the same sum in
+  /// either order); on more, the bits of a reduce-scatter, which sums in another order than the
+  /// all-reduce except in reproducible mode (rank order in both). `params` is the arena
+  /// `wait(optimizer)`'s optimizer updates, laid out as the gradients (same count, type and
+  /// memory). On one node with both arenas in the node-shared heaps (Communicator::
+  /// shared_allocator), each collective is one hand-off read in place (algo/shm_parts.hpp).
+  ///
+  /// Afterwards the gradients outside this rank's parts are not averaged (clip before the sync's
+  /// wait, or not at all), and the optimizer state is current only in this rank's parts: the
+  /// optimizer says so (state_partial(); its checkpoint refuses it) until gather_state(optimizer)
+  /// makes it whole. Not with staged device gradients.
+  void shard_updates(BufferView params) {
+    DTRAIN_REQUIRE(!staged_, "GradientSync::shard_updates",
+                   "sharded updates need gradients the communicator reduces where they are (host "
+                   "memory, or a communicator that reduces device memory)");
+    DTRAIN_REQUIRE(params.count == grads_.count && params.dtype == grads_.dtype &&
+                       params.space == grads_.space,
+                   "GradientSync::shard_updates",
+                   "the parameters must be laid out as the gradients: "
+                       << grads_.count << " x " << name_of(grads_.dtype) << " in "
+                       << name_of(grads_.space) << " memory, got " << params.count << " x "
+                       << name_of(params.dtype) << " in " << name_of(params.space) << " memory");
+    DTRAIN_REQUIRE(started_ == 0 && queued_ == 0, "GradientSync::shard_updates",
+                   "call it between steps");
+    if (sharded_) return;
+    for (std::size_t b = 0; b < ranges_.size(); ++b) {
+      const std::size_t first = ranges_[b].first, len = ranges_[b].second;
+      const std::size_t off = first + partition_begin(len, size_, rank_);
+      const std::size_t cnt = partition_count(len, size_, rank_);
+      launcher_->plan_parts(grads_.slice(first, len), grads_.slice(off, cnt),
+                            params.slice(off, cnt), params.slice(first, len), b == 0);
+      parts_.emplace_back(off, cnt);
+    }
+    gather_handles_.resize(ranges_.size());
+    sharded_ = true;
+  }
+  /// Whether wait(optimizer) runs sharded steps (shard_updates).
+  bool sharded() const noexcept { return sharded_; }
+
+  /// Collective, blocking, between steps: makes the state of `opt` (anything with
+  /// for_each_state_arena and set_state_partial, such as Sgd or AdamW) whole on every rank after
+  /// sharded steps, by all-gathering each state arena's parts bucket by bucket. Needed before the
+  /// state is checkpointed or read; the next sharded step makes it partial again.
+  template <class Optimizer>
+  void gather_state(Optimizer& opt) {
+    DTRAIN_REQUIRE(started_ == 0 && queued_ == 0, "GradientSync::gather_state",
+                   "call it between steps");
+    if (sharded_)
+      opt.for_each_state_arena([&](BufferView arena) {
+        DTRAIN_REQUIRE(
+            arena.count == grads_.count, "GradientSync::gather_state",
+            "a state arena of " << arena.count << " elements for an arena of " << grads_.count);
+        exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
+                         "GradientSync::gather_state");
+        for (std::size_t b = 0; b < ranges_.size(); ++b)
+          launcher_->allgather(arena.slice(parts_[b].first, parts_[b].second),
+                               arena.slice(ranges_[b].first, ranges_[b].second));
+      });
+    opt.set_state_partial(false);
   }
 
   /// ready_all() then wait(): for code that does not overlap.
@@ -270,7 +370,7 @@ class BasicGradientSync {
   }
 
   void start(std::size_t b) {
-    handles_[b] = launcher_->start(b);
+    handles_[b] = sharded_ ? launcher_->start_reduce_scatter(b) : launcher_->start(b);
     ++started_;
   }
 
@@ -296,11 +396,30 @@ class BasicGradientSync {
           e.record(back_events_[b].get(), h2d_.get());
           e.stream_wait(e.compute_stream(), back_events_[b].get());
         }
-        if (u) u->update(u->opt, ranges_[b].first, ranges_[b].second);
+        if (sharded_) {
+          if (!u) continue;
+          u->update(u->opt, parts_[b].first, parts_[b].second);
+          // The owners' parts once updated: the update queued on the compute stream finished
+          // (at once on the host).
+          exec_synchronize(e, e.compute_stream(), exec_timeout_s(),
+                           "GradientSync::wait (a bucket's update)");
+          gather_handles_[b] = launcher_->start_allgather(b);
+          ++gathers_started_;
+        } else if (u) {
+          u->update(u->opt, ranges_[b].first, ranges_[b].second);
+        }
       } catch (...) {
         if (!first) first = std::current_exception();
       }
     }
+    for (std::size_t b = 0; b < gathers_started_; ++b) {
+      try {
+        gather_handles_[b].wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    gathers_started_ = 0;
     const std::size_t queued = queued_;
     started_ = 0;
     queued_ = 0;
@@ -310,6 +429,9 @@ class BasicGradientSync {
       ready_[b] = 0;
     }
     if (first) std::rethrow_exception(first);
+    DTRAIN_REQUIRE(!sharded_ || u, "GradientSync::wait",
+                   "with sharded updates (shard_updates) the step needs wait(optimizer); the "
+                   "gradients were reduce-scattered, the parameters not updated");
     DTRAIN_REQUIRE(queued == ready_.size(), "GradientSync::wait",
                    "bucket " << missing_bucket << " [" << ranges_[missing_bucket].first << ", "
                              << ranges_[missing_bucket].first + ranges_[missing_bucket].second
@@ -332,6 +454,13 @@ class BasicGradientSync {
   std::vector<CollectiveHandle> handles_;
   std::size_t queued_ = 0;   // buckets whose event is recorded (and copy queued)
   std::size_t started_ = 0;  // buckets whose all-reduce has started
+  int rank_ = 0, size_ = 1;
+  // Sharded updates: this rank's part of each bucket (first element, count), and the
+  // parameters' all-gathers of the step.
+  bool sharded_ = false;
+  std::vector<std::pair<std::size_t, std::size_t>> parts_;
+  std::vector<CollectiveHandle> gather_handles_;
+  std::size_t gathers_started_ = 0;
 };
 
 /// Gradient sync of host gradients.

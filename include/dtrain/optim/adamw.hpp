@@ -92,10 +92,26 @@ class BasicAdamW {
   BufferView exp_avg() const noexcept { return exp_avg_.view(); }
   BufferView exp_avg_sq() const noexcept { return exp_avg_sq_.view(); }
 
+  /// Calls f(BufferView) for each state arena (exp_avg, then exp_avg_sq). Local.
+  template <class F>
+  void for_each_state_arena(F&& f) {
+    f(exp_avg_.view());
+    f(exp_avg_sq_.view());
+  }
+  /// Sharded updates (GradientSync::shard_updates) leave the state current only in this rank's
+  /// parts until GradientSync::gather_state; visit_state refuses to save it meanwhile. Local.
+  void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
+  bool state_partial() const noexcept { return state_partial_; }
+
   /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq" (staged through host memory on a
-  /// device, see StateMirror); scalars "step" and "schedule". Blocking.
+  /// device, see StateMirror); scalars "step" and "schedule". Blocking. Saving throws
+  /// InvalidArgument while the state is partial (see set_state_partial); loading makes it whole.
   template <class V>
   void visit_state(V& v) {
+    if (v.loading())
+      state_partial_ = false;  // the whole state comes in
+    else
+      detail::check_state_whole(state_partial_, "AdamW::visit_state");
     const Shape shape{static_cast<std::int64_t>(params_.count)};
     mirrors_[0].visit(exec_.get(), v, "exp_avg", exp_avg_, 0, exp_avg_.size(), shape);
     mirrors_[1].visit(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, 0, exp_avg_sq_.size(), shape);
@@ -137,6 +153,7 @@ class BasicAdamW {
   Tensor exp_avg_, exp_avg_sq_;
   StateMirror<Exec> mirrors_[2];
   std::int64_t step_ = 0;
+  bool state_partial_ = false;
 };
 
 /// AdamW on the host.

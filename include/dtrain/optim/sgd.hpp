@@ -92,10 +92,26 @@ class BasicSgd {
   const SgdOptions& options() const noexcept { return opt_; }
   Exec& exec() const noexcept { return exec_.get(); }
 
+  /// Calls f(BufferView) for each state arena (the momentum buffer, when momentum is used; same
+  /// layout as the parameter arena, exec memory). Local.
+  template <class F>
+  void for_each_state_arena(F&& f) {
+    if (momentum_.size()) f(momentum_.view());
+  }
+  /// Sharded updates (GradientSync::shard_updates) leave the state current only in this rank's
+  /// parts until GradientSync::gather_state; visit_state refuses to save it meanwhile. Local.
+  void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
+  bool state_partial() const noexcept { return state_partial_; }
+
   /// Checkpoint protocol: "momentum" (when momentum is used; staged through host memory on a
-  /// device, see StateMirror), scalars "step" and "schedule". Blocking.
+  /// device, see StateMirror), scalars "step" and "schedule". Blocking. Saving throws
+  /// InvalidArgument while the state is partial (see set_state_partial); loading makes it whole.
   template <class V>
   void visit_state(V& v) {
+    if (v.loading())
+      state_partial_ = false;  // the whole state comes in
+    else
+      detail::check_state_whole(state_partial_, "Sgd::visit_state");
     if (opt_.momentum != 0.0)
       mirror_.visit(exec_.get(), v, "momentum", momentum_, 0, momentum_.size(),
                     Shape{static_cast<std::int64_t>(params_.count)});
@@ -134,6 +150,7 @@ class BasicSgd {
   Tensor momentum_;
   StateMirror<Exec> mirror_;
   std::int64_t step_ = 0;
+  bool state_partial_ = false;
 };
 
 /// SGD on the host.

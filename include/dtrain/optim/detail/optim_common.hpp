@@ -76,6 +76,13 @@ inline void check_range(std::size_t offset, std::size_t count, std::size_t n, co
                            << " elements");
 }
 
+// The state a checkpoint reads or writes must be whole on this rank, not only its parts of it.
+inline void check_state_whole(bool partial, const char* op) {
+  DTRAIN_REQUIRE(!partial, op,
+                 "the optimizer state is current only in this rank's parts (sharded updates); "
+                 "call GradientSync::gather_state(optimizer) on every rank first");
+}
+
 template <class M, class = void>
 struct has_arenas : std::false_type {};
 template <class M>
