@@ -14,6 +14,7 @@
 
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
+#include <dtrain/optim/sgd.hpp>
 #include <dtrain/transports/mpi.hpp>
 #include <dtrain/transports/mpi_rma.hpp>
 
@@ -411,6 +412,65 @@ TEST_CASE("GradientSync over MPI overlaps and equals MPI_Allreduce / p") {
     int bad = 0;
     for (std::size_t i = 0; i < g.size(); ++i) bad += g[i] != ref[i];
     CHECK(bad == 0);
+  }
+}
+
+// Sharded steps over MPI processes (GradientSync::shard_updates), arenas in the node-shared heaps
+// (each process maps the others' heaps at its own addresses) and in private memory: every rank's
+// parameters after SGD steps with momentum equal an update computed here from MPI_Allreduce's
+// average, to rounding (2 ranks: exactly), and the gathered momentum too.
+TEST_CASE("GradientSync sharded steps over MPI equal SGD on MPI_Allreduce's average") {
+  HeapWorld world;
+  Communicator<MpiTransport>& comm = world.comm;
+  const int p = comm.size(), r = comm.rank();
+  for (const bool heap : {true, false}) {
+    CAPTURE(heap);
+    Allocator& a = heap ? comm.shared_allocator() : default_allocator();
+    const std::size_t n = 50001;
+    auto* w = static_cast<float*>(a.allocate(n * 4, 64));
+    auto* g = static_cast<float*>(a.allocate(n * 4, 64));
+    for (std::size_t i = 0; i < n; ++i) w[i] = static_cast<float>(i % 13) * 0.25f;
+    std::vector<float> ref_w(w, w + n), ref_m(n, 0.0f), avg(n);
+    const BufferView pv(w, n, DType::f32), gv(g, n, DType::f32);
+    GradientSync sync(comm, gv, 16384);
+    sync.shard_updates(pv);
+    SgdOptions so;
+    so.momentum = 0.9;
+    Sgd opt(pv, gv, Schedule::constant(0.1), so, a);
+    for (int step = 0; step < 3; ++step) {
+      for (std::size_t i = 0; i < n; ++i)
+        g[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(r) * 3 + step) % 29) / 29.0f;
+      MPI_Allreduce(g, avg.data(), static_cast<int>(n), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+      for (std::size_t i = 0; i < n;
+           ++i) {  // PyTorch's SGD: the first step's buffer is the gradient
+        const float a_i = avg[i] / static_cast<float>(p);
+        ref_m[i] = step == 0 ? a_i : 0.9f * ref_m[i] + a_i;
+        ref_w[i] -= 0.1f * ref_m[i];
+      }
+      for (std::size_t end = n; end > 0;) {
+        const std::size_t len = std::min<std::size_t>(end, 7000);
+        sync.ready(end - len, len);
+        end -= len;
+      }
+      sync.wait(opt);
+    }
+    sync.gather_state(opt);
+    std::vector<float> m;
+    opt.for_each_state_arena([&](BufferView s) {
+      m.assign(static_cast<const float*>(s.data), static_cast<const float*>(s.data) + s.count);
+    });
+    const float tol = p == 2 ? 0.0f : 1e-5f;
+    std::size_t far = 0;
+    for (std::size_t i = 0; i < n; ++i)
+      far += std::fabs(w[i] - ref_w[i]) > tol * (1 + std::fabs(ref_w[i])) ||
+             std::fabs(m[i] - ref_m[i]) > tol * (1 + std::fabs(ref_m[i]));
+    CHECK(far == 0u);
+    // Every rank holds the same parameters.
+    std::vector<float> first(w, w + n);
+    MPI_Bcast(first.data(), static_cast<int>(n), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    CHECK(std::memcmp(first.data(), w, n * 4) == 0);
+    a.deallocate(g, n * 4);
+    a.deallocate(w, n * 4);
   }
 }
 
