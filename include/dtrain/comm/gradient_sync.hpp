@@ -248,7 +248,8 @@ class BasicGradientSync {
   /// Afterwards the gradients outside this rank's parts are not averaged (clip before the sync's
   /// wait, or not at all), and the optimizer state is current only in this rank's parts: the
   /// optimizer says so (state_partial(); its checkpoint refuses it) until gather_state(optimizer)
-  /// makes it whole. Not with staged device gradients.
+  /// makes it whole. Not with staged device gradients. With one rank it changes nothing
+  /// (sharded() stays false).
   void shard_updates(BufferView params) {
     DTRAIN_REQUIRE(!staged_, "GradientSync::shard_updates",
                    "sharded updates need gradients the communicator reduces where they are (host "
@@ -262,7 +263,9 @@ class BasicGradientSync {
                        << name_of(params.dtype) << " in " << name_of(params.space) << " memory");
     DTRAIN_REQUIRE(started_ == 0 && queued_ == 0, "GradientSync::shard_updates",
                    "call it between steps");
-    if (sharded_) return;
+    // One rank has nothing to share out: its steps stay whole (two collectives per bucket that
+    // move nothing would only cost their hand-offs).
+    if (sharded_ || size_ == 1) return;
     for (std::size_t b = 0; b < ranges_.size(); ++b) {
       const std::size_t first = ranges_[b].first, len = ranges_[b].second;
       const std::size_t off = first + partition_begin(len, size_, rank_);
