@@ -87,7 +87,7 @@ int run(const Options& o) {
     for (std::size_t i = 0; i < n; ++i) in[i] = h_in[i] = value(i, r);
     using dtrain::BufferView;
     using dtrain::DType;
-    auto rs_wrong = [&, n, part, b0](const float* got) {
+    auto rs_wrong = [&](const float* got) {
       long long bad = 0;
       for (std::size_t j = 0; j < part; ++j) {
         float want = 0;
@@ -96,7 +96,7 @@ int run(const Options& o) {
       }
       return bad;
     };
-    auto ag_wrong = [&, n](const float* got, const float* src) {
+    auto ag_wrong = [&](const float* got, const float* src) {
       long long bad = 0;
       for (int q = 0; q < p; ++q)
         for (std::size_t j = 0; j < part; ++j)

@@ -342,6 +342,13 @@ class Communicator {
     return s;
   }
 
+  // Where this rank's part of the whole vector `v` begins (reduce_scatter's input, allgather's
+  // output), the one place either may overlap its other buffer.
+  const void* own_part(const BufferView& v) const {
+    return static_cast<const char*>(v.data) +
+           partition_begin(v.count, size(), rank()) * size_of(v.dtype);
+  }
+
   Spec reduce_scatter_spec(BufferView in, BufferView out, ReduceOp op) const {
     require_memory(in, "reduce_scatter");
     require_memory(out, "reduce_scatter");
@@ -350,9 +357,7 @@ class Communicator {
                    "output must be " << want << " x " << name_of(in.dtype) << " (rank " << rank()
                                      << "'s part of " << in.count << "), got " << out.count << " x "
                                      << name_of(out.dtype));
-    const auto* own = static_cast<const char*>(in.data) +
-                      partition_begin(in.count, size(), rank()) * size_of(in.dtype);
-    DTRAIN_REQUIRE(out.data == own || !overlap(in, out), "reduce_scatter",
+    DTRAIN_REQUIRE(out.data == own_part(in) || !overlap(in, out), "reduce_scatter",
                    "output overlaps the input other than as this rank's own part");
     Spec s = make_spec(detail::CollectiveKind::reduce_scatter);
     if (state_->config.reproducible) s.algo = AllreduceAlgorithm::ordered;  // rank order too
@@ -372,9 +377,7 @@ class Communicator {
                    "input must be " << want << " x " << name_of(out.dtype) << " (rank " << rank()
                                     << "'s part of " << out.count << "), got " << in.count << " x "
                                     << name_of(in.dtype));
-    const auto* own = static_cast<const char*>(out.data) +
-                      partition_begin(out.count, size(), rank()) * size_of(out.dtype);
-    DTRAIN_REQUIRE(in.data == own || !overlap(in, out), "allgather",
+    DTRAIN_REQUIRE(in.data == own_part(out) || !overlap(in, out), "allgather",
                    "input overlaps the output other than at this rank's own part");
     Spec s = make_spec(detail::CollectiveKind::allgather);
     s.dtype = out.dtype;

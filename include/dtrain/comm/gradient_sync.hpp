@@ -288,17 +288,19 @@ class BasicGradientSync {
   void gather_state(Optimizer& opt) {
     DTRAIN_REQUIRE(started_ == 0 && queued_ == 0, "GradientSync::gather_state",
                    "call it between steps");
-    if (sharded_)
+    if (sharded_) {
+      // The last step's updates of the state, queued on the compute stream, are done.
+      exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
+                       "GradientSync::gather_state");
       opt.for_each_state_arena([&](BufferView arena) {
         DTRAIN_REQUIRE(
             arena.count == grads_.count, "GradientSync::gather_state",
             "a state arena of " << arena.count << " elements for an arena of " << grads_.count);
-        exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
-                         "GradientSync::gather_state");
         for (std::size_t b = 0; b < ranges_.size(); ++b)
           launcher_->allgather(arena.slice(parts_[b].first, parts_[b].second),
                                arena.slice(ranges_[b].first, ranges_[b].second));
       });
+    }
     opt.set_state_partial(false);
   }
 
