@@ -33,7 +33,8 @@
 // other rank's gradients that the shm all-reduce reads and writes in place as well as its own),
 // and the largest proportional set size (PSS, /proc/self/smaps_rollup) seen at the end of each
 // 2-rank figure's timed steps, which splits a shared page between the ranks that touch it, so that
-// the ranks' figures add up to the node's use.
+// the ranks' figures add up to the node's use; the PSS is also given per mode (the modes run one
+// after the other, each with a model and optimizer of its own: sharded keeps half the state).
 #include <mpi.h>
 
 #include <sys/resource.h>
@@ -47,6 +48,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
@@ -114,6 +116,8 @@ struct Result {
   // the timed wall time: how many cores the figure took. Under a competing load, a job cannot
   // keep more of its quiet throughput than the cores a fair scheduler leaves it over these.
   double cpu_cores = 0;
+  // PSS at the end of the 2-rank figure's timed steps, MiB (NaN where not reported).
+  double pss_mib = 0;
 };
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
@@ -174,6 +178,10 @@ struct TimedUpdates {
     opt.complete_step();
     seconds += t.seconds();
   }
+  void shard_state(const std::vector<std::pair<std::size_t, std::size_t>>& parts) {
+    opt.shard_state(parts);
+  }
+  void unshard_state() { opt.unshard_state(); }
   void set_state_partial(bool partial) { opt.set_state_partial(partial); }
   template <class F>
   void for_each_state_arena(F&& f) {
@@ -295,8 +303,8 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   r.samples_per_s = static_cast<double>(a.steps * a.batch * world) / elapsed;
   r.cpu_cores = cpu / elapsed;
   if (world > 1) {  // the 2-rank job, not the 1-rank figures' private copies of the model
-    const double pss = pss_mib();
-    if (!(pss <= g_peak_pss_mib)) g_peak_pss_mib = pss;  // NaN where not reported
+    r.pss_mib = pss_mib();
+    if (!(r.pss_mib <= g_peak_pss_mib)) g_peak_pss_mib = r.pss_mib;  // NaN where not reported
   }
   const double s = static_cast<double>(a.steps);
   r.split.data = ph.data / s;
@@ -502,6 +510,15 @@ int main(int argc, char** argv) {
     double mine = peak_rss_mib();
     MPI_Gather(&mine, 1, MPI_DOUBLE, rss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     MPI_Gather(&g_peak_pss_mib, 1, MPI_DOUBLE, pss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    // Per mode, the largest over the rounds: what each mode's model and optimizer hold (the
+    // modes run one after the other, each freeing its own; sharded keeps 1/2 of the state).
+    double mode_pss[kModes], modes_pss[2 * kModes] = {};
+    for (int m = 0; m < kModes; ++m) {
+      mode_pss[m] = 0;
+      for (const Result& x : two_r[m])
+        if (!(x.pss_mib <= mode_pss[m])) mode_pss[m] = x.pss_mib;
+    }
+    MPI_Gather(mode_pss, kModes, MPI_DOUBLE, modes_pss, kModes, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
 
     if (rank == 0) {
@@ -573,6 +590,12 @@ int main(int argc, char** argv) {
           "(%.2fx, %.2fx the training state; node-shared pages split between the ranks that "
           "touch them, where the peak RSS counts them on each)\n",
           pss[0], pss[1], pss[0] / state_mib, pss[1] / state_mib);
+      std::printf(
+          "# PSS at the end of each mode's 2-rank timed steps (largest round), rank 0 / "
+          "rank 1, MiB:");
+      for (int m = 0; m < kModes; ++m)
+        std::printf(" %s %.1f / %.1f%s", name_of(modes[m]), modes_pss[m], modes_pss[kModes + m],
+                    m < kModes - 1 ? "," : "\n");
       if (!a.json.empty()) {
         dtrain::JsonSummary js;
         char model[64];
@@ -620,6 +643,11 @@ int main(int argc, char** argv) {
             .add("peak_pss_mib_rank0", pss[0])
             .add("peak_pss_mib_rank1", pss[1])
             .add("training_state_mib", state_mib);
+        for (int m = 0; m < kModes; ++m) {
+          std::string key = std::string("pss_mib_") + name_of(modes[m]);
+          std::replace(key.begin(), key.end(), '-', '_');
+          js.add(key + "_rank0", modes_pss[m]).add(key + "_rank1", modes_pss[kModes + m]);
+        }
         js.write(a.json);
       }
     }

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
@@ -46,6 +47,8 @@ struct Result {
   std::vector<float> params, state;
   std::uint64_t part_calls = 0;
   bool partial_after_step = false, partial_after_gather = true;
+  // Elements per state arena in memory after the steps and after gather_state.
+  std::size_t state_elements_after_step = 0, state_elements_after_gather = 0;
 };
 
 // `steps` steps of `opt_name` on n parameters over p ranks, sharded or not, arenas from the heap
@@ -90,11 +93,15 @@ std::vector<Result> train(int p, bool sharded, bool heap, bool reproducible,
         sync.wait(adamw);
     }
     res.partial_after_step = opt_name == "sgd" ? sgd.state_partial() : adamw.state_partial();
+    res.state_elements_after_step =
+        opt_name == "sgd" ? sgd.state_elements() : adamw.state_elements();
     if (opt_name == "sgd")
       sync.gather_state(sgd);
     else
       sync.gather_state(adamw);
     res.partial_after_gather = opt_name == "sgd" ? sgd.state_partial() : adamw.state_partial();
+    res.state_elements_after_gather =
+        opt_name == "sgd" ? sgd.state_elements() : adamw.state_elements();
     res.params.assign(params, params + n);
     auto keep = [&](BufferView s) {
       const auto* f = static_cast<const float*>(s.data);
@@ -113,6 +120,23 @@ std::vector<Result> train(int p, bool sharded, bool heap, bool reproducible,
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// While sharded each rank keeps the state of its parts only: together exactly the arena (the
+// parts partition every bucket), each rank at most 1/p of each of the 6 buckets rounded up;
+// whole-sized again once gathered, and always without sharding.
+void check_state_memory(const std::vector<Result>& sharded, const std::vector<Result>& plain,
+                        std::size_t n) {
+  std::size_t total = 0;
+  for (std::size_t r = 0; r < sharded.size(); ++r) {
+    CAPTURE(r);
+    const std::size_t kept = sharded[r].state_elements_after_step;
+    total += kept;
+    if (sharded.size() > 1) CHECK(kept <= n / sharded.size() + 6);
+    CHECK(sharded[r].state_elements_after_gather == n);
+    CHECK(plain[r].state_elements_after_step == n);
+  }
+  CHECK(total == n);
 }
 
 std::size_t far_apart(const std::vector<float>& a, const std::vector<float>& b, double tol) {
@@ -152,6 +176,7 @@ TEST_CASE(
         }
         // Training moved the parameters: the comparison is not between two untouched arenas.
         CHECK(plain[0].params[17] != noise(99, 17));
+        check_state_memory(sharded, plain, n);
       }
 }
 
@@ -174,6 +199,7 @@ TEST_CASE("sharded steps on 3 and 4 ranks: reproducible bits, else within roundi
         CHECK(same_bits(sharded[i].params, sharded[0].params));
         CHECK(far_apart(sharded[i].params, plain[0].params, 1e-5) == 0u);
       }
+      check_state_memory(sharded, plain, n);
     }
 }
 
@@ -197,6 +223,10 @@ struct Recorder {
     for (std::size_t i = off; i < off + cnt; ++i) ++times[i];
   }
   void complete_step() {}
+  // The parts it was asked to keep the state of (ascending).
+  std::vector<std::pair<std::size_t, std::size_t>> parts;
+  void shard_state(const std::vector<std::pair<std::size_t, std::size_t>>& p) { parts = p; }
+  void unshard_state() {}
   void set_state_partial(bool) {}
   template <class F>
   void for_each_state_arena(F&&) {}
@@ -270,12 +300,23 @@ TEST_CASE("sharded steps: a partial state is not saved; misuse is named") {
     sgd.visit_state(again);
     if (again.tensors != 1) fail(r, "the gathered state was not saved");
     // A sharded step updates this rank's part of each bucket only: n / 2 elements, each once.
-    Recorder rec{std::vector<int>(n, 0)};
+    Recorder rec{std::vector<int>(n, 0), {}};
     sync.ready_all();
     sync.wait(rec);
     std::size_t once = 0, other = 0;
     for (int k : rec.times) (k == 1 ? once : other) += k == 0 ? 0 : 1;
     if (once != n / 2 || other != 0) fail(r, "the step updated more than this rank's parts");
+    // The state is kept for exactly the updated elements, its parts ascending.
+    std::size_t in_parts = 0, kept = 0, end = 0;
+    bool ascending = true;
+    for (const auto& [first, count] : rec.parts) {
+      ascending = ascending && first >= end;
+      end = first + count;
+      kept += count;
+      for (std::size_t i = first; i < first + count; ++i) in_parts += rec.times[i] == 1;
+    }
+    if (!ascending || in_parts != n / 2 || kept != n / 2)
+      fail(r, "the state's parts are not the updated ones");
     // Both ranks applied the same steps: the same parameters (every element moved).
     if (params[0] == 1.0f || params[n - 1] == 1.0f) fail(r, "parameters not updated");
   });

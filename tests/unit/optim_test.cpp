@@ -1,5 +1,5 @@
 // Optimizers: SGD against hand-computed steps, AdamW against its published update equations,
-// schedules, global-norm clipping, and exact checkpoint round trips.
+// schedules, global-norm clipping, exact checkpoint round trips, and a state sharded over parts.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -7,6 +7,8 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "support/memory_state.hpp"
@@ -223,4 +225,99 @@ TEST_CASE("an MLP trained with AdamW and clipping fits a 3-class problem") {
   }
   CHECK(loss < 0.05);
   CHECK(m.accuracy(x.data(), y.data(), n) == 1.0);
+}
+
+TEST_CASE_TEMPLATE("a sharded state keeps its parts only and updates them as the whole state does",
+                   Opt, Sgd, AdamW) {
+  const std::size_t n = 40;
+  std::vector<float> pa(n), pb(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) pa[i] = pb[i] = 0.1f * static_cast<float>(i) - 1.5f;
+  auto make = [&](std::vector<float>& p) {
+    if constexpr (std::is_same_v<Opt, Sgd>)
+      return Sgd(view(p), view(g), 0.1, SgdOptions{0.9, 0.0, 1e-3, true});
+    else
+      return AdamW(view(p), view(g), 0.01);
+  };
+  Opt whole = make(pa), sharded = make(pb);
+  // Three parts, one empty (dropped), kept back to back: 4 + 15 elements.
+  const std::vector<std::pair<std::size_t, std::size_t>> parts = {{3, 4}, {10, 0}, {20, 15}};
+  sharded.shard_state(parts);
+  CHECK(sharded.state_partial());
+  CHECK(sharded.state_elements() == 19u);
+  CHECK(whole.state_elements() == n);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = std::sin(0.7f * static_cast<float>(i) + static_cast<float>(step));
+    whole.step();
+    sharded.update(3, 4);
+    sharded.update(27, 8);  // a part given in two pieces, out of order
+    sharded.update(20, 7);
+    sharded.complete_step();
+  }
+  auto in_parts = [&](std::size_t i) { return (i >= 3 && i < 7) || (i >= 20 && i < 35); };
+  for (std::size_t i = 0; i < n; ++i) {
+    CAPTURE(i);
+    if (in_parts(i))
+      CHECK(std::memcmp(&pa[i], &pb[i], sizeof(float)) == 0);
+    else
+      CHECK(pb[i] == 0.1f * static_cast<float>(i) - 1.5f);  // never touched
+  }
+  // The compact state holds the whole state's parts back to back.
+  std::vector<std::vector<float>> ws, ss;
+  auto keep = [](std::vector<std::vector<float>>& out) {
+    return [&out](BufferView s) {
+      const auto* f = static_cast<const float*>(s.data);
+      out.emplace_back(f, f + s.count);
+    };
+  };
+  whole.for_each_state_arena(keep(ws));
+  sharded.for_each_state_arena(keep(ss));
+  REQUIRE(ws.size() == ss.size());
+  REQUIRE_FALSE(ws.empty());
+  for (std::size_t a = 0; a < ws.size(); ++a) {
+    REQUIRE(ss[a].size() == 19u);
+    CHECK(std::memcmp(ss[a].data(), &ws[a][3], 4 * sizeof(float)) == 0);
+    CHECK(std::memcmp(&ss[a][4], &ws[a][20], 15 * sizeof(float)) == 0);
+  }
+  // Misuse: outside the parts, across a part's end, the whole step, other parts, bad parts.
+  CHECK_THROWS_AS(sharded.update(7, 1), InvalidArgument);
+  CHECK_THROWS_AS(sharded.update(5, 4), InvalidArgument);
+  CHECK_THROWS_AS(sharded.step(), InvalidArgument);
+  CHECK_THROWS_AS(sharded.shard_state({{3, 4}, {20, 16}}), InvalidArgument);
+  sharded.shard_state(parts);  // the same parts again: nothing changes
+  CHECK(sharded.state_elements() == 19u);
+  Opt other = make(pb);
+  CHECK_THROWS_AS(other.shard_state({{20, 4}, {3, 4}}), InvalidArgument);  // descending
+  CHECK_THROWS_AS(other.shard_state({{3, 4}, {5, 4}}), InvalidArgument);   // overlapping
+  CHECK_THROWS_AS(other.shard_state({{38, 4}}), InvalidArgument);          // outside
+  CHECK_FALSE(other.state_partial());
+  CHECK(other.state_elements() == n);
+  // A sharded state is not saved; unsharding places the parts, zeros elsewhere, still partial.
+  MemoryVisitor save;
+  CHECK_THROWS_AS(save.child("optimizer", sharded), InvalidArgument);
+  sharded.unshard_state();
+  CHECK(sharded.state_partial());
+  CHECK(sharded.state_elements() == n);
+  std::vector<std::vector<float>> us;
+  sharded.for_each_state_arena(keep(us));
+  REQUIRE(us.size() == ws.size());
+  for (std::size_t a = 0; a < ws.size(); ++a)
+    for (std::size_t i = 0; i < n; ++i) {
+      CAPTURE(i);
+      CHECK(us[a][i] == (in_parts(i) ? ws[a][i] : 0.0f));
+    }
+  sharded.set_state_partial(false);
+  CHECK_FALSE(sharded.state_partial());
+  // Loading a sharded state's optimizer makes it whole.
+  MemoryVisitor saved;
+  saved.child("optimizer", whole);
+  Opt loaded = make(pb);
+  loaded.shard_state(parts);
+  saved.load = true;
+  saved.child("optimizer", loaded);
+  CHECK_FALSE(loaded.state_partial());
+  CHECK(loaded.state_elements() == n);
+  std::vector<std::vector<float>> ls;
+  loaded.for_each_state_arena(keep(ls));
+  CHECK(ls == ws);
 }

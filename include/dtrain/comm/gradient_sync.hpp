@@ -62,11 +62,13 @@ template <class C>
 struct has_device_reduction_query<
     C, std::void_t<decltype(bool{std::declval<const C&>().reduces_device_memory()})>>
     : std::true_type {};
-// Whether an optimizer can say that its state is partial (sharded updates).
+// Whether an optimizer can keep its state for some parts of the arena (sharded updates).
 template <class O, class = void>
-struct has_partial_state : std::false_type {};
+struct has_state_shards : std::false_type {};
 template <class O>
-struct has_partial_state<O, std::void_t<decltype(std::declval<O&>().set_state_partial(true))>>
+struct has_state_shards<
+    O, std::void_t<decltype(std::declval<O&>().shard_state(
+           std::declval<const std::vector<std::pair<std::size_t, std::size_t>>&>()))>>
     : std::true_type {};
 template <class C>
 bool reduces_device_memory(const C& comm) {
@@ -222,12 +224,12 @@ class BasicGradientSync {
     Updater u{&opt, [](void* o, std::size_t off, std::size_t c) {
                 static_cast<Optimizer*>(o)->update(off, c);
               }};
-    if constexpr (detail::has_partial_state<Optimizer>::value) {
-      if (sharded_) opt.set_state_partial(true);
+    if constexpr (detail::has_state_shards<Optimizer>::value) {
+      if (sharded_) opt.shard_state(state_parts_);
     } else {
       DTRAIN_REQUIRE(!sharded_, "GradientSync::wait",
-                     "sharded updates need an optimizer with set_state_partial and "
-                     "for_each_state_arena (Sgd, AdamW)");
+                     "sharded updates need an optimizer with shard_state, unshard_state, "
+                     "set_state_partial and for_each_state_arena (Sgd, AdamW)");
     }
     if (finish(&u)) opt.complete_step();
   }
@@ -246,10 +248,11 @@ class BasicGradientSync {
   /// shared_allocator), each collective is one hand-off read in place (algo/shm_parts.hpp).
   ///
   /// Afterwards the gradients outside this rank's parts are not averaged (clip before the sync's
-  /// wait, or not at all), and the optimizer state is current only in this rank's parts: the
-  /// optimizer says so (state_partial(); its checkpoint refuses it) until gather_state(optimizer)
-  /// makes it whole. Not with staged device gradients. With one rank it changes nothing
-  /// (sharded() stays false).
+  /// wait, or not at all), and the optimizer keeps its state for this rank's parts only
+  /// (shard_state: about 1/p of it in memory, freed from the first sharded step on); it says so
+  /// (state_partial(); its checkpoint refuses it) until gather_state(optimizer) makes it whole
+  /// again. Not with staged device gradients. With one rank it changes nothing (sharded() stays
+  /// false).
   void shard_updates(BufferView params) {
     DTRAIN_REQUIRE(!staged_, "GradientSync::shard_updates",
                    "sharded updates need gradients the communicator reduces where they are (host "
@@ -274,16 +277,19 @@ class BasicGradientSync {
                             params.slice(off, cnt), params.slice(first, len), b == 0);
       parts_.emplace_back(off, cnt);
     }
+    // Bucket 0 is the end of the arena: the optimizer takes the parts in ascending order.
+    state_parts_.assign(parts_.rbegin(), parts_.rend());
     gather_handles_.resize(ranges_.size());
     sharded_ = true;
   }
   /// Whether wait(optimizer) runs sharded steps (shard_updates).
   bool sharded() const noexcept { return sharded_; }
 
-  /// Collective, blocking, between steps: makes the state of `opt` (anything with
+  /// Collective, blocking, between steps: makes the state of `opt` (anything with unshard_state,
   /// for_each_state_arena and set_state_partial, such as Sgd or AdamW) whole on every rank after
-  /// sharded steps, by all-gathering each state arena's parts bucket by bucket. Needed before the
-  /// state is checkpointed or read; the next sharded step makes it partial again.
+  /// sharded steps: whole-sized arenas again (the memory of the unsharded state, until the next
+  /// sharded step frees it), each arena's parts all-gathered bucket by bucket. Needed before the
+  /// state is checkpointed or read.
   template <class Optimizer>
   void gather_state(Optimizer& opt) {
     DTRAIN_REQUIRE(started_ == 0 && queued_ == 0, "GradientSync::gather_state",
@@ -292,6 +298,7 @@ class BasicGradientSync {
       // The last step's updates of the state, queued on the compute stream, are done.
       exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
                        "GradientSync::gather_state");
+      opt.unshard_state();
       opt.for_each_state_arena([&](BufferView arena) {
         DTRAIN_REQUIRE(
             arena.count == grads_.count, "GradientSync::gather_state",
@@ -460,10 +467,10 @@ class BasicGradientSync {
   std::size_t queued_ = 0;   // buckets whose event is recorded (and copy queued)
   std::size_t started_ = 0;  // buckets whose all-reduce has started
   int rank_ = 0, size_ = 1;
-  // Sharded updates: this rank's part of each bucket (first element, count), and the
-  // parameters' all-gathers of the step.
+  // Sharded updates: this rank's part of each bucket (first element, count; in bucket order,
+  // and ascending for the optimizer's state), and the parameters' all-gathers of the step.
   bool sharded_ = false;
-  std::vector<std::pair<std::size_t, std::size_t>> parts_;
+  std::vector<std::pair<std::size_t, std::size_t>> parts_, state_parts_;
   std::vector<CollectiveHandle> gather_handles_;
   std::size_t gathers_started_ = 0;
 };

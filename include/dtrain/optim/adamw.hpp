@@ -14,6 +14,7 @@
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
+#include <dtrain/optim/detail/state_shards.hpp>
 #include <dtrain/optim/schedule.hpp>
 
 namespace dtrain {
@@ -64,9 +65,13 @@ class BasicAdamW {
   /// Queues the current step's update of elements [offset, offset + count) only, without
   /// advancing the step; every element once, then complete_step(), gives the same bits as
   /// step() (the update is element-wise). Local; throws InvalidArgument on a range outside the
-  /// arena.
+  /// arena, or, while the state is sharded (shard_state), on one that is not inside one of its
+  /// parts.
   void update(std::size_t offset, std::size_t count) {
     detail::check_range(offset, count, params_.count, "AdamW::update");
+    if (count == 0) return;
+    const std::size_t at =
+        shards_.sharded() ? shards_.locate(offset, count, "AdamW::update") : offset;
     host::AdamWParams h;
     h.lr = schedule_.lr(step_);
     h.beta1 = opt_.beta1;
@@ -75,9 +80,9 @@ class BasicAdamW {
     h.weight_decay = opt_.weight_decay;
     h.step = step_ + 1;
     if (params_.dtype == DType::f32)
-      run<float>(offset, count, h);
+      run<float>(offset, at, count, h);
     else
-      run<double>(offset, count, h);
+      run<double>(offset, at, count, h);
   }
   /// Ends a step whose elements were all given to update(). Local.
   void complete_step() noexcept { ++step_; }
@@ -88,7 +93,8 @@ class BasicAdamW {
   void set_schedule(Schedule s) noexcept { schedule_ = s; }
   const AdamWOptions& options() const noexcept { return opt_; }
   Exec& exec() const noexcept { return exec_.get(); }
-  /// First and second moments (same layout as the parameter arena; exec memory).
+  /// First and second moments (exec memory; the parameter arena's layout, or while sharded its
+  /// parts back to back).
   BufferView exp_avg() const noexcept { return exp_avg_.view(); }
   BufferView exp_avg_sq() const noexcept { return exp_avg_sq_.view(); }
 
@@ -98,20 +104,55 @@ class BasicAdamW {
     f(exp_avg_.view());
     f(exp_avg_sq_.view());
   }
-  /// Sharded updates (GradientSync::shard_updates) leave the state current only in this rank's
-  /// parts until GradientSync::gather_state; visit_state refuses to save it meanwhile. Local.
+  /// Sharded updates (GradientSync::shard_updates): keeps the state of `parts` (first element,
+  /// count; ascending, disjoint) only, back to back in arenas of their total size, and frees the
+  /// whole-sized ones; update() then takes ranges inside one part only, and the state is partial
+  /// (visit_state refuses to save it) until GradientSync::gather_state. Again with the same
+  /// parts: nothing. Local, blocking (waits for the compute stream). Throws InvalidArgument on
+  /// parts out of order or outside the arena, and on other parts while sharded.
+  void shard_state(const detail::StateShards::Parts& parts) {
+    const char* op = "AdamW::shard_state";
+    if (shards_.keeps(parts, op)) return;
+    detail::StateShards s;
+    s.assign(parts, params_.count, op);
+    Tensor m = s.compact(exec_.get(), exp_avg_, op), v = s.compact(exec_.get(), exp_avg_sq_, op);
+    exp_avg_ = std::move(m);
+    exp_avg_sq_ = std::move(v);
+    shards_ = std::move(s);
+    state_partial_ = true;
+  }
+  /// Whole-sized arenas again, this rank's parts in place and zeros elsewhere: still partial
+  /// until the parts of the other ranks are gathered into them (GradientSync::gather_state).
+  /// Nothing when not sharded. Local, blocking.
+  void unshard_state() {
+    if (!shards_.sharded()) return;
+    const char* op = "AdamW::unshard_state";
+    Tensor m = shards_.expand(exec_.get(), exp_avg_, params_.count, op),
+           v = shards_.expand(exec_.get(), exp_avg_sq_, params_.count, op);
+    exp_avg_ = std::move(m);
+    exp_avg_sq_ = std::move(v);
+    shards_.clear();
+  }
+  /// Elements per state arena in memory: the arena's, or while sharded its parts' total.
+  std::size_t state_elements() const noexcept {
+    return shards_.sharded() ? shards_.elements() : params_.count;
+  }
+  /// Marks the whole-sized state current everywhere (after a gather) or partial. Local.
   void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
-  bool state_partial() const noexcept { return state_partial_; }
+  /// Whether the state is current only in this rank's parts (sharded, or not yet gathered).
+  bool state_partial() const noexcept { return state_partial_ || shards_.sharded(); }
 
   /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq" (staged through host memory on a
   /// device, see StateMirror); scalars "step" and "schedule". Blocking. Saving throws
   /// InvalidArgument while the state is partial (see set_state_partial); loading makes it whole.
   template <class V>
   void visit_state(V& v) {
-    if (v.loading())
-      state_partial_ = false;  // the whole state comes in
-    else
-      detail::check_state_whole(state_partial_, "AdamW::visit_state");
+    if (v.loading()) {
+      unshard_state();  // the whole state comes in
+      state_partial_ = false;
+    } else {
+      detail::check_state_whole(state_partial(), "AdamW::visit_state");
+    }
     const Shape shape{static_cast<std::int64_t>(params_.count)};
     mirrors_[0].visit(exec_.get(), v, "exp_avg", exp_avg_, 0, exp_avg_.size(), shape);
     mirrors_[1].visit(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, 0, exp_avg_sq_.size(), shape);
@@ -138,12 +179,12 @@ class BasicAdamW {
     detail::fill_zero(exec_.get(), exp_avg_sq_);
   }
   template <class T>
-  void run(std::size_t offset, std::size_t count, const host::AdamWParams& h) {
+  void run(std::size_t offset, std::size_t at, std::size_t count, const host::AdamWParams& h) {
     Exec& e = exec_.get();
     e.adamw_update(e.compute_stream(), static_cast<T*>(params_.data) + offset,
                    static_cast<const T*>(grads_.data) + offset,
-                   static_cast<T*>(exp_avg_.raw()) + offset,
-                   static_cast<T*>(exp_avg_sq_.raw()) + offset, count, h);
+                   static_cast<T*>(exp_avg_.raw()) + at, static_cast<T*>(exp_avg_sq_.raw()) + at,
+                   count, h);
   }
 
   detail::ExecHolder<Exec> exec_;
@@ -152,6 +193,7 @@ class BasicAdamW {
   AdamWOptions opt_;
   Tensor exp_avg_, exp_avg_sq_;
   StateMirror<Exec> mirrors_[2];
+  detail::StateShards shards_;
   std::int64_t step_ = 0;
   bool state_partial_ = false;
 };

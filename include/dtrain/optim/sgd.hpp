@@ -14,6 +14,7 @@
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
+#include <dtrain/optim/detail/state_shards.hpp>
 #include <dtrain/optim/schedule.hpp>
 
 namespace dtrain {
@@ -65,9 +66,13 @@ class BasicSgd {
   /// advancing the step: updating every element once this way and then calling complete_step()
   /// gives the same bits as step() (the update is element-wise). Lets a gradient sync update
   /// each bucket as soon as its average has arrived. Local; throws InvalidArgument on a range
-  /// outside the arena.
+  /// outside the arena, or, while the state is sharded (shard_state), on one that is not inside
+  /// one of its parts.
   void update(std::size_t offset, std::size_t count) {
     detail::check_range(offset, count, params_.count, "Sgd::update");
+    if (count == 0) return;
+    const std::size_t at =
+        shards_.sharded() ? shards_.locate(offset, count, "Sgd::update") : offset;
     host::SgdParams h;
     h.lr = schedule_.lr(step_);
     h.momentum = opt_.momentum;
@@ -76,9 +81,9 @@ class BasicSgd {
     h.nesterov = opt_.nesterov;
     h.first_step = step_ == 0;
     if (params_.dtype == DType::f32)
-      run<float>(offset, count, h);
+      run<float>(offset, at, count, h);
     else
-      run<double>(offset, count, h);
+      run<double>(offset, at, count, h);
   }
   /// Ends a step whose elements were all given to update(). Local.
   void complete_step() noexcept { ++step_; }
@@ -92,26 +97,58 @@ class BasicSgd {
   const SgdOptions& options() const noexcept { return opt_; }
   Exec& exec() const noexcept { return exec_.get(); }
 
-  /// Calls f(BufferView) for each state arena (the momentum buffer, when momentum is used; same
-  /// layout as the parameter arena, exec memory). Local.
+  /// Calls f(BufferView) for each state arena (the momentum buffer, when momentum is used; exec
+  /// memory in the parameter arena's layout, or while sharded its parts back to back). Local.
   template <class F>
   void for_each_state_arena(F&& f) {
     if (momentum_.size()) f(momentum_.view());
   }
-  /// Sharded updates (GradientSync::shard_updates) leave the state current only in this rank's
-  /// parts until GradientSync::gather_state; visit_state refuses to save it meanwhile. Local.
+  /// Sharded updates (GradientSync::shard_updates): keeps the momentum of `parts` (first
+  /// element, count; ascending, disjoint) only, back to back in a buffer of their total size, and
+  /// frees the whole-sized one; update() then takes ranges inside one part only, and the state is
+  /// partial (visit_state refuses to save it) until GradientSync::gather_state. Again with the
+  /// same parts: nothing. Local, blocking (waits for the compute stream). Throws InvalidArgument
+  /// on parts out of order or outside the arena, and on other parts while sharded.
+  void shard_state(const detail::StateShards::Parts& parts) {
+    const char* op = "Sgd::shard_state";
+    if (shards_.keeps(parts, op)) return;
+    detail::StateShards s;
+    s.assign(parts, params_.count, op);
+    if (opt_.momentum != 0.0) momentum_ = s.compact(exec_.get(), momentum_, op);
+    shards_ = std::move(s);
+    state_partial_ = true;
+  }
+  /// A whole-sized momentum buffer again, this rank's parts in place and zeros elsewhere: still
+  /// partial until the other ranks' parts are gathered into it (GradientSync::gather_state).
+  /// Nothing when not sharded. Local, blocking.
+  void unshard_state() {
+    if (!shards_.sharded()) return;
+    if (opt_.momentum != 0.0)
+      momentum_ = shards_.expand(exec_.get(), momentum_, params_.count, "Sgd::unshard_state");
+    shards_.clear();
+  }
+  /// Elements per state arena in memory: the arena's, or while sharded its parts' total (0
+  /// without momentum).
+  std::size_t state_elements() const noexcept {
+    if (opt_.momentum == 0.0) return 0;
+    return shards_.sharded() ? shards_.elements() : params_.count;
+  }
+  /// Marks the whole-sized state current everywhere (after a gather) or partial. Local.
   void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
-  bool state_partial() const noexcept { return state_partial_; }
+  /// Whether the state is current only in this rank's parts (sharded, or not yet gathered).
+  bool state_partial() const noexcept { return state_partial_ || shards_.sharded(); }
 
   /// Checkpoint protocol: "momentum" (when momentum is used; staged through host memory on a
   /// device, see StateMirror), scalars "step" and "schedule". Blocking. Saving throws
   /// InvalidArgument while the state is partial (see set_state_partial); loading makes it whole.
   template <class V>
   void visit_state(V& v) {
-    if (v.loading())
-      state_partial_ = false;  // the whole state comes in
-    else
-      detail::check_state_whole(state_partial_, "Sgd::visit_state");
+    if (v.loading()) {
+      unshard_state();  // the whole state comes in
+      state_partial_ = false;
+    } else {
+      detail::check_state_whole(state_partial(), "Sgd::visit_state");
+    }
     if (opt_.momentum != 0.0)
       mirror_.visit(exec_.get(), v, "momentum", momentum_, 0, momentum_.size(),
                     Shape{static_cast<std::int64_t>(params_.count)});
@@ -135,12 +172,11 @@ class BasicSgd {
     }
   }
   template <class T>
-  void run(std::size_t offset, std::size_t count, const host::SgdParams& h) {
+  void run(std::size_t offset, std::size_t at, std::size_t count, const host::SgdParams& h) {
     Exec& e = exec_.get();
     T* buf = static_cast<T*>(momentum_.raw());
     e.sgd_update(e.compute_stream(), static_cast<T*>(params_.data) + offset,
-                 static_cast<const T*>(grads_.data) + offset, buf ? buf + offset : nullptr, count,
-                 h);
+                 static_cast<const T*>(grads_.data) + offset, buf ? buf + at : nullptr, count, h);
   }
 
   detail::ExecHolder<Exec> exec_;
@@ -149,6 +185,7 @@ class BasicSgd {
   SgdOptions opt_;
   Tensor momentum_;
   StateMirror<Exec> mirror_;
+  detail::StateShards shards_;
   std::int64_t step_ = 0;
   bool state_partial_ = false;
 };
