@@ -99,6 +99,7 @@ struct Config {
   bool override_schedule = false;
   bool plot = true;
   std::string device = "auto";
+  std::string step_mode = "separate";
 };
 
 // Returns -1 to continue, otherwise the exit code every rank returns.
@@ -135,6 +136,15 @@ int parse(int argc, char** argv, Config& c) {
                "from the checkpoint's");
   app.add_flag("!--no-plot", c.plot, "do not draw RUN_DIR/metrics.png at the end");
   dtrain_cli::add_device(app, c.device);
+  app.add_option("--step", c.step_mode,
+                 "how the AdamW step meets the gradient sync: separate (every bucket averaged, "
+                 "then one step), fused (each bucket updated as soon as its average arrives), "
+                 "sharded (each bucket reduce-scattered, each rank updating its 1/p part and "
+                 "keeping the moments of that part only, the parameters all-gathered); the same "
+                 "parameters in all three (on 2 ranks, or with DTRAIN_COMM_REPRODUCIBLE=1, bit "
+                 "for bit). sharded needs host gradients (--device cpu)")
+      ->check(CLI::IsMember({"separate", "fused", "sharded"}))
+      ->capture_default_str();
   const int code = dtrain_cli::run_parser_mpi(app, argc, argv);
   if (code >= 0) return code;
   int rank = 0;
@@ -579,6 +589,7 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   // 3. Reconcile: gradient buckets all-reduce while backward is still running.
   dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
                                        static_cast<std::size_t>(cfg.bucket_kib) * 1024);
+  if (cfg.step_mode == "sharded") sync.shard_updates(model.parameters());
   if (resumed) {
     // The file whose run record was checked above (restore_latest chose it and reported it).
     step = ckpt->restore(ckpt->path_for(*resumed), dtrain::named("model", model),
@@ -678,11 +689,16 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
           model.forward_backward(batch, sync, dtrain::Loss::softmax_cross_entropy, pass);
       i_compute += t.seconds();
       t.reset();
-      sync.wait();
-      i_sync += t.seconds();
-      t.reset();
-      opt.step();
-      i_opt += t.seconds();
+      if (cfg.step_mode == "separate") {
+        sync.wait();
+        i_sync += t.seconds();
+        t.reset();
+        opt.step();
+        i_opt += t.seconds();
+      } else {
+        sync.wait(opt);  // the buckets' updates run inside the wait
+        i_sync += t.seconds();
+      }
       ++step;
       ++i_steps;
       i_samples += static_cast<std::int64_t>(batch.size);
@@ -690,9 +706,11 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
       ++loss_n;
       epoch_loss += loss;
       ++epoch_loss_n;
-      if (ckpt)
-        ckpt->maybe_save(step, dtrain::named("model", model), dtrain::named("optimizer", opt),
-                         dtrain::named("sampler", sampler), dtrain::named("run", record));
+      if (ckpt && ckpt->due(step)) {
+        sync.gather_state(opt);  // after sharded steps each rank holds its part of the moments
+        ckpt->save(step, dtrain::named("model", model), dtrain::named("optimizer", opt),
+                   dtrain::named("sampler", sampler), dtrain::named("run", record));
+      }
       // Every rank reaches the same steps, so the interval's exchange is collective-safe.
       if (step % cfg.log_every == 0 || step == total_steps) {
         const auto report = stragglers.exchange(
@@ -756,9 +774,11 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   samples += i_samples;
   const double train_s = train_time.seconds();
   // The last step, unless maybe_save has just written it (--ckpt-every dividing the step).
-  if (ckpt && step > first_step && ckpt->last_step() != step)
+  if (ckpt && step > first_step && ckpt->last_step() != step) {
+    sync.gather_state(opt);
     ckpt->save(step, dtrain::named("model", model), dtrain::named("optimizer", opt),
                dtrain::named("sampler", sampler), dtrain::named("run", record));
+  }
 
   if (std::isnan(test_acc)) test_acc = evaluate(comm, model, test, norm, test.size());
   const bool same = replicas_identical(comm, model);
@@ -778,11 +798,16 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
           static_cast<long long>(step - first_step), train_s,
           train_s > 0 ? static_cast<double>(samples * world) / train_s : 0.0, world, per);
       const double tot = t_data + t_compute + t_sync + t_opt;
-      if (tot > 0)
+      if (tot > 0 && cfg.step_mode == "separate")
         std::printf(
             "rank 0 time split: data %.0f%%, forward+backward %.0f%%, gradient sync wait %.0f%%, "
             "optimizer %.0f%%\n",
             100 * t_data / tot, 100 * t_compute / tot, 100 * t_sync / tot, 100 * t_opt / tot);
+      else if (tot > 0)
+        std::printf(
+            "rank 0 time split: data %.0f%%, forward+backward %.0f%%, gradient sync wait and "
+            "%s updates %.0f%%\n",
+            100 * t_data / tot, 100 * t_compute / tot, cfg.step_mode.c_str(), 100 * t_sync / tot);
       const auto* heap = dynamic_cast<const dtrain::SharedHeapAllocator*>(&comm.shared_allocator());
       std::printf("all-reduce per message size (bytes:algorithm): %s; gradients %s\n",
                   choice.c_str(),
@@ -836,6 +861,7 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
           .add("batch_per_rank", cfg.batch)
           .add("schedule", record.schedule)
           .add("allreduce_choice", choice)
+          .add("step_mode", cfg.step_mode)
           .add("replicas_identical", same)
           .add("target", cfg.target)
           .add("complete", step >= total_steps)

@@ -5,7 +5,7 @@ read with h5py, every CRC32C checked).
 
 usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--np P] [--steps S]
                         [--modes tuning,reproducible,resume[,resume_reproducible]
-                                 [,resume_auto][,none]]
+                                 [,resume_auto][,fused][,sharded][,resume_sharded][,none]]
 
 Modes (each N runs from scratch, each in its own run directory):
   tuning        DTRAIN_TUNING_FILE shared by the runs; the first run finds no file, calibrates
@@ -20,6 +20,14 @@ Modes (each N runs from scratch, each in its own run directory):
                 in its run directory, so the resumed part must report the same all-reduce
                 choice as the first part (runs are not compared with each other: each
                 calibrates afresh)
+  fused, sharded
+                reproducible mode with --step fused (each bucket updated as its average
+                arrives) or --step sharded (reduce-scatter, each rank updating its part and
+                keeping that part's AdamW moments, all-gather): must equal the reproducible
+                mode's runs
+  resume_sharded
+                --step sharded in reproducible mode, stopped after S/2 steps (the checkpoint
+                gathers the moments' parts) and resumed: must equal the reproducible mode's runs
   none          neither (the automatic choice calibrates in every run): for contrast, not asserted
 Exit 0 when every asserted mode gave one parameter set; prints how many distinct sets each mode
 gave.
@@ -89,7 +97,7 @@ def main():
     modes = a.modes.split(",")
     for m in modes:
         if m not in ("tuning", "reproducible", "resume", "resume_reproducible", "resume_auto",
-                     "none"):
+                     "fused", "sharded", "resume_sharded", "none"):
             ap.error("unknown mode " + m)
     if a.steps < 2:
         ap.error("--steps must be at least 2")
@@ -106,8 +114,17 @@ def main():
             "resume": dict(base, DTRAIN_TUNING_FILE=tuning),
             "resume_reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1"),
             "resume_auto": base}
-    # A resumed mode and the uninterrupted mode whose parameters it must give.
-    resumes = {"resume": "tuning", "resume_reproducible": "reproducible"}
+    for m in ("fused", "sharded", "resume_sharded"):
+        envs[m] = envs["reproducible"]
+    # A mode and the uninterrupted mode whose parameters it must give.
+    resumes = {"resume": "tuning", "resume_reproducible": "reproducible", "fused": "reproducible",
+               "sharded": "reproducible", "resume_sharded": "reproducible"}
+    interrupted = ("resume", "resume_reproducible", "resume_auto", "resume_sharded")
+    # Buckets of 16 KiB: the model's 26506 parameters in seven buckets, each updated (and
+    # sharded) on its own; the reference runs' one bucket gives the same sums in rank order.
+    step_args = {"fused": ["--step", "fused", "--bucket-kib", "16"],
+                 "sharded": ["--step", "sharded", "--bucket-kib", "16"],
+                 "resume_sharded": ["--step", "sharded", "--bucket-kib", "16"]}
 
     def opts(run_dir, extra=()):
         return ["--data", data, "--run-dir", run_dir, "--json-summary", run_dir + ".json", "--hidden", "32", "--batch", "16",
@@ -123,16 +140,19 @@ def main():
             if m in resumes and not digests.get(resumes[m]):
                 # The uninterrupted reference (which also writes the tuning file).
                 run_dir = os.path.join(a.work, m + "-reference")
-                run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m], "reference run")
+                run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[resumes[m]],
+                        "reference run")
                 digests[resumes[m]] = [final_digest(run_dir, a.steps)]
             for i in range(a.runs):
                 run_dir = os.path.join(a.work, "%s-%02d" % (m, i))
-                if m in resumes or m == "resume_auto":
+                extra = step_args.get(m, [])
+                if m in interrupted:
                     half = a.steps // 2
-                    run_job(a.mpiexec, a.trainer, a.np, opts(run_dir, ["--stop-after", str(half)]),
-                            envs[m], "resume run %d, first part" % i)
+                    run_job(a.mpiexec, a.trainer, a.np,
+                            opts(run_dir, extra + ["--stop-after", str(half)]), envs[m],
+                            "resume run %d, first part" % i)
                     first_choice = allreduce_choice(run_dir + ".json")
-                    out, _ = run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m],
+                    out, _ = run_job(a.mpiexec, a.trainer, a.np, opts(run_dir, extra), envs[m],
                                      "resume run %d, second part" % i)
                     if "resuming from step %d" % half not in out:
                         raise Failed("resume run %d did not resume from step %d:\n%s" %
@@ -145,7 +165,7 @@ def main():
                                          (i, first_choice, choice))
                         choice = first_choice + " then " + choice
                 else:
-                    run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[m],
+                    run_job(a.mpiexec, a.trainer, a.np, opts(run_dir, extra), envs[m],
                             "%s run %d" % (m, i))
                     if m == "tuning" and i == 0 and not os.path.exists(tuning):
                         raise Failed("the first run did not write the tuning file " + tuning)

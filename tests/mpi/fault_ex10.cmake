@@ -7,7 +7,9 @@
 #   short communicator deadline plus a margin, what the first error line says and that the newest
 #   checkpoint is intact (h5py, every CRC32C). About 2-9 s each.
 # - ex10_bitident (tests/fault/ex10_bitident.py): 3 runs at 3 ranks each with a shared tuning file,
-#   in reproducible mode and interrupted/resumed give one parameter set per mode (about 20 s).
+#   in reproducible mode and interrupted/resumed give one parameter set per mode; --step fused,
+#   --step sharded and sharded runs interrupted/resumed (their checkpoints gather the AdamW
+#   moments' parts) give the reproducible mode's set (about 30 s).
 # Label mpi;fault; skipped (77) without h5py. Registered once the examples are known (they are
 # configured after the tests).
 if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUILD_EXAMPLES)
@@ -29,7 +31,8 @@ if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUIL
     add_test(NAME ex10_bitident
       COMMAND ${DTRAIN_SYSTEM_PYTHON3} ${_dir}/ex10_bitident.py ${MPIEXEC_EXECUTABLE}
               $<TARGET_FILE:train_fashion_mnist> ${PROJECT_BINARY_DIR}/tests/ex10_bitident
-              --runs 3 --np 3 --steps 24 --modes tuning,reproducible,resume,resume_auto)
+              --runs 3 --np 3 --steps 24
+              --modes tuning,reproducible,resume,resume_auto,fused,sharded,resume_sharded)
     set_tests_properties(ex10_bitident PROPERTIES TIMEOUT 240 LABELS "mpi;fault" PROCESSORS 2
       SKIP_RETURN_CODE 77)
   endfunction()

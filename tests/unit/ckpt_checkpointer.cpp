@@ -336,6 +336,25 @@ TEST_CASE("keep_last prunes old checkpoints; maybe_save follows the step interva
   fs::remove_all(dir);
 }
 
+TEST_CASE("due() is maybe_save's decision: a caller prepares its objects, then saves") {
+  const std::string dir = fresh_dir("due");
+  run_ranks(2, [&](ThreadComm& comm) {
+    Checkpointer<ThreadComm> ckpt(comm, dir, opts(3, 2));
+    FakeRun a(comm.rank());
+    std::vector<std::int64_t> saved;
+    for (std::int64_t s = 1; s <= 7; ++s) {
+      a.step(comm);
+      if (!ckpt.due(s)) continue;
+      ckpt.save(s, named("model", a.model));
+      saved.push_back(s);
+      CHECK_FALSE(ckpt.due(s));  // saved already
+    }
+    CHECK(saved == std::vector<std::int64_t>{3, 6});
+    CHECK(ckpt.last_step() == 6);
+  });
+  fs::remove_all(dir);
+}
+
 TEST_CASE("maybe_save follows the time interval as seen by rank 0") {
   const std::string dir = fresh_dir("seconds");
   run_ranks(2, [&](ThreadComm& comm) {
@@ -345,6 +364,7 @@ TEST_CASE("maybe_save follows the time interval as seen by rank 0") {
     FakeRun a(comm.rank());
     CHECK_FALSE(ckpt.maybe_save(1, named("model", a.model)));
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    CHECK(ckpt.due(2));
     CHECK(ckpt.maybe_save(2, named("model", a.model)));
     CHECK_FALSE(ckpt.maybe_save(3, named("model", a.model)));
   });

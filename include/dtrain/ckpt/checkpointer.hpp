@@ -113,19 +113,26 @@ class Checkpointer {
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
-  /// Collective. Saves when `step` is due by the step or time interval (and not saved already);
-  /// returns whether it saved. With every_seconds set, rank 0's clock decides (one small
-  /// broadcast per call).
-  template <class... Ts>
-  bool maybe_save(std::int64_t step, const Named<Ts>&... objects) {
-    bool due = opt_.every_steps > 0 && step > 0 && step % opt_.every_steps == 0;
+  /// Collective. Whether `step` is due by the step or time interval (and not saved already):
+  /// what maybe_save decides. With every_seconds set, rank 0's clock decides (one small
+  /// broadcast per call), so every rank gets the same answer. Lets a caller prepare its objects
+  /// only when a save is due (e.g. GradientSync::gather_state after sharded steps) and then call
+  /// save().
+  bool due(std::int64_t step) {
+    bool by_step = opt_.every_steps > 0 && step > 0 && step % opt_.every_steps == 0;
     if (opt_.every_seconds > 0) {
       std::vector<std::int64_t> flag{
           comm_.rank() == 0 && now_seconds() - last_save_time_ >= opt_.every_seconds ? 1 : 0};
       detail::ckpt_bcast_i64(comm_, flag, 0);
-      due = due || flag[0] != 0;
+      by_step = by_step || flag[0] != 0;
     }
-    if (!due || (last_saved_step_ && *last_saved_step_ == step)) return false;
+    return by_step && !(last_saved_step_ && *last_saved_step_ == step);
+  }
+
+  /// Collective. Saves when due(step); returns whether it saved.
+  template <class... Ts>
+  bool maybe_save(std::int64_t step, const Named<Ts>&... objects) {
+    if (!due(step)) return false;
     save(step, objects...);
     return true;
   }
