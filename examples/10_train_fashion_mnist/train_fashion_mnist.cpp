@@ -589,7 +589,9 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   // 3. Reconcile: gradient buckets all-reduce while backward is still running.
   dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
                                        static_cast<std::size_t>(cfg.bucket_kib) * 1024);
-  if (cfg.step_mode == "sharded") sync.shard_updates(model.parameters());
+  // Sharded steps need gradients reduced where they are: a GPU build that stages them through host
+  // memory refuses, on every rank alike (an agreed error, not a fail-fast abort).
+  if (cfg.step_mode == "sharded") agreed(comm, [&] { sync.shard_updates(model.parameters()); });
   if (resumed) {
     // The file whose run record was checked above (restore_latest chose it and reported it).
     step = ckpt->restore(ckpt->path_for(*resumed), dtrain::named("model", model),
