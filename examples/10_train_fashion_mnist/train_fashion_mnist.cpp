@@ -74,11 +74,20 @@ constexpr std::int64_t kClasses = 10;
 
 // On the CPU the layers' GEMM is the host policy's: CBLAS when this build links it. With
 // --device cuda|hip (a build by nvcc / hipcc, DTRAIN_EXAMPLE_GPU) the model, gradients and
-// optimizer state live on the GPU (dtrain::GpuExec).
+// optimizer state live on the GPU (dtrain::GpuBlasExec, or GpuExec without the vendor BLAS).
 #if defined(DTRAIN_HAVE_CBLAS) && DTRAIN_HAVE_CBLAS
 using HostPolicy = dtrain::HostBlasExec;
 #else
 using HostPolicy = dtrain::HostExec;
+#endif
+#if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
+// On the GPU likewise: the vendor BLAS (cuBLAS / hipBLAS) where the build has it, else dtrain's
+// tiled kernel (on an H200 it ran the MLP's GEMMs at 0.12-0.63x cuBLAS: benchmarks/RESULTS.md).
+#if defined(DTRAIN_GPU_VENDOR_BLAS)
+using GpuPolicy = dtrain::GpuBlasExec;
+#else
+using GpuPolicy = dtrain::GpuExec;
+#endif
 #endif
 
 struct Config {
@@ -903,7 +912,7 @@ int main(int argc, char** argv) {
     }
 #if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
     if (device.kind != dtrain_cli::DeviceKind::cpu) {
-      dtrain::GpuExec exec(device.index);
+      GpuPolicy exec(device.index);
       code = run(cfg, exec, device);
     } else
 #endif
