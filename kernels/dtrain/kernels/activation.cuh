@@ -51,9 +51,7 @@ __global__ void bias_act_forward(host::Activation f, const T* __restrict__ z,
   }
 }
 
-// bias_add and act_forward take four elements per thread and step, their loads issued before
-// any store (launched with a quarter of the threads): one element of 8 bytes per thread left the
-// memory idle part of the time.
+// Four elements per thread and step, loads before stores, as map4 (gpu.hpp) does.
 template <class T>
 __global__ void bias_add(T* __restrict__ y, const T* __restrict__ bias, std::int64_t rows,
                          std::int64_t cols) {
@@ -69,21 +67,12 @@ __global__ void bias_add(T* __restrict__ y, const T* __restrict__ bias, std::int
   }
 }
 
-// x and y may alias (in-place activation), so no __restrict__ here; each element is read and
-// written by the same thread.
+// The activation as map4's operation (x and y of activation_forward may alias).
 template <class T>
-__global__ void act_forward(host::Activation f, const T* x, T* y, std::size_t n) {
-  const std::size_t stride = grid_threads();
-  for (std::size_t i = global_thread(); i < n; i += 4 * stride) {
-    T v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (i + k * stride < n) v[k] = x[i + k * stride];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (i + k * stride < n) y[i + k * stride] = act(f, v[k]);
-  }
-}
+struct ActForward {
+  host::Activation f;
+  __device__ T operator()(T v) const { return act(f, v); }
+};
 
 template <class T>
 __global__ void act_backward_alias(host::Activation f, const T* x, const T* y, const T* dy, T* dx,
@@ -137,7 +126,7 @@ template <class T>
 void activation_forward(host::Activation f, const T* x, T* y, std::size_t n,
                         stream_t stream = nullptr) {
   if (n == 0) return;
-  kernels::act_forward<T><<<blocks_for((n + 3) / 4, 256), 256, 0, stream>>>(f, x, y, n);
+  map4<<<blocks_for((n + 3) / 4, 256), 256, 0, stream>>>(x, y, n, kernels::ActForward<T>{f});
   check_launch("gpu::activation_forward");
 }
 

@@ -42,25 +42,10 @@ struct ToBf16 {
 struct FromBf16 {
   __device__ float operator()(std::uint16_t x) const { return bf16_bits_to_f32(x); }
 };
-// Four elements per thread and step, their loads issued before any store: a 2-byte side moves
-// too few bytes per thread to keep the memory busy one element at a time.
-template <class In, class Out, class Op>
-__global__ void map(const In* __restrict__ in, Out* __restrict__ out, std::size_t n, Op op) {
-  const std::size_t stride = grid_threads();
-  for (std::size_t i = global_thread(); i < n; i += 4 * stride) {
-    In v[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (i + k * stride < n) v[k] = in[i + k * stride];
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-      if (i + k * stride < n) out[i + k * stride] = op(v[k]);
-  }
-}
 template <class In, class Out, class Op>
 void launch_map(const In* in, Out* out, std::size_t n, Op op, stream_t stream, const char* what) {
   if (!n) return;
-  map<<<blocks_for((n + 3) / 4, 256), 256, 0, stream>>>(in, out, n, op);
+  map4<<<blocks_for((n + 3) / 4, 256), 256, 0, stream>>>(in, out, n, op);
   check_launch(what);
 }
 }  // namespace kernels
