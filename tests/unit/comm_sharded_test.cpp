@@ -10,6 +10,7 @@
 //   makes it whole; wait() without the optimizer and a misshapen parameter arena are errors.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -277,8 +278,29 @@ TEST_CASE("sharded steps: a partial state is not saved; misuse is named") {
       threw = std::string(e.what()).find("wait(optimizer)") != std::string::npos;
     }
     if (!threw) fail(r, "wait() without the optimizer was accepted");
+    // An optimizer whose state is sharded over other parts: the error leaves wait(), the step's
+    // collectives completed, and the sync takes the next step.
+    Sgd elsewhere(pv, gv, Schedule::constant(0.1), so);
+    elsewhere.shard_state({{0, 1}});
+    sync.ready_all();
+    threw = false;
+    try {
+      sync.wait(elsewhere);
+    } catch (const InvalidArgument& e) {
+      threw = std::string(e.what()).find("other parts") != std::string::npos;
+    }
+    if (!threw) fail(r, "an optimizer sharded over other parts was accepted");
+    if (sync.buckets_started() != 0) fail(r, "the failed step's collectives were left running");
+    // New gradients (rank r: r + 1, average 1.5): the step averages them, not the failed step's.
+    // SGD's first step with momentum: p = 1 - 0.1 * 1.5 everywhere.
+    std::fill(grads.begin(), grads.end(), static_cast<float>(r + 1));
     sync.ready_all();
     sync.wait(sgd);
+    for (float p : params)
+      if (std::fabs(p - 0.85f) > 1e-6f) {
+        fail(r, "the step after a failed one did not average its own gradients");
+        break;
+      }
     if (!sgd.state_partial()) fail(r, "state not partial after a sharded step");
     // Saving refuses the partial state, naming what to do; loading makes it whole.
     Visitor save;

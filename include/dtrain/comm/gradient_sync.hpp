@@ -225,7 +225,20 @@ class BasicGradientSync {
                 static_cast<Optimizer*>(o)->update(off, c);
               }};
     if constexpr (detail::has_state_shards<Optimizer>::value) {
-      if (sharded_) opt.shard_state(state_parts_);
+      if (sharded_) {
+        try {
+          opt.shard_state(state_parts_);
+        } catch (...) {
+          // The step's reduce-scatters may be running: complete them (nothing updated) before the
+          // error leaves, so that the sync is ready for the next step.
+          const std::exception_ptr err = std::current_exception();
+          try {
+            finish(nullptr);
+          } catch (...) {
+          }
+          std::rethrow_exception(err);
+        }
+      }
     } else {
       DTRAIN_REQUIRE(!sharded_, "GradientSync::wait",
                      "sharded updates need an optimizer with shard_state, unshard_state, "
