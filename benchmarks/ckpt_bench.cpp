@@ -7,7 +7,8 @@
 //
 // Writes K checkpoints of about N MiB into DIR through the Checkpointer (automatic strategy,
 // keep-last policy) and leaves them there. --compare also times every other write strategy (in
-// DIR/compare-<strategy>, removed afterwards).
+// DIR/compare-<strategy>, removed afterwards). --parts also times saves of the model held in parts
+// over the ranks (a sharded optimizer state's layout) against saves of it held whole.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 
 #include <dtrain/ckpt/hdf5.hpp>
 #include <dtrain/core/rng.hpp>
+#include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/core/timer.hpp>
 
@@ -65,6 +67,38 @@ struct BenchModel {
     for (int k = 0; k < passes; ++k)
       for (auto& t : w)
         for (auto& x : t.as<float>()) x = x * 0.9999f + 1e-5f;
+  }
+};
+
+/// The model's tensors as a sharded optimizer state holds them: rank r keeps block r of each
+/// tensor's elements only (copied from `m`), saved through the state protocol's tensor_parts.
+struct PartsModel {
+  const BenchModel* whole = nullptr;
+  std::vector<dtrain::Tensor> held;
+  std::vector<dtrain::StateParts> parts;
+  PartsModel(const BenchModel& m, int rank, int p) : whole(&m) {
+    auto add = [&](const dtrain::Tensor& t) {
+      const std::size_t n = t.size(), r = static_cast<std::size_t>(rank);
+      const std::size_t first = n * r / static_cast<std::size_t>(p);
+      const std::size_t count = n * (r + 1) / static_cast<std::size_t>(p) - first;
+      parts.push_back({{first, count}});
+      held.emplace_back(dtrain::Shape{static_cast<std::int64_t>(count)}, dtrain::DType::f32);
+      std::memcpy(held.back().raw(), static_cast<const float*>(t.raw()) + first,
+                  count * sizeof(float));
+    };
+    for (std::size_t i = 0; i < m.w.size(); ++i) {
+      add(m.w[i]);
+      add(m.b[i]);
+    }
+  }
+  template <class V>
+  void visit_state(V& v) {
+    for (std::size_t i = 0; i < whole->w.size(); ++i) {
+      v.tensor_parts("layer" + std::to_string(i) + "/weight", held[2 * i].view(),
+                     whole->w[i].shape(), parts[2 * i]);
+      v.tensor_parts("layer" + std::to_string(i) + "/bias", held[2 * i + 1].view(),
+                     whole->b[i].shape(), parts[2 * i + 1]);
+    }
   }
 };
 
@@ -153,7 +187,7 @@ int main(int argc, char** argv) {
   std::string dir;
   double mib = 100;
   int saves = 5, keep = 3, steps = 20, passes = 10;
-  bool compare = false;
+  bool compare = false, parts = false;
   {
     CLI::App app(
         "ckpt_bench: checkpoint save bandwidth against a plain write + fsync of the same bytes, "
@@ -170,6 +204,10 @@ int main(int argc, char** argv) {
     dtrain_cli::add_int(app, "--passes", passes,
                         "sweeps over the parameters per step (stand-in for compute)", 1, 100000);
     app.add_flag("--compare", compare, "also time every other write strategy");
+    app.add_flag("--parts", parts,
+                 "also time saves of the model held in parts (rank r keeps block r of every "
+                 "tensor, as a sharded optimizer state; assembled on rank 0), interleaved with "
+                 "saves of the whole model");
     if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
       MPI_Finalize();
       return code;
@@ -234,6 +272,39 @@ int main(int argc, char** argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         if (rank == 0) std::filesystem::remove_all(d);
       }
+    }
+
+    if (parts) {
+      // The same bytes held whole on every rank and held in parts, saved alternately (same
+      // disk, same noise), rank0 strategy; the model does not change between the saves.
+      PartsModel held(model, rank, p);
+      const std::string d = dir + "/parts";
+      dtrain::CheckpointOptions o;
+      o.keep_last = 2;
+      o.strategy = dtrain::CheckpointStrategy::rank0;
+      dtrain::Checkpointer<Comm> ckpt(comm, d, o);
+      std::vector<double> whole_s, parts_s;
+      for (int k = 1; k <= saves; ++k) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        dtrain::Timer t;
+        ckpt.save(2 * k - 1, dtrain::named("model", model));
+        whole_s.push_back(max_over_ranks(t.seconds()));
+        MPI_Barrier(MPI_COMM_WORLD);
+        t.reset();
+        ckpt.save(2 * k, dtrain::named("model", held));
+        parts_s.push_back(max_over_ranks(t.seconds()));
+      }
+      std::size_t held_bytes = 0;
+      for (const auto& x : held.held) held_bytes += x.bytes();
+      row(rank, "save, held whole", "rank0", bytes, median(whole_s), 0);
+      row(rank, "save, held in parts", "rank0", bytes, median(parts_s), median(whole_s));
+      if (rank == 0)
+        std::printf(
+            "# held in parts: %.1f MiB per rank (1/%d), ratio = whole-held save time / this "
+            "time\n",
+            static_cast<double>(held_bytes) / 1048576.0, p);
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank == 0) std::filesystem::remove_all(d);
     }
 
     {  // Restore: newest valid checkpoint into a fresh model (files are in the page cache).

@@ -717,11 +717,11 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
       ++loss_n;
       epoch_loss += loss;
       ++epoch_loss_n;
-      if (ckpt && ckpt->due(step)) {
-        sync.gather_state(opt);  // after sharded steps each rank holds its part of the moments
-        ckpt->save(step, dtrain::named("model", model), dtrain::named("optimizer", opt),
-                   dtrain::named("sampler", sampler), dtrain::named("run", record));
-      }
+      // After sharded steps each rank holds its parts of the moments: the checkpointer
+      // assembles them on rank 0 (no gather into whole-sized moments on every rank).
+      if (ckpt)
+        ckpt->maybe_save(step, dtrain::named("model", model), dtrain::named("optimizer", opt),
+                         dtrain::named("sampler", sampler), dtrain::named("run", record));
       // Every rank reaches the same steps, so the interval's exchange is collective-safe.
       if (step % cfg.log_every == 0 || step == total_steps) {
         const auto report = stragglers.exchange(
@@ -786,7 +786,6 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   const double train_s = train_time.seconds();
   // The last step, unless maybe_save has just written it (--ckpt-every dividing the step).
   if (ckpt && step > first_step && ckpt->last_step() != step) {
-    sync.gather_state(opt);
     ckpt->save(step, dtrain::named("model", model), dtrain::named("optimizer", opt),
                dtrain::named("sampler", sampler), dtrain::named("run", record));
   }

@@ -1,5 +1,6 @@
 // The Checkpointer with the library's own Communicator over MpiTransport: the parallel HDF5
-// strategies find the MPI communicator through comm.transport().mpi_comm().
+// strategies find the MPI communicator through comm.transport().mpi_comm(); tensors held in parts
+// over the ranks are written with every strategy.
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -13,6 +14,7 @@
 #include <dtrain/transports/mpi.hpp>
 
 #include "ckpt/fake_state.hpp"
+#include "ckpt/parts_state.hpp"
 
 namespace fs = std::filesystem;
 using MpiComm = dtrain::Communicator<dtrain::MpiTransport>;
@@ -56,5 +58,48 @@ TEST_CASE("bit-exact resume through Communicator<MpiTransport> with every strate
     CHECK(dtrain::test::first_difference(ref, resumed) == "");
     comm.barrier();
     if (comm.rank() == 0) fs::remove_all(dir);
+  }
+}
+
+TEST_CASE("tensors held in parts over MPI ranks: assembled into the whole tensor's dataset") {
+  dtrain::MpiTransport transport(MPI_COMM_WORLD);
+  MpiComm comm(transport);
+  const std::size_t n = 5000;
+  for (auto strategy :
+       {dtrain::CheckpointStrategy::rank0, dtrain::CheckpointStrategy::parallel_rank0,
+        dtrain::CheckpointStrategy::parallel_slices}) {
+    for (auto layout :
+         {dtrain::test::PartsLayout::blocks, dtrain::test::PartsLayout::round_robin}) {
+      CAPTURE(dtrain::name_of(strategy));
+      CAPTURE(static_cast<int>(layout));
+      char buf[256] = {};
+      if (comm.rank() == 0)
+        std::snprintf(buf, sizeof buf, "%s/dtrain_ckpt_mpiparts_%d_%s",
+                      fs::temp_directory_path().c_str(), static_cast<int>(::getpid()),
+                      dtrain::name_of(strategy));
+      comm.broadcast(dtrain::BufferView(buf, sizeof buf / 8, dtrain::DType::i64), 0);
+      const std::string dir = buf;
+      dtrain::CheckpointOptions o;
+      o.strategy = strategy;
+      {
+        dtrain::Checkpointer<MpiComm> ckpt(comm, dir, o);
+        dtrain::test::PartsState ps(n, layout, comm.rank(), comm.size());
+        dtrain::test::FakeRun run(comm.rank());
+        ckpt.save(1, dtrain::named("model", run.model), dtrain::named("parts", ps),
+                  dtrain::per_rank("sampler", run.sampler));
+      }
+      if (comm.rank() == 0)
+        CHECK(dtrain::test::parts_file_difference(
+                  dtrain::Hdf5Format::read(dir + "/ckpt-000000000001.h5"), "/parts/w", n) == "");
+      dtrain::Checkpointer<MpiComm> ckpt(comm, dir, o);
+      dtrain::test::PartsState back(n, layout, comm.rank(), comm.size());
+      REQUIRE(ckpt.restore_latest(dtrain::named("parts", back)) == std::optional<std::int64_t>(1));
+      std::size_t wrong = 0;
+      const auto* f = static_cast<const float*>(back.whole.raw());
+      for (std::size_t i = 0; i < n; ++i) wrong += f[i] != dtrain::test::parts_value(i);
+      CHECK(wrong == 0u);
+      comm.barrier();
+      if (comm.rank() == 0) fs::remove_all(dir);
+    }
   }
 }

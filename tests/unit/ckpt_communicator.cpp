@@ -1,10 +1,12 @@
 // The Checkpointer with the library's own Communicator over the loopback transport (the unit
-// tests elsewhere use a minimal stand-in communicator): bit-exact resume over 1-3 ranks, and with
-// GradientSync's sharded steps (a partial optimizer state refused, gathered, resumed).
+// tests elsewhere use a minimal stand-in communicator): bit-exact resume over 1-3 ranks, with
+// GradientSync's sharded steps (the state saved from its parts, the same file as the whole
+// state's, resumed), and tensors held in parts in several layouts (assembled, or refused).
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <vector>
@@ -18,6 +20,7 @@
 #include <dtrain/transports/loopback.hpp>
 
 #include "ckpt/fake_state.hpp"
+#include "ckpt/parts_state.hpp"
 
 namespace fs = std::filesystem;
 using LoopComm = dtrain::Communicator<dtrain::LoopbackTransport>;
@@ -74,17 +77,22 @@ struct Params {
 };
 }  // namespace
 
-TEST_CASE("sharded steps: the checkpoint refuses a partial optimizer state, resumes after gather") {
-  const std::string dir =
+TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its parts, resumes") {
+  const std::string base =
       (fs::temp_directory_path() / ("dtrain_ckpt_sharded_" + std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
+  const std::string sharded_dir = base + "_parts", plain_dir = base + "_whole",
+                    refused_dir = base + "_refused";
+  for (const auto& d : {sharded_dir, plain_dir, refused_dir}) fs::remove_all(d);
   const std::size_t n = 3001;
-  std::vector<std::vector<float>> plain_w(2), resumed_w(2);
-  // 6 SGD steps (momentum) of rank-specific gradients; sharded runs save at step 3 and resume.
-  auto run = [&](dtrain::LoopbackTransport& t, bool sharded, bool resume,
-                 std::vector<std::vector<float>>& out) {
+  std::vector<std::vector<float>> plain_w(2), resumed_w(2), resumed_sharded_w(2);
+  // 6 SGD steps (momentum) of rank-specific gradients; the first two runs save at step 3, the
+  // others resume from the sharded run's file.
+  enum class Mode { save_sharded, save_plain, resume, resume_sharded };
+  auto run = [&](dtrain::LoopbackTransport& t, Mode mode, std::vector<std::vector<float>>& out) {
     LoopComm comm(t);
     const int r = comm.rank();
+    const bool sharded = mode == Mode::save_sharded || mode == Mode::resume_sharded;
+    const bool resume = mode == Mode::resume || mode == Mode::resume_sharded;
     Params p{dtrain::Tensor({static_cast<std::int64_t>(n)}, dtrain::DType::f32)};
     std::vector<float> g(n);
     auto* w = static_cast<float*>(p.w.raw());
@@ -95,7 +103,7 @@ TEST_CASE("sharded steps: the checkpoint refuses a partial optimizer state, resu
     dtrain::SgdOptions so;
     so.momentum = 0.9;
     dtrain::Sgd opt(pv, gv, dtrain::Schedule::constant(0.05), so);
-    dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+    dtrain::Checkpointer<LoopComm> ckpt(comm, mode == Mode::save_plain ? plain_dir : sharded_dir);
     int first = 1;
     if (resume) {
       REQUIRE(ckpt.restore_latest(dtrain::named("params", p), dtrain::named("optimizer", opt)) ==
@@ -107,31 +115,162 @@ TEST_CASE("sharded steps: the checkpoint refuses a partial optimizer state, resu
         g[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(r) * 5 + s) % 23) / 23.0f;
       sync.ready_all();
       sync.wait(opt);
-      if (sharded && !resume && s == 3) {
-        // Not yet gathered: every rank refuses, and no checkpoint appears.
-        CHECK_THROWS_AS(ckpt.save(3, dtrain::named("params", p), dtrain::named("optimizer", opt)),
-                        dtrain::InvalidArgument);
-        CHECK_FALSE(ckpt.last_step().has_value());
-        std::size_t files = 0;
-        for (const auto& e : fs::recursive_directory_iterator(dir))
-          files += e.is_regular_file() && e.path().extension() == ".h5";
-        CHECK(files == 0u);
-        sync.gather_state(opt);
+      if (!resume && s == 3) {
+        // Sharded: saved as it is, each rank's parts assembled on rank 0 (no gather_state).
+        const std::size_t kept = opt.state_elements();
         ckpt.save(3, dtrain::named("params", p), dtrain::named("optimizer", opt));
+        CHECK(opt.state_elements() == kept);  // still sharded
+        if (sharded) {
+          CHECK(kept < n);
+          // A whole-sized state not gathered (only this rank's parts current) is refused on
+          // every rank, and no file appears.
+          opt.unshard_state();
+          dtrain::Checkpointer<LoopComm> refused(comm, refused_dir);
+          CHECK_THROWS_AS(
+              refused.save(3, dtrain::named("params", p), dtrain::named("optimizer", opt)),
+              dtrain::InvalidArgument);
+          std::size_t files = 0;
+          for (const auto& e : fs::recursive_directory_iterator(refused_dir))
+            files += e.is_regular_file() && e.path().extension() == ".h5";
+          CHECK(files == 0u);
+        }
       }
     }
     out[static_cast<std::size_t>(r)].assign(w, w + n);
   };
-  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
-    std::vector<std::vector<float>> ignored(2);
-    run(t, true, false, ignored);  // saves at step 3
-  });
-  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, false, false, plain_w); });
-  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, true, true, resumed_w); });
+  std::vector<std::vector<float>> ignored(2);
+  dtrain::run_loopback(2,
+                       [&](dtrain::LoopbackTransport& t) { run(t, Mode::save_sharded, ignored); });
+  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::save_plain, plain_w); });
+  // The two files hold the same optimizer state, bit for bit.
+  {
+    const auto a = dtrain::Hdf5Format::read(sharded_dir + "/ckpt-000000000003.h5");
+    const auto b = dtrain::Hdf5Format::read(plain_dir + "/ckpt-000000000003.h5");
+    REQUIRE(a.entries.size() == b.entries.size());
+    std::size_t tensors = 0;
+    for (std::size_t k = 0; k < a.entries.size(); ++k) {
+      CAPTURE(a.entries[k].path);
+      REQUIRE(a.entries[k].path == b.entries[k].path);
+      if (a.entries[k].kind != dtrain::detail::EntryKind::tensor) continue;
+      ++tensors;
+      REQUIRE(a.entries[k].bytes() == b.entries[k].bytes());
+      CHECK(std::memcmp(a.entries[k].data, b.entries[k].data, a.entries[k].bytes()) == 0);
+      CHECK(a.entries[k].crc == b.entries[k].crc);
+    }
+    CHECK(tensors == 2u);  // params/w, optimizer/momentum
+  }
+  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::resume, resumed_w); });
+  dtrain::run_loopback(
+      2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::resume_sharded, resumed_sharded_w); });
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
     CHECK(resumed_w[static_cast<std::size_t>(r)] == plain_w[0]);
+    CHECK(resumed_sharded_w[static_cast<std::size_t>(r)] == plain_w[0]);
   }
   CHECK(plain_w[0][5] != 5 * 0.125f);  // trained
-  fs::remove_all(dir);
+  for (const auto& d : {sharded_dir, plain_dir, refused_dir}) fs::remove_all(d);
+}
+
+TEST_CASE(
+    "tensors held in parts: one dataset, the whole tensor's, for every layout and rank count") {
+  using dtrain::test::PartsLayout;
+  // 1000 elements: small parts, moved together through the receivers' bounce buffers; 2.2M
+  // (8.8 MB): parts of 4.4 MB, moved in place on rank 0 in two pieces each.
+  for (std::size_t n : {std::size_t{1000}, std::size_t{2200000}}) {
+    for (int p : {1, 2, 3}) {
+      for (PartsLayout layout :
+           {PartsLayout::blocks, PartsLayout::round_robin, PartsLayout::last_empty}) {
+        if (layout == PartsLayout::last_empty && p == 1) continue;
+        // The large tensor in two layouts: parts of 4.4 MB on 2 and 3 ranks (one empty).
+        if (n > 1000 && !(p == 2 && layout == PartsLayout::blocks) &&
+            !(p == 3 && layout == PartsLayout::last_empty))
+          continue;
+        for (bool async : {false, true}) {
+          if (async && layout != PartsLayout::round_robin) continue;  // one layout is enough
+          CAPTURE(n);
+          CAPTURE(p);
+          CAPTURE(static_cast<int>(layout));
+          CAPTURE(async);
+          const std::string dir =
+              (fs::temp_directory_path() / ("dtrain_ckpt_parts_" + std::to_string(::getpid())))
+                  .string();
+          fs::remove_all(dir);
+          dtrain::run_loopback(p, [&](dtrain::LoopbackTransport& t) {
+            LoopComm comm(t);
+            dtrain::CheckpointOptions o;
+            o.async = async;
+            {
+              dtrain::Checkpointer<LoopComm> ckpt(comm, dir, o);
+              dtrain::test::PartsState ps(n, layout, comm.rank(), p);
+              // Twice: the second save reuses rank 0's assembly buffer.
+              ckpt.save(1, dtrain::named("parts", ps));
+              ckpt.save(2, dtrain::named("parts", ps));
+              ckpt.wait();
+            }
+            if (comm.rank() == 0)
+              for (const char* f : {"/ckpt-000000000001.h5", "/ckpt-000000000002.h5"}) {
+                CAPTURE(f);
+                CHECK(dtrain::test::parts_file_difference(dtrain::Hdf5Format::read(dir + f),
+                                                          "/parts/w", n) == "");
+              }
+            // Restored whole on every rank.
+            dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+            dtrain::test::PartsState back(n, layout, comm.rank(), p);
+            back.tag = 0;
+            REQUIRE(ckpt.restore_latest(dtrain::named("parts", back)) ==
+                    std::optional<std::int64_t>(2));
+            const auto* f = static_cast<const float*>(back.whole.raw());
+            std::size_t wrong = 0;
+            for (std::size_t i = 0; i < n; ++i) wrong += f[i] != dtrain::test::parts_value(i);
+            CHECK(wrong == 0u);
+            CHECK(back.tag == 40);
+          });
+          fs::remove_all(dir);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("tensors held in parts: overlapping or missing parts and per-rank objects are refused") {
+  using dtrain::test::PartsLayout;
+  const std::size_t n = 600;
+  for (int p : {2, 3}) {
+    for (PartsLayout layout : {PartsLayout::overlap, PartsLayout::gap}) {
+      CAPTURE(p);
+      CAPTURE(static_cast<int>(layout));
+      const std::string dir =
+          (fs::temp_directory_path() / ("dtrain_ckpt_parts_bad_" + std::to_string(::getpid())))
+              .string();
+      fs::remove_all(dir);
+      dtrain::run_loopback(p, [&](dtrain::LoopbackTransport& t) {
+        LoopComm comm(t);
+        dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+        dtrain::test::PartsState ps(n, layout, comm.rank(), p);
+        std::string what;
+        try {
+          ckpt.save(1, dtrain::named("parts", ps));
+        } catch (const dtrain::InvalidArgument& e) {
+          what = e.what();
+        }
+        CAPTURE(what);
+        CHECK(what.find("/parts/w") != std::string::npos);
+        CHECK(what.find(layout == PartsLayout::gap ? "held by no rank" : "and rank") !=
+              std::string::npos);
+        CHECK_FALSE(ckpt.last_step().has_value());
+        // Per-rank objects cannot hold parts of a replicated tensor.
+        dtrain::test::PartsState good(n, PartsLayout::blocks, comm.rank(), p);
+        CHECK_THROWS_WITH_AS(ckpt.save(1, dtrain::per_rank("parts", good)),
+                             doctest::Contains("dtrain::named"), dtrain::InvalidArgument);
+        // The same Checkpointer saves good parts afterwards.
+        ckpt.save(2, dtrain::named("parts", good));
+        CHECK(ckpt.last_step() == std::optional<std::int64_t>(2));
+      });
+      std::size_t files = 0;
+      for (const auto& e : fs::recursive_directory_iterator(dir))
+        files += e.is_regular_file() && e.path().extension() == ".h5";
+      CHECK(files == 1u);
+      fs::remove_all(dir);
+    }
+  }
 }

@@ -58,3 +58,33 @@ TEST_CASE("crc32c continues across split buffers") {
     CHECK(dtrain::crc32c_portable(s.data() + cut, s.size() - cut, a) == whole);
   }
 }
+
+TEST_CASE("crc32c_combine joins the checksums of two pieces") {
+  // Pieces of every length up to 70 bytes, and of a 3 MiB buffer at cuts of many magnitudes.
+  std::string s = "The quick brown fox jumps over the lazy dog, twice: the quick brown fox.";
+  const std::uint32_t whole = dtrain::crc32c(s.data(), s.size());
+  for (std::size_t cut = 0; cut <= s.size(); ++cut) {
+    CAPTURE(cut);
+    const std::uint32_t a = dtrain::crc32c(s.data(), cut);
+    const std::uint32_t b = dtrain::crc32c(s.data() + cut, s.size() - cut);
+    CHECK(dtrain::crc32c_combine(a, b, s.size() - cut) == whole);
+  }
+  std::vector<unsigned char> big(3u << 20);
+  std::uint32_t x = 12345;
+  for (auto& c : big) c = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 24);
+  const std::uint32_t all = dtrain::crc32c(big.data(), big.size());
+  for (std::size_t cut :
+       {std::size_t{1}, std::size_t{4095}, std::size_t{65536}, big.size() / 3, big.size() - 7}) {
+    CAPTURE(cut);
+    CHECK(dtrain::crc32c_combine(dtrain::crc32c(big.data(), cut),
+                                 dtrain::crc32c(big.data() + cut, big.size() - cut),
+                                 big.size() - cut) == all);
+  }
+  // Three pieces, combined left to right.
+  const std::size_t c1 = 1000, c2 = 2u << 20;
+  std::uint32_t acc = dtrain::crc32c(big.data(), c1);
+  acc = dtrain::crc32c_combine(acc, dtrain::crc32c(big.data() + c1, c2 - c1), c2 - c1);
+  acc = dtrain::crc32c_combine(acc, dtrain::crc32c(big.data() + c2, big.size() - c2),
+                               big.size() - c2);
+  CHECK(acc == all);
+}

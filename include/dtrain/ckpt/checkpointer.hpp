@@ -7,7 +7,8 @@
 // The pieces: options in <dtrain/ckpt/checkpoint_options.hpp>; the write strategies in
 // ckpt/detail/save_rank0.hpp (rank 0 alone, now or from a snapshot) and save_parallel.hpp
 // (MPI-IO); the restore path in ckpt/detail/restore.hpp; the compound collectives they share
-// (error agreement, gathering entries) in ckpt/detail/collectives.hpp.
+// (error agreement, gathering entries) in ckpt/detail/collectives.hpp; tensors held in parts
+// over the ranks (sharded optimizer state) are assembled on rank 0 by ckpt/detail/assemble.hpp.
 #pragma once
 
 #include <chrono>
@@ -24,6 +25,7 @@
 
 #include <dtrain/ckpt/checkpoint_options.hpp>
 #include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/detail/assemble.hpp>
 #include <dtrain/ckpt/detail/collectives.hpp>
 #include <dtrain/ckpt/detail/fs.hpp>
 #include <dtrain/ckpt/detail/manifest.hpp>
@@ -162,6 +164,8 @@ class Checkpointer {
                    op,
                    "replicated objects differ in structure between ranks (names, dtypes or "
                    "shapes); pass rank-specific state with dtrain::per_rank");
+    // Tensors held in parts over the ranks (a sharded optimizer state) are assembled on rank 0.
+    detail::assemble_parts(comm_, job.repl, parts_, op);
 
     detail::CkptManifest& m = job.m;
     m.step = step;
@@ -349,6 +353,7 @@ class Checkpointer {
   std::future<void> pending_;
   detail::SnapshotArena stage_;  // host side of device tensors during a save, reused
   detail::SnapshotArena arena_;  // async snapshot, reused; rank 0 only
+  detail::PartsArena parts_;     // tensors assembled from the ranks' parts; rank 0 only
   bool has_pending_ = false;
   std::int64_t pending_step_ = -1;
 };

@@ -130,6 +130,33 @@ inline std::uint32_t crc32c(const void* data, std::size_t n, std::uint32_t crc =
                                          : detail::crc32c_sw_raw(raw, p, n));
 }
 
+namespace detail {
+/// a * b modulo the CRC32C polynomial, in the reflected bit order of the CRC register (bit 31
+/// is x^0). Pure.
+inline std::uint32_t crc32c_mulmod(std::uint32_t a, std::uint32_t b) noexcept {
+  std::uint32_t product = 0;
+  for (std::uint32_t bit = 1u << 31; bit != 0; bit >>= 1) {
+    if (a & bit) product ^= b;
+    b = (b & 1u) ? (b >> 1) ^ 0x82F63B78u : b >> 1;  // b * x
+  }
+  return product;
+}
+}  // namespace detail
+
+/// The CRC32C of A followed by B from crc32c(A), crc32c(B) and B's length in bytes: lets ranks
+/// checksum their own parts of a tensor and one rank combine them. Local, pure; O(log len_b).
+inline std::uint32_t crc32c_combine(std::uint32_t crc_a, std::uint32_t crc_b,
+                                    std::size_t len_b) noexcept {
+  // crc(A B) = crc(A) * x^(8 len_b) + crc(B) (the pre- and post-inversions cancel).
+  std::uint32_t shift = 1u << 31;  // x^0
+  std::uint32_t power = 1u << 23;  // x^8, squared for each bit of len_b
+  for (std::size_t n = len_b; n != 0; n >>= 1) {
+    if (n & 1u) shift = detail::crc32c_mulmod(shift, power);
+    power = detail::crc32c_mulmod(power, power);
+  }
+  return detail::crc32c_mulmod(crc_a, shift) ^ crc_b;
+}
+
 /// Same as crc32c() but always on the portable table path (for tests and odd platforms).
 inline std::uint32_t crc32c_portable(const void* data, std::size_t n,
                                      std::uint32_t crc = 0) noexcept {

@@ -248,8 +248,9 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
     if (count > 0) {
       if (!role.parallel) {
         DTRAIN_H5_CALL(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
-      } else if (e.owner >= 0 || !role.slices || e.shape.empty()) {
-        // One writer: the owner of per-rank state, or rank 0 for replicated state.
+      } else if (e.owner >= 0 || !role.slices || e.shape.empty() || e.sharded) {
+        // One writer: the owner of per-rank state, or rank 0 for replicated state (and for
+        // tensors assembled from parts, which only rank 0 holds whole).
         const int writer = e.owner >= 0 ? e.owner : 0;
         if (role.rank == writer)
           DTRAIN_H5_CALL(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);

@@ -263,8 +263,9 @@ class BasicGradientSync {
   /// Afterwards the gradients outside this rank's parts are not averaged (clip before the sync's
   /// wait, or not at all), and the optimizer keeps its state for this rank's parts only
   /// (shard_state: about 1/p of it in memory, freed from the first sharded step on); it says so
-  /// (state_partial(); its checkpoint refuses it) until gather_state(optimizer) makes it whole
-  /// again. Not with staged device gradients. With one rank it changes nothing (sharded() stays
+  /// (state_partial()) until gather_state(optimizer) makes it whole again. A Checkpointer saves
+  /// it without the gather (each rank's parts, assembled on rank 0 into the whole state's
+  /// datasets). Not with staged device gradients. With one rank it changes nothing (sharded() stays
   /// false).
   void shard_updates(BufferView params) {
     DTRAIN_REQUIRE(!staged_, "GradientSync::shard_updates",
@@ -302,7 +303,7 @@ class BasicGradientSync {
   /// for_each_state_arena and set_state_partial, such as Sgd or AdamW) whole on every rank after
   /// sharded steps: whole-sized arenas again (the memory of the unsharded state, until the next
   /// sharded step frees it), each arena's parts all-gathered bucket by bucket. Needed before the
-  /// state is checkpointed or read.
+  /// state is read whole (a Checkpointer's save does without it).
   template <class Optimizer>
   void gather_state(Optimizer& opt) {
     DTRAIN_REQUIRE(started_ == 0 && queued_ == 0, "GradientSync::gather_state",

@@ -7,20 +7,30 @@
 //     v.scalar("name", S& value);  // S: std::int64_t, double or std::string
 //     v.child("name", U& sub);     // nested stateful object, its names prefixed by "name/"
 //     v.loading()                  // true when restoring (so T can rebuild derived data)
+// and, optionally, where the visitor has it (visitor_takes_parts; the checkpointer's save side):
+//     v.tensor_parts("name", BufferView held, Shape whole, const StateParts& parts);
+// a tensor of shape `whole` of which this rank holds the elements `parts` (first element, count;
+// ascending, disjoint), back to back in `held`; the ranks' parts together cover every element
+// once. Sharded optimizer state is saved this way (GradientSync::shard_updates).
 // Names are '/'-separated paths relative to the object. The same T must visit the same names with
 // the same shapes on every rank that holds it. Checkpointers, comparers and hashers are visitors.
 // Types that cannot be changed specialise dtrain::serializer<T> instead (see <dtrain/ckpt/...>).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
 
 namespace dtrain {
+
+/// Parts of a tensor's elements held by one rank: (first element, count), ascending, disjoint.
+using StateParts = std::vector<std::pair<std::size_t, std::size_t>>;
 
 namespace detail {
 struct ProbeVisitor {
@@ -42,5 +52,15 @@ struct has_visit_state<
     : std::true_type {};
 template <class T>
 inline constexpr bool has_visit_state_v = has_visit_state<T>::value;
+
+/// True when visitor V takes tensors held in parts: tensor_parts(name, BufferView, Shape,
+/// const StateParts&).
+template <class V, class = void>
+struct visitor_takes_parts : std::false_type {};
+template <class V>
+struct visitor_takes_parts<V, std::void_t<decltype(std::declval<V&>().tensor_parts(
+                                  std::declval<const std::string&>(), std::declval<BufferView>(),
+                                  std::declval<Shape>(), std::declval<const StateParts&>()))>>
+    : std::true_type {};
 
 }  // namespace dtrain

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include <dtrain/core/span.hpp>
+#include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_copier.hpp>
 #include <dtrain/exec/exec_traits.hpp>
@@ -68,6 +69,27 @@ class StateMirror {
         exec.copy_h2d(s, view.data, mirror.data, view.bytes());
         exec_synchronize(exec, s, exec_timeout_s(), "checkpoint: upload of a device tensor");
       }
+    }
+  }
+
+  /// Saving visitors that take parts (visitor_takes_parts): visits `held`, this rank's `parts`
+  /// of a tensor of shape `whole` back to back, as v.tensor_parts. Exec memory goes through the
+  /// host mirror (downloaded and waited for first). Blocking.
+  template <class V>
+  void visit_parts(Exec& exec, V& v, const std::string& name, const Tensor& held, Shape whole,
+                   const StateParts& parts) {
+    static_assert(visitor_takes_parts<V>::value,
+                  "StateMirror::visit_parts: the visitor has no tensor_parts");
+    if constexpr (Exec::space == Space::host) {
+      v.tensor_parts(name, held.view(), std::move(whole), parts);
+    } else {
+      if (host_.size() != held.size() || host_.dtype() != held.dtype())
+        host_ =
+            Tensor({static_cast<std::int64_t>(held.size())}, held.dtype(), exec.host_allocator());
+      const auto s = exec.compute_stream();
+      exec.copy_d2h(s, host_.raw(), held.raw(), held.view().bytes());
+      exec_synchronize(exec, s, exec_timeout_s(), "checkpoint: download of a device tensor");
+      v.tensor_parts(name, host_.view(), std::move(whole), parts);
     }
   }
 

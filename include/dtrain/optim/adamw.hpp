@@ -107,8 +107,8 @@ class BasicAdamW {
   /// Sharded updates (GradientSync::shard_updates): keeps the state of `parts` (first element,
   /// count; ascending, disjoint) only, back to back in arenas of their total size, and frees the
   /// whole-sized ones; update() then takes ranges inside one part only, and the state is partial
-  /// (visit_state refuses to save it) until GradientSync::gather_state. Again with the same
-  /// parts: nothing. Local, blocking (waits for the compute stream). Throws InvalidArgument on
+  /// (only a visitor that takes parts saves it) until GradientSync::gather_state. Again with the
+  /// same parts: nothing. Local, blocking (waits for the compute stream). Throws InvalidArgument on
   /// parts out of order or outside the arena, and on other parts while sharded.
   void shard_state(const detail::StateShards::Parts& parts) {
     const char* op = "AdamW::shard_state";
@@ -144,18 +144,27 @@ class BasicAdamW {
 
   /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq" (staged through host memory on a
   /// device, see StateMirror); scalars "step" and "schedule". Blocking. Saving throws
-  /// InvalidArgument while the state is partial (see set_state_partial); loading makes it whole.
+  /// InvalidArgument while the state is partial (see set_state_partial), except that while it is
+  /// sharded a visitor that takes parts (the checkpointer's save) gets this rank's parts
+  /// (tensor_parts), so no gather is needed; loading makes it whole.
   template <class V>
   void visit_state(V& v) {
-    if (v.loading()) {
-      unshard_state();  // the whole state comes in
-      state_partial_ = false;
-    } else {
-      detail::check_state_whole(state_partial(), "AdamW::visit_state");
-    }
     const Shape shape{static_cast<std::int64_t>(params_.count)};
-    mirrors_[0].visit(exec_.get(), v, "exp_avg", exp_avg_, 0, exp_avg_.size(), shape);
-    mirrors_[1].visit(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, 0, exp_avg_sq_.size(), shape);
+    if (detail::saves_parts(v, shards_.sharded())) {
+      if constexpr (visitor_takes_parts<V>::value) {
+        mirrors_[0].visit_parts(exec_.get(), v, "exp_avg", exp_avg_, shape, shards_.parts());
+        mirrors_[1].visit_parts(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, shape, shards_.parts());
+      }
+    } else {
+      if (v.loading()) {
+        unshard_state();  // the whole state comes in
+        state_partial_ = false;
+      } else {
+        detail::check_state_whole(state_partial(), "AdamW::visit_state");
+      }
+      mirrors_[0].visit(exec_.get(), v, "exp_avg", exp_avg_, 0, exp_avg_.size(), shape);
+      mirrors_[1].visit(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, 0, exp_avg_sq_.size(), shape);
+    }
     v.scalar("step", step_);
     detail::visit_schedule(v, schedule_, "AdamW");
   }

@@ -106,9 +106,9 @@ class BasicSgd {
   /// Sharded updates (GradientSync::shard_updates): keeps the momentum of `parts` (first
   /// element, count; ascending, disjoint) only, back to back in a buffer of their total size, and
   /// frees the whole-sized one; update() then takes ranges inside one part only, and the state is
-  /// partial (visit_state refuses to save it) until GradientSync::gather_state. Again with the
-  /// same parts: nothing. Local, blocking (waits for the compute stream). Throws InvalidArgument
-  /// on parts out of order or outside the arena, and on other parts while sharded.
+  /// partial (only a visitor that takes parts saves it) until GradientSync::gather_state. Again
+  /// with the same parts: nothing. Local, blocking (waits for the compute stream). Throws
+  /// InvalidArgument on parts out of order or outside the arena, and on other parts while sharded.
   void shard_state(const detail::StateShards::Parts& parts) {
     const char* op = "Sgd::shard_state";
     if (shards_.keeps(parts, op)) return;
@@ -140,18 +140,26 @@ class BasicSgd {
 
   /// Checkpoint protocol: "momentum" (when momentum is used; staged through host memory on a
   /// device, see StateMirror), scalars "step" and "schedule". Blocking. Saving throws
-  /// InvalidArgument while the state is partial (see set_state_partial); loading makes it whole.
+  /// InvalidArgument while the state is partial (see set_state_partial), except that while it is
+  /// sharded a visitor that takes parts (the checkpointer's save) gets this rank's parts
+  /// (tensor_parts), so no gather is needed; loading makes it whole.
   template <class V>
   void visit_state(V& v) {
-    if (v.loading()) {
-      unshard_state();  // the whole state comes in
-      state_partial_ = false;
+    const Shape shape{static_cast<std::int64_t>(params_.count)};
+    if (detail::saves_parts(v, shards_.sharded())) {
+      if constexpr (visitor_takes_parts<V>::value)
+        if (opt_.momentum != 0.0)
+          mirror_.visit_parts(exec_.get(), v, "momentum", momentum_, shape, shards_.parts());
     } else {
-      detail::check_state_whole(state_partial(), "Sgd::visit_state");
+      if (v.loading()) {
+        unshard_state();  // the whole state comes in
+        state_partial_ = false;
+      } else {
+        detail::check_state_whole(state_partial(), "Sgd::visit_state");
+      }
+      if (opt_.momentum != 0.0)
+        mirror_.visit(exec_.get(), v, "momentum", momentum_, 0, momentum_.size(), shape);
     }
-    if (opt_.momentum != 0.0)
-      mirror_.visit(exec_.get(), v, "momentum", momentum_, 0, momentum_.size(),
-                    Shape{static_cast<std::int64_t>(params_.count)});
     v.scalar("step", step_);
     detail::visit_schedule(v, schedule_, "Sgd");
   }

@@ -136,8 +136,10 @@ void ckpt_agree(Comm& comm, const std::exception_ptr& local, const char* operati
 inline std::uint32_t structure_digest(const std::vector<CkptEntry>& entries) {
   std::uint32_t crc = 0;
   for (const auto& e : entries) {
+    // A tensor held in parts counts by its whole shape (each rank holds other parts).
     std::string s = e.path + "|" + std::to_string(static_cast<int>(e.kind)) + "|" +
-                    name_of(e.dtype) + to_string(e.shape) + ";";
+                    name_of(e.dtype) + to_string(e.sharded ? e.whole : e.shape) +
+                    (e.sharded ? "parts;" : ";");
     crc = crc32c(s.data(), s.size(), crc);
   }
   return crc;

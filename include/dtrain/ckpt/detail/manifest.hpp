@@ -20,6 +20,7 @@
 #include <dtrain/core/dtype.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
+#include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_copier.hpp>
 
@@ -47,6 +48,13 @@ struct CkptEntry {
   std::vector<unsigned char> storage;  // owned bytes (snapshot, gathered or loaded)
   ExecCopier device;    // set while `data` is exec (device) memory: read it only through this
   bool staged = false;  // `data` points into a checkpointer-owned host snapshot
+  // A replicated tensor of shape `whole` held in parts over the ranks (tensor_parts): until the
+  // checkpointer assembles it (ckpt/detail/assemble.hpp), `shape` is {held elements} and `data`
+  // this rank's `parts` back to back; afterwards `shape` is `whole` and `data` the assembled
+  // tensor on rank 0 (null elsewhere).
+  bool sharded = false;
+  Shape whole;
+  StateParts parts;
 
   std::size_t bytes() const { return element_count(shape) * size_of(dtype); }
   /// Points `data` at an owned copy of the current bytes.
@@ -149,6 +157,49 @@ class SaveCollector {
   /// host memory before anything reads it.
   void tensor(const std::string& name, BufferView view, Shape shape, const ExecCopier& copier) {
     add_tensor(name, view, std::move(shape), copier);
+  }
+  /// A tensor of shape `whole` of which this rank holds `parts`, back to back in `held` (host
+  /// memory). Replicated objects only; the checkpointer assembles the ranks' parts into one
+  /// dataset, the same as the whole tensor's. Throws InvalidArgument on parts out of order,
+  /// outside the tensor or not matching `held`, and in a per-rank object.
+  void tensor_parts(const std::string& name, BufferView held, Shape whole,
+                    const StateParts& parts) {
+    const char* op = "checkpoint save";
+    check_state_name(name, op);
+    const std::string path = prefix_ + "/" + name;
+    DTRAIN_REQUIRE(owner_ < 0, op,
+                   "tensor " << path
+                             << " is held in parts over the ranks; pass its object with "
+                                "dtrain::named (replicated), not dtrain::per_rank");
+    const std::size_t n = element_count(whole, op);
+    std::size_t end = 0, total = 0;
+    for (const auto& [first, count] : parts) {
+      DTRAIN_REQUIRE(first >= end && first <= n && count <= n - first, op,
+                     "tensor " << path << ": part [" << first << ", " << first + count
+                               << ") is out of order or outside its " << n << " elements");
+      end = first + count;
+      total += count;
+    }
+    DTRAIN_REQUIRE(held.count == total, op,
+                   "tensor " << path << ": the view holds " << held.count
+                             << " elements but the parts cover " << total);
+    DTRAIN_REQUIRE(held.space == Space::host, op,
+                   "tensor " << path
+                             << ": parts are read from host memory (visit them through "
+                                "StateMirror::visit_parts)");
+    DTRAIN_REQUIRE(total == 0 || held.data != nullptr, op,
+                   "tensor " << path << " has a null data pointer");
+    CkptEntry e;
+    e.path = path;
+    e.kind = EntryKind::tensor;
+    e.dtype = held.dtype;
+    e.shape = Shape{static_cast<std::int64_t>(total)};
+    e.owner = owner_;
+    e.data = held.data;
+    e.sharded = true;
+    e.whole = std::move(whole);
+    e.parts = parts;
+    out_.push_back(std::move(e));
   }
 
   template <class S>

@@ -45,6 +45,7 @@ void save_rank0(Comm& comm, CkptSaveJob& job, const char* op) {
       m.entries = std::move(job.repl);
       target = &m.entries;
       for (auto& e : gathered) m.entries.push_back(std::move(e));
+      parts_crcs(m.entries, n_repl, crcs, rank);
       if (p == 1)
         helper = std::async(std::launch::async, [&, rank] {
           RankScope scope(rank);

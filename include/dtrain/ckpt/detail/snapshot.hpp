@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/detail/assemble.hpp>
 #include <dtrain/ckpt/detail/manifest.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/dtype.hpp>
@@ -92,7 +93,8 @@ inline void crc_share(const std::vector<CkptEntry>& entries, std::size_t n,
   const int first = skip_rank0 && p > 1 ? 1 : 0;
   std::vector<std::size_t> load(static_cast<std::size_t>(p - first), 0);
   for (std::size_t i = 0; i < n; ++i) {
-    if (entries[i].kind != EntryKind::tensor) continue;
+    // Tensors assembled from parts have their checksum from rank 0 (parts_crcs).
+    if (entries[i].kind != EntryKind::tensor || entries[i].sharded) continue;
     const auto k =
         static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
     load[k] += entries[i].bytes() + 1;
@@ -106,6 +108,7 @@ template <class Comm>
 void fill_replicated_crcs(Comm& comm, std::vector<CkptEntry>& repl) {
   std::vector<std::int64_t> crcs(repl.size(), 0);
   crc_share(repl, repl.size(), crcs, comm.rank(), comm.size(), false);
+  parts_crcs(repl, repl.size(), crcs, comm.rank());
   if (comm.size() > 1 && !crcs.empty())
     comm.allreduce(BufferView(crcs.data(), crcs.size(), DType::i64), ReduceOp::sum);
   for (std::size_t i = 0; i < repl.size(); ++i) repl[i].crc = static_cast<std::uint32_t>(crcs[i]);

@@ -10,6 +10,7 @@
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/log.hpp>
 #include <dtrain/core/span.hpp>
+#include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/optim/schedule.hpp>
 
@@ -74,6 +75,17 @@ inline void check_range(std::size_t offset, std::size_t count, std::size_t n, co
   DTRAIN_REQUIRE(offset <= n && count <= n - offset, op,
                  "range [" << offset << ", " << offset + count << ") outside the arena of " << n
                            << " elements");
+}
+
+/// Whether a visit saves a sharded state as this rank's parts: a saving visitor that takes
+/// parts (the checkpointer's) and a state kept in parts. Other visitors see the whole state, or
+/// are refused while it is partial (check_state_whole).
+template <class V>
+bool saves_parts([[maybe_unused]] const V& v, [[maybe_unused]] bool sharded) {
+  if constexpr (visitor_takes_parts<V>::value)
+    return sharded && !v.loading();
+  else
+    return false;
 }
 
 // The state a checkpoint reads or writes must be whole on this rank, not only its parts of it.

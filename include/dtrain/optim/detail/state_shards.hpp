@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
@@ -23,7 +24,7 @@ namespace detail {
 /// Empty: the state is whole-sized. Local value type.
 class StateShards {
  public:
-  using Parts = std::vector<std::pair<std::size_t, std::size_t>>;
+  using Parts = StateParts;
 
   /// Throws InvalidArgument (naming `op`) unless `parts` are ascending, disjoint and inside an
   /// arena of n elements. Parts of no element are dropped.
@@ -75,6 +76,8 @@ class StateShards {
   }
   /// Elements per state arena in memory while sharded.
   std::size_t elements() const noexcept { return elements_; }
+  /// The parts kept (empty ones dropped), ascending.
+  const Parts& parts() const noexcept { return parts_; }
 
   /// Where the state of elements [offset, offset + count) starts in the compact arenas; the
   /// range must lie inside one part. Throws InvalidArgument (naming `op`) otherwise.

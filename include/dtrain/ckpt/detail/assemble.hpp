@@ -1,0 +1,256 @@
+// dtrain: tensors held in parts over the ranks (the state protocol's tensor_parts: a sharded
+// optimizer state) assembled on rank 0 before a checkpoint is written. Each rank's parts and
+// bytes reach rank 0 through the communicator's broadcast, in pieces of bounded size (large
+// parts straight into place on rank 0); rank 0 places them, checks that the parts cover every
+// element exactly once, and combines the checksums each rank took of its own parts. The file then
+// holds the same dataset as the whole tensor's, so a checkpoint written from parts restores into
+// any run, sharded or not, on any number of ranks.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/detail/collectives.hpp>
+#include <dtrain/ckpt/detail/manifest.hpp>
+#include <dtrain/core/dtype.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/span.hpp>
+
+namespace dtrain::detail {
+
+/// Bytes one broadcast of a rank's parts moves at most (the receivers' bounce buffer).
+inline constexpr std::size_t kAssemblePieceBytes = std::size_t{4} << 20;
+
+/// Rank 0's host buffer for assembled tensors, kept between saves (a later save costs copies,
+/// not fresh page faults). Local; owned by one Checkpointer.
+class PartsArena {
+ public:
+  unsigned char* reserve(std::size_t bytes) {
+    if (bytes > bytes_) {
+      buf_.reset();
+      buf_.reset(new unsigned char[bytes]);
+      bytes_ = bytes;
+    }
+    return buf_.get();
+  }
+
+ private:
+  std::unique_ptr<unsigned char[]> buf_;
+  std::size_t bytes_ = 0;
+};
+
+/// One rank's part of a tensor: first element, count, the rank, the part's crc32c.
+struct HeldPart {
+  std::size_t first = 0, count = 0;
+  int rank = 0;
+  std::uint32_t crc = 0;
+};
+
+/// The first gap or overlap in `held` over n elements, as a sentence; empty when the parts
+/// cover every element exactly once. Sorts `held` by first element. Pure.
+inline std::string parts_coverage_problem(std::vector<HeldPart>& held, std::size_t n) {
+  std::sort(held.begin(), held.end(), [](const HeldPart& a, const HeldPart& b) {
+    return a.first != b.first ? a.first < b.first : a.count < b.count;
+  });
+  std::size_t end = 0;
+  int last = -1;
+  for (const HeldPart& h : held) {
+    if (h.count == 0) continue;
+    if (h.first > end)
+      return "elements [" + std::to_string(end) + ", " + std::to_string(h.first) +
+             ") are held by no rank";
+    if (h.first < end)
+      return "elements [" + std::to_string(h.first) + ", " +
+             std::to_string(std::min(end, h.first + h.count)) + ") are held by rank " +
+             std::to_string(last) + " and rank " + std::to_string(h.rank);
+    end = h.first + h.count;
+    last = h.rank;
+  }
+  if (end < n)
+    return "elements [" + std::to_string(end) + ", " + std::to_string(n) + ") are held by no rank";
+  return {};
+}
+
+/// The broadcasts that move a rank's held elements (its parts back to back): a part of at least
+/// kAssembleDirectBytes goes alone, in pieces of at most kAssemblePieceBytes, which rank 0
+/// receives in place; smaller parts go together, up to a piece, through a bounce buffer. Every
+/// rank computes the same runs from the same parts. Pure.
+inline constexpr std::size_t kAssembleDirectBytes = std::size_t{256} << 10;
+struct PartsRun {
+  std::size_t part = 0, into = 0;  // where the run starts: a part, elements into it
+  std::size_t count = 0;           // elements
+  bool direct = false;             // one piece of one part: rank 0 receives it in place
+};
+inline std::vector<PartsRun> parts_runs(const StateParts& parts, std::size_t elem_size) {
+  const std::size_t piece = std::max<std::size_t>(1, kAssemblePieceBytes / elem_size);
+  const std::size_t direct = std::max<std::size_t>(1, kAssembleDirectBytes / elem_size);
+  std::vector<PartsRun> runs;
+  std::size_t k = 0;
+  while (k < parts.size()) {
+    if (parts[k].second >= direct) {
+      for (std::size_t into = 0; into < parts[k].second; into += piece)
+        runs.push_back({k, into, std::min(piece, parts[k].second - into), true});
+      ++k;
+      continue;
+    }
+    PartsRun r{k, 0, 0, false};
+    while (k < parts.size() && parts[k].second < direct && r.count + parts[k].second <= piece)
+      r.count += parts[k++].second;
+    runs.push_back(r);
+  }
+  return runs;
+}
+
+/// Collective, blocking. Assembles every entry of `repl` held in parts (same entries on every
+/// rank: the caller has checked the structure digest) on rank 0, in `arena`: afterwards each has
+/// its whole shape, its checksum (combined on rank 0 from the crc32c each rank took of its own
+/// parts) and, on rank 0, its assembled bytes, marked staged; elsewhere no data. Throws on every
+/// rank (agreed) InvalidArgument when the ranks' parts leave an element uncovered or cover one
+/// twice, naming the tensor.
+template <class Comm>
+void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena, const char* op) {
+  const int rank = comm.rank(), p = comm.size();
+  std::vector<CkptEntry*> sharded;
+  std::size_t total = 0;
+  for (auto& e : repl)
+    if (e.sharded) {
+      sharded.push_back(&e);
+      total += (element_count(e.whole) * size_of(e.dtype) + 63) / 64 * 64;
+    }
+  if (sharded.empty()) return;
+  // This rank's parts with their checksums, per entry [count, first, n, crc, ...], taken before
+  // any exchange so that the ranks checksum their parts at the same time.
+  std::vector<std::int64_t> mine;
+  for (const CkptEntry* e : sharded) {
+    mine.push_back(static_cast<std::int64_t>(e->parts.size()));
+    const auto* src = static_cast<const unsigned char*>(e->data);
+    const std::size_t es = size_of(e->dtype);
+    for (const auto& [first, count] : e->parts) {
+      mine.push_back(static_cast<std::int64_t>(first));
+      mine.push_back(static_cast<std::int64_t>(count));
+      mine.push_back(static_cast<std::int64_t>(crc32c(src, count * es)));
+      src += count * es;
+    }
+  }
+  std::exception_ptr err;
+  unsigned char* whole = nullptr;
+  if (rank == 0) {
+    try {
+      whole = arena.reserve(total);
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  ckpt_agree(comm, err, op);
+
+  std::vector<std::vector<HeldPart>> held(sharded.size());
+  std::vector<unsigned char> bounce;
+  for (int s = 0; s < p; ++s) {
+    std::vector<std::int64_t> list;
+    if (rank == s) list = mine;
+    if (p > 1) {  // one size and one list broadcast per rank
+      std::vector<std::int64_t> len{static_cast<std::int64_t>(list.size())};
+      ckpt_bcast_i64(comm, len, s);
+      list.resize(static_cast<std::size_t>(len[0]));
+      ckpt_bcast_i64(comm, list, s);
+    }
+    std::size_t at = 0, offset = 0;
+    for (std::size_t k = 0; k < sharded.size(); ++k) {
+      CkptEntry& e = *sharded[k];
+      const std::size_t es = size_of(e.dtype), n = element_count(e.whole);
+      StateParts parts(static_cast<std::size_t>(list[at++]));
+      bool inside = true;  // refused where visited already; a rank's list is not trusted here
+      for (auto& [first, count] : parts) {
+        first = static_cast<std::size_t>(list[at++]);
+        count = static_cast<std::size_t>(list[at++]);
+        const auto crc = static_cast<std::uint32_t>(list[at++]);
+        held[k].push_back({first, count, s, crc});
+        inside = inside && first <= n && count <= n - first;
+      }
+      unsigned char* dst = rank == 0 ? whole + offset : nullptr;
+      offset += (n * es + 63) / 64 * 64;
+      const auto* src = static_cast<const unsigned char*>(e.data);
+      if (s == 0) {
+        if (rank == 0 && inside)
+          for (const auto& [first, count] : parts) {
+            if (count) std::memcpy(dst + first * es, src, count * es);
+            src += count * es;
+          }
+        continue;
+      }
+      // Rank s's bytes, run by run (the communicator has no point-to-point here: the ranks
+      // other than s and 0 receive into the bounce buffer and drop it).
+      std::size_t from = 0;  // elements of rank s's held data before the run
+      for (const PartsRun& run : parts_runs(parts, es)) {
+        if (run.count == 0) continue;  // empty parts only (every rank skips it)
+        void* buf = nullptr;
+        if (rank == s)
+          buf = const_cast<unsigned char*>(src + from * es);
+        else if (rank == 0 && run.direct && inside)
+          buf = dst + (parts[run.part].first + run.into) * es;
+        else {
+          if (bounce.size() < run.count * es) bounce.resize(run.count * es);
+          buf = bounce.data();
+        }
+        comm.broadcast(BufferView(buf, run.count, e.dtype), s);
+        if (rank == 0 && !run.direct && inside) {
+          std::size_t got = 0;
+          for (std::size_t q = run.part; got < run.count; ++q) {
+            const std::size_t c = parts[q].second;
+            if (c) std::memcpy(dst + parts[q].first * es, bounce.data() + got * es, c * es);
+            got += c;
+          }
+        }
+        from += run.count;
+      }
+    }
+  }
+
+  if (rank == 0) {
+    try {
+      std::size_t offset = 0;
+      for (std::size_t k = 0; k < sharded.size(); ++k) {
+        CkptEntry& e = *sharded[k];
+        const std::size_t n = element_count(e.whole), es = size_of(e.dtype);
+        const std::string problem = parts_coverage_problem(held[k], n);
+        if (!problem.empty())
+          raise<InvalidArgument>(op, "tensor " + e.path + " is held in parts over the " +
+                                         std::to_string(p) + " ranks, but " + problem +
+                                         " (each element must be held by exactly one rank)");
+        std::uint32_t crc = 0;  // the whole tensor's, from the parts' in element order
+        for (const HeldPart& h : held[k]) crc = crc32c_combine(crc, h.crc, h.count * es);
+        e.data = whole + offset;
+        e.crc = crc;
+        offset += (n * es + 63) / 64 * 64;
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+  }
+  ckpt_agree(comm, err, op);
+  for (CkptEntry* e : sharded) {
+    e->shape = e->whole;
+    e->parts.clear();
+    e->device = ExecCopier{};
+    e->staged = true;
+    if (rank != 0) e->data = nullptr;
+  }
+}
+
+/// The checksums of entries held in parts (computed by rank 0 while assembling) into `crcs`,
+/// on rank 0; crc_share leaves them out. Local.
+inline void parts_crcs(const std::vector<CkptEntry>& entries, std::size_t n,
+                       std::vector<std::int64_t>& crcs, int rank) {
+  if (rank != 0) return;
+  for (std::size_t i = 0; i < n; ++i)
+    if (entries[i].sharded) crcs[i] = static_cast<std::int64_t>(entries[i].crc);
+}
+
+}  // namespace dtrain::detail
