@@ -81,17 +81,19 @@ TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its part
   const std::string base =
       (fs::temp_directory_path() / ("dtrain_ckpt_sharded_" + std::to_string(::getpid()))).string();
   const std::string sharded_dir = base + "_parts", plain_dir = base + "_whole",
-                    refused_dir = base + "_refused";
-  for (const auto& d : {sharded_dir, plain_dir, refused_dir}) fs::remove_all(d);
+                    refused_dir = base + "_refused", rollback_dir = base + "_rollback";
+  for (const auto& d : {sharded_dir, plain_dir, refused_dir, rollback_dir}) fs::remove_all(d);
   const std::size_t n = 3001;
-  std::vector<std::vector<float>> plain_w(2), resumed_w(2), resumed_sharded_w(2);
+  std::vector<std::vector<float>> plain_w(2), resumed_w(2), resumed_sharded_w(2), rolled_w(2);
   // 6 SGD steps (momentum) of rank-specific gradients; the first two runs save at step 3, the
-  // others resume from the sharded run's file.
-  enum class Mode { save_sharded, save_plain, resume, resume_sharded };
+  // next two resume from the sharded run's file; the last saves at step 3 and after step 5 goes
+  // back to it in the same process (restored into the sharded optimizer), then runs 4-6 again.
+  enum class Mode { save_sharded, save_plain, resume, resume_sharded, rollback };
   auto run = [&](dtrain::LoopbackTransport& t, Mode mode, std::vector<std::vector<float>>& out) {
     LoopComm comm(t);
     const int r = comm.rank();
-    const bool sharded = mode == Mode::save_sharded || mode == Mode::resume_sharded;
+    const bool sharded =
+        mode == Mode::save_sharded || mode == Mode::resume_sharded || mode == Mode::rollback;
     const bool resume = mode == Mode::resume || mode == Mode::resume_sharded;
     Params p{dtrain::Tensor({static_cast<std::int64_t>(n)}, dtrain::DType::f32)};
     std::vector<float> g(n);
@@ -103,18 +105,34 @@ TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its part
     dtrain::SgdOptions so;
     so.momentum = 0.9;
     dtrain::Sgd opt(pv, gv, dtrain::Schedule::constant(0.05), so);
-    dtrain::Checkpointer<LoopComm> ckpt(comm, mode == Mode::save_plain ? plain_dir : sharded_dir);
+    dtrain::Checkpointer<LoopComm> ckpt(comm, mode == Mode::save_plain ? plain_dir
+                                              : mode == Mode::rollback ? rollback_dir
+                                                                       : sharded_dir);
     int first = 1;
     if (resume) {
       REQUIRE(ckpt.restore_latest(dtrain::named("params", p), dtrain::named("optimizer", opt)) ==
               std::optional<std::int64_t>(3));
       first = 4;
     }
+    bool rolled_back = false;
     for (int s = first; s <= 6; ++s) {
       for (std::size_t i = 0; i < n; ++i)
         g[i] = static_cast<float>((i * 7 + static_cast<std::size_t>(r) * 5 + s) % 23) / 23.0f;
       sync.ready_all();
       sync.wait(opt);
+      if (mode == Mode::rollback) {
+        if (s == 3) ckpt.save(3, dtrain::named("params", p), dtrain::named("optimizer", opt));
+        if (s == 5 && !rolled_back) {
+          CHECK(opt.state_elements() < n);  // still held in parts before the restore
+          REQUIRE(
+              ckpt.restore_latest(dtrain::named("params", p), dtrain::named("optimizer", opt)) ==
+              std::optional<std::int64_t>(3));
+          CHECK(opt.state_elements() == n);  // whole until the next sharded step
+          rolled_back = true;
+          s = 3;
+        }
+        continue;
+      }
       if (!resume && s == 3) {
         // Sharded: saved as it is, each rank's parts assembled on rank 0 (no gather_state).
         const std::size_t kept = opt.state_elements();
@@ -162,13 +180,15 @@ TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its part
   dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::resume, resumed_w); });
   dtrain::run_loopback(
       2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::resume_sharded, resumed_sharded_w); });
+  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::rollback, rolled_w); });
   for (int r = 0; r < 2; ++r) {
     CAPTURE(r);
     CHECK(resumed_w[static_cast<std::size_t>(r)] == plain_w[0]);
     CHECK(resumed_sharded_w[static_cast<std::size_t>(r)] == plain_w[0]);
+    CHECK(rolled_w[static_cast<std::size_t>(r)] == plain_w[0]);
   }
   CHECK(plain_w[0][5] != 5 * 0.125f);  // trained
-  for (const auto& d : {sharded_dir, plain_dir, refused_dir}) fs::remove_all(d);
+  for (const auto& d : {sharded_dir, plain_dir, refused_dir, rollback_dir}) fs::remove_all(d);
 }
 
 TEST_CASE(

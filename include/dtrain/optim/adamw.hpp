@@ -150,7 +150,7 @@ class BasicAdamW {
   template <class V>
   void visit_state(V& v) {
     const Shape shape{static_cast<std::int64_t>(params_.count)};
-    if (detail::saves_parts(v, shards_.sharded())) {
+    if (detail::visits_parts(v, shards_.sharded())) {
       if constexpr (visitor_takes_parts<V>::value) {
         mirrors_[0].visit_parts(exec_.get(), v, "exp_avg", exp_avg_, shape, shards_.parts());
         mirrors_[1].visit_parts(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, shape, shards_.parts());

@@ -146,7 +146,7 @@ class BasicSgd {
   template <class V>
   void visit_state(V& v) {
     const Shape shape{static_cast<std::int64_t>(params_.count)};
-    if (detail::saves_parts(v, shards_.sharded())) {
+    if (detail::visits_parts(v, shards_.sharded())) {
       if constexpr (visitor_takes_parts<V>::value)
         if (opt_.momentum != 0.0)
           mirror_.visit_parts(exec_.get(), v, "momentum", momentum_, shape, shards_.parts());

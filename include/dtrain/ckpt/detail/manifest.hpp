@@ -299,6 +299,19 @@ class LoadVisitor {
   void tensor(const std::string& name, BufferView view, Shape shape, const ExecCopier& copier) {
     load_tensor(name, view, std::move(shape), copier);
   }
+  /// A tensor the object holds in parts (a sharded optimizer state), seen by the check pass:
+  /// its dtype and whole shape are checked against the file. Objects load such a tensor whole
+  /// (tensor(), after loading() turned true), so the apply pass refuses it.
+  void tensor_parts(const std::string& name, BufferView held, Shape whole, const StateParts&) {
+    check_state_name(name, "checkpoint restore");
+    const std::string path = prefix_ + "/" + name;
+    DTRAIN_REQUIRE(mode_ == Mode::check, "checkpoint restore",
+                   "tensor " << path << ": an object loads a tensor whole, not in parts");
+    visited_.insert(path);
+    trace_ += path + to_string(whole) + name_of(held.dtype) + ";";
+    if (const CkptEntry* e = find(path, EntryKind::tensor))
+      same_layout(path, *e, held.dtype, whole);
+  }
 
   template <class S>
   void scalar(const std::string& name, S& value) {
@@ -351,13 +364,8 @@ class LoadVisitor {
     if (!e) return;
     const std::size_t n = element_count(shape, "checkpoint restore");
     if (mode_ == Mode::check) {
-      if (e->dtype != view.dtype)
-        note(path, std::string("dtype differs: checkpoint ") + name_of(e->dtype) + ", object " +
-                       name_of(view.dtype));
-      else if (e->shape != shape)
-        note(path,
-             "shape differs: checkpoint " + to_string(e->shape) + ", object " + to_string(shape));
-      else if (view.count != n)
+      if (!same_layout(path, *e, view.dtype, shape)) return;
+      if (view.count != n)
         note(path, "view holds " + std::to_string(view.count) + " elements but shape " +
                        to_string(shape) + " needs " + std::to_string(n));
       else if (view.space != (copier ? copier.space : Space::host))
@@ -375,6 +383,17 @@ class LoadVisitor {
     fetch_(ctx_, *e, BufferView(staging_.data(), view.count, view.dtype));
     copier.upload(copier.exec, view.data, staging_.data(), view.bytes());
     copier.wait(copier.exec, "checkpoint restore: upload of a device tensor");
+  }
+
+  // Check mode: notes (and returns false) where the file's tensor has another dtype or shape.
+  bool same_layout(const std::string& path, const CkptEntry& e, DType dtype, const Shape& shape) {
+    if (e.dtype != dtype)
+      note(path, std::string("dtype differs: checkpoint ") + name_of(e.dtype) + ", object " +
+                     name_of(dtype));
+    else if (e.shape != shape)
+      note(path,
+           "shape differs: checkpoint " + to_string(e.shape) + ", object " + to_string(shape));
+    return e.dtype == dtype && e.shape == shape;
   }
 
   const CkptEntry* find(const std::string& path, EntryKind kind) {
