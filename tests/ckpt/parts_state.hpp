@@ -53,8 +53,9 @@ inline StateParts parts_of(PartsLayout layout, std::size_t n, int rank, int p) {
   return parts;
 }
 
-/// A tensor "w" of n f32 elements and a scalar. Saving visitors that take parts get this rank's
-/// parts only; others (and loading) the whole tensor, which this object then holds.
+/// A tensor "w" of n f32 elements and a scalar. Visitors that take parts and are not loading (the
+/// checkpointer's save and its restore's check pass) get this rank's parts only; others, and
+/// loading ones, the whole tensor, which this object then holds.
 struct PartsState {
   std::size_t n = 0;
   StateParts parts;
@@ -75,10 +76,12 @@ struct PartsState {
   }
   template <class V>
   void visit_state(V& v) {
-    if constexpr (visitor_takes_parts<V>::value)
-      v.tensor_parts("w", held.view(), Shape{static_cast<std::int64_t>(n)}, parts);
-    else
-      v.tensor("w", whole.view(), whole.shape());
+    bool in_parts = false;
+    if constexpr (visitor_takes_parts<V>::value) {
+      in_parts = !v.loading();
+      if (in_parts) v.tensor_parts("w", held.view(), Shape{static_cast<std::int64_t>(n)}, parts);
+    }
+    if (!in_parts) v.tensor("w", whole.view(), whole.shape());
     v.scalar("tag", tag);
   }
 };
