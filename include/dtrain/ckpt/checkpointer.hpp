@@ -197,9 +197,6 @@ class Checkpointer {
       detail::save_parallel<Format>(comm_, job, strategy_ == CheckpointStrategy::parallel_slices,
                                     opt_.parallel_write_timeout_seconds, op);
     }
-    // The assembled parts are not kept between saves (rank 0 would hold the whole state that
-    // the sharding spreads over the ranks); an asynchronous write frees them when it is done.
-    if (!has_pending_) parts_.release();
     mark_saved(step);
   }
 
@@ -339,7 +336,6 @@ class Checkpointer {
           raise<TimeoutError>(op, "background write of checkpoint step " +
                                       std::to_string(pending_step_) + " still running after " +
                                       std::to_string(opt_.wait_timeout_seconds) + " s");
-        parts_.release();  // the write no longer reads them (it ended, written or failed)
         pending_.get();
       } catch (...) {
         err = std::current_exception();
@@ -357,7 +353,7 @@ class Checkpointer {
   std::future<void> pending_;
   detail::SnapshotArena stage_;  // host side of device tensors during a save, reused
   detail::SnapshotArena arena_;  // async snapshot, reused; rank 0 only
-  detail::PartsArena parts_;     // tensors assembled from the ranks' parts, during a save; rank 0
+  detail::PartsArena parts_;     // tensors assembled from the ranks' parts; rank 0 only
   bool has_pending_ = false;
   std::int64_t pending_step_ = -1;
 };

@@ -28,15 +28,10 @@ namespace dtrain::detail {
 /// Bytes one broadcast of a rank's parts moves at most (the receivers' bounce buffer).
 inline constexpr std::size_t kAssemblePieceBytes = std::size_t{4} << 20;
 
-/// Rank 0's host buffer for assembled tensors during a save (the Checkpointer releases it once
-/// the file is written: kept, rank 0 would hold the whole state that the sharding spreads over
-/// the ranks). Local; owned by one Checkpointer.
+/// Rank 0's host buffer for assembled tensors, kept between saves (a later save costs copies,
+/// not fresh page faults). Local; owned by one Checkpointer.
 class PartsArena {
  public:
-  void release() noexcept {
-    buf_.reset();
-    bytes_ = 0;
-  }
   unsigned char* reserve(std::size_t bytes) {
     if (bytes > bytes_) {
       buf_.reset();
