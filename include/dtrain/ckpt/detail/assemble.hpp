@@ -118,10 +118,12 @@ template <class Comm>
 void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena, const char* op) {
   const int rank = comm.rank(), p = comm.size();
   std::vector<CkptEntry*> sharded;
+  std::vector<std::size_t> slot;  // each entry's place in rank 0's buffer (64-byte aligned)
   std::size_t total = 0;
   for (auto& e : repl)
     if (e.sharded) {
       sharded.push_back(&e);
+      slot.push_back(total);
       total += (element_count(e.whole) * size_of(e.dtype) + 63) / 64 * 64;
     }
   if (sharded.empty()) return;
@@ -161,7 +163,7 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
       list.resize(static_cast<std::size_t>(len[0]));
       ckpt_bcast_i64(comm, list, s);
     }
-    std::size_t at = 0, offset = 0;
+    std::size_t at = 0;
     for (std::size_t k = 0; k < sharded.size(); ++k) {
       CkptEntry& e = *sharded[k];
       const std::size_t es = size_of(e.dtype), n = element_count(e.whole);
@@ -174,8 +176,7 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
         held[k].push_back({first, count, s, crc});
         inside = inside && first <= n && count <= n - first;
       }
-      unsigned char* dst = rank == 0 ? whole + offset : nullptr;
-      offset += (n * es + 63) / 64 * 64;
+      unsigned char* dst = rank == 0 ? whole + slot[k] : nullptr;
       const auto* src = static_cast<const unsigned char*>(e.data);
       if (s == 0) {
         if (rank == 0 && inside)
@@ -215,7 +216,6 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
 
   if (rank == 0) {
     try {
-      std::size_t offset = 0;
       for (std::size_t k = 0; k < sharded.size(); ++k) {
         CkptEntry& e = *sharded[k];
         const std::size_t n = element_count(e.whole), es = size_of(e.dtype);
@@ -226,9 +226,8 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
                                          " (each element must be held by exactly one rank)");
         std::uint32_t crc = 0;  // the whole tensor's, from the parts' in element order
         for (const HeldPart& h : held[k]) crc = crc32c_combine(crc, h.crc, h.count * es);
-        e.data = whole + offset;
+        e.data = whole + slot[k];
         e.crc = crc;
-        offset += (n * es + 63) / 64 * 64;
       }
     } catch (...) {
       err = std::current_exception();
