@@ -252,6 +252,44 @@ TEST_CASE(
   }
 }
 
+// The Checkpointer's required contract only (no allgather): the ranks' lists of parts then
+// travel by one broadcast each, the path a user's own communicator takes.
+struct BroadcastOnlyComm {
+  LoopComm& c;
+  int rank() const { return c.rank(); }
+  int size() const { return c.size(); }
+  void barrier() { c.barrier(); }
+  void broadcast(dtrain::BufferView b, int root) { c.broadcast(b, root); }
+  void allreduce(dtrain::BufferView b, dtrain::ReduceOp op) { c.allreduce(b, op); }
+};
+
+TEST_CASE("tensors held in parts: the same file through a communicator without allgather") {
+  using dtrain::test::PartsLayout;
+  static_assert(!dtrain::detail::ckpt_comm_has_allgather<BroadcastOnlyComm>::value);
+  // Only the exchange of the lists differs from the case above (the bytes travel alike).
+  const std::size_t n = 1000;
+  for (PartsLayout layout : {PartsLayout::round_robin, PartsLayout::last_empty}) {
+    CAPTURE(static_cast<int>(layout));
+    const std::string dir =
+        (fs::temp_directory_path() / ("dtrain_ckpt_parts_bc_" + std::to_string(::getpid())))
+            .string();
+    fs::remove_all(dir);
+    dtrain::run_loopback(3, [&](dtrain::LoopbackTransport& t) {
+      LoopComm lc(t);
+      BroadcastOnlyComm comm{lc};
+      {
+        dtrain::Checkpointer<BroadcastOnlyComm> ckpt(comm, dir);
+        dtrain::test::PartsState ps(n, layout, comm.rank(), 3);
+        ckpt.save(1, dtrain::named("parts", ps));
+      }
+      if (comm.rank() == 0)
+        CHECK(dtrain::test::parts_file_difference(
+                  dtrain::Hdf5Format::read(dir + "/ckpt-000000000001.h5"), "/parts/w", n) == "");
+    });
+    fs::remove_all(dir);
+  }
+}
+
 TEST_CASE("tensors held in parts: overlapping or missing parts and per-rank objects are refused") {
   using dtrain::test::PartsLayout;
   const std::size_t n = 600;

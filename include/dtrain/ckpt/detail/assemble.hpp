@@ -1,7 +1,8 @@
 // dtrain: tensors held in parts over the ranks (the state protocol's tensor_parts: a sharded
-// optimizer state) assembled on rank 0 before a checkpoint is written. Each rank's parts and
-// bytes reach rank 0 through the communicator's broadcast, in pieces of bounded size (large
-// parts straight into place on rank 0); rank 0 places them, checks that the parts cover every
+// optimizer state) assembled on rank 0 before a checkpoint is written. Every rank's list of parts
+// reaches every rank at once (allgather where the communicator has it); the bytes reach rank 0
+// through the communicator's broadcast, in pieces of bounded size (large parts straight into
+// place on rank 0); rank 0 places them, checks that the parts cover every
 // element exactly once, and combines the checksums each rank took of its own parts. The file then
 // holds the same dataset as the whole tensor's, so a checkpoint written from parts restores into
 // any run, sharded or not, on any number of ranks.
@@ -152,17 +153,18 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
   }
   ckpt_agree(comm, err, op);
 
+  // Every rank learns every rank's list (each takes part in every rank's broadcasts below): two
+  // allgathers where the communicator has them, not one broadcast per rank.
+  std::vector<unsigned char> own(mine.size() * sizeof(std::int64_t));
+  if (!own.empty()) std::memcpy(own.data(), mine.data(), own.size());
+  const std::vector<std::vector<unsigned char>> lists = ckpt_gather_blobs(comm, own, true);
+
   std::vector<std::vector<HeldPart>> held(sharded.size());
   std::vector<unsigned char> bounce;
   for (int s = 0; s < p; ++s) {
-    std::vector<std::int64_t> list;
-    if (rank == s) list = mine;
-    if (p > 1) {  // one size and one list broadcast per rank
-      std::vector<std::int64_t> len{static_cast<std::int64_t>(list.size())};
-      ckpt_bcast_i64(comm, len, s);
-      list.resize(static_cast<std::size_t>(len[0]));
-      ckpt_bcast_i64(comm, list, s);
-    }
+    const std::vector<unsigned char>& blob = lists[static_cast<std::size_t>(s)];
+    std::vector<std::int64_t> list(blob.size() / sizeof(std::int64_t));
+    if (!list.empty()) std::memcpy(list.data(), blob.data(), list.size() * sizeof(std::int64_t));
     std::size_t at = 0;
     for (std::size_t k = 0; k < sharded.size(); ++k) {
       CkptEntry& e = *sharded[k];
