@@ -428,6 +428,11 @@ inline AllreduceDecisions model_decisions(const CostModel& cm, const ModelView& 
   return decisions_from([&](std::size_t b) { return view.best(cm, b); });
 }
 
+/// The smallest of `v`, 0 when empty. Local, pure.
+inline double fastest_of(const std::vector<double>& v) {
+  return v.empty() ? 0.0 : *std::min_element(v.begin(), v.end());
+}
+
 /// Median of `v` (the mean of the two middle values for an even count; 0 when empty).
 inline double median_of(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -802,13 +807,19 @@ class Calibrator {
     }
     const double knee = cache_knee(copy_ws, copy_per_byte);
     // Raw medians, agreed (maximum over ranks), then the fit: every rank fits the same numbers.
+    // The leaders' exchange between nodes takes its fastest round instead: with the other ranks
+    // of the nodes blocked it is a single pair's transfer, which a disturbance (another rank
+    // scheduled onto its cores) only slows. On 2x2 fake nodes its median of 5 rounds came out at
+    // either 0.15-0.3 or 0.8-1.0 ns/B between runs, and the model's choice between hier and
+    // hier_leader from 64 KiB up followed it; the fastest round gave 0.12-0.23 in 14 of 15
+    // runs, where the bench times hier_leader faster (benchmarks/RESULTS.md).
     double m[14] = {median_of(s_alpha),
                     median_of(s_beta),
                     median_of(s_gamma),
                     median_of(s_shm_alpha),
                     median_of(s_shm_beta),
                     median_of(s_inter_alpha),
-                    median_of(s_inter_beta),
+                    fastest_of(s_inter_beta),
                     median_of(s_call),
                     copier ? copy_per_byte.front() : 0.0,
                     copier ? copy_per_byte.back() : 0.0,
