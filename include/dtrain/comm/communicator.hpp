@@ -245,9 +245,10 @@ class Communicator {
 
   /// The alpha-beta-gamma model. Collective the first time when no model was given: read from
   /// the tuning file when one is configured and matches this job, else measured in interleaved
-  /// rounds (median per quantity, maximum over ranks) and its decision table validated by timing
-  /// every algorithm at a few sizes (detail/calibration.hpp), then written to the tuning file if
-  /// one is configured. Every rank ends with the same model and table.
+  /// rounds (median per quantity, the inter-node pair's fastest round; maximum over ranks) and
+  /// its decision table validated by timing every algorithm at a few sizes
+  /// (detail/calibration.hpp), then written to the tuning file if one is configured. Every rank
+  /// ends with the same model and table.
   const CostModel& cost_model() {
     if (!state_->cost.valid()) {
       detail::Calibration c = detail::calibrate_or_load(*state_, model_view());

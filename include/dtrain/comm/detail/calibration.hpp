@@ -15,7 +15,8 @@
 //    it leaves it: kCopyFirstBytes, cache_knee) are measured
 //    once per round, one after the other, for kRounds rounds; each quantity takes the median over
 //    the rounds (a latency sample is the minimum of a short burst), so a burst of load from another
-//    process spoils at most a round or two of each quantity, not the result.
+//    process spoils at most a round or two of each quantity, not the result. The exception is the
+//    nodes' leaders' exchange (inter_beta), a single pair's transfer: its fastest round.
 // 2. Agreement. Every rank's medians are combined by a max all-reduce, so every rank computes
 //    the same model, bit for bit, and hence the same decision table.
 // 3. Validation. The model's table is checked at probe sizes 4 KiB to 4 MiB, a factor 4 apart,
