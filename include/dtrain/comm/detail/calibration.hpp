@@ -811,7 +811,7 @@ class Calibrator {
     // The leaders' exchange between nodes takes its fastest round instead: with the other ranks
     // of the nodes blocked it is a single pair's transfer, which a disturbance (another rank
     // scheduled onto its cores) only slows. On 2x2 fake nodes its median of 5 rounds came out at
-    // either 0.15-0.3 or 0.8-1.0 ns/B between runs, and the model's choice between hier and
+    // either 0.18-0.32 or 0.80-1.01 ns/B between runs, and the model's choice between hier and
     // hier_leader from 64 KiB up followed it; the fastest round gave 0.12-0.23 in 14 of 15
     // runs, where the bench times hier_leader faster (benchmarks/RESULTS.md).
     double m[14] = {median_of(s_alpha),
