@@ -204,7 +204,6 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   model.init(a.seed);
   dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
                                        static_cast<std::size_t>(a.bucket_kib) * 1024);
-  if (mode == Mode::sharded) sync.shard_updates(model.parameters());
   // Only the chosen optimizer exists, so its state alone counts in the peak memory.
   const bool use_sgd = a.optimizer == "sgd";
   dtrain::SgdOptions so;
@@ -213,6 +212,13 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
       use_sgd ? nullptr : std::make_unique<dtrain::BasicAdamW<Exec>>(model, a.lr);
   std::unique_ptr<dtrain::BasicSgd<Exec>> sgd_p =
       use_sgd ? std::make_unique<dtrain::BasicSgd<Exec>>(model, a.lr, so) : nullptr;
+  // Sharded: the optimizer's state in this rank's parts from the start (never whole here).
+  if (mode == Mode::sharded) {
+    if (use_sgd)
+      sync.shard_updates(model.parameters(), *sgd_p);
+    else
+      sync.shard_updates(model.parameters(), *adamw_p);
+  }
 
   dtrain::Batch batch;
   std::int64_t epoch = 0;

@@ -599,8 +599,10 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
                                        static_cast<std::size_t>(cfg.bucket_kib) * 1024);
   // Sharded steps need gradients reduced where they are: a GPU build that stages them through host
-  // memory refuses, on every rank alike (an agreed error, not a fail-fast abort).
-  if (cfg.step_mode == "sharded") agreed(comm, [&] { sync.shard_updates(model.parameters()); });
+  // memory refuses, on every rank alike (an agreed error, not a fail-fast abort). The optimizer's
+  // state is sharded at once: it never exists whole, and the restore below loads its parts.
+  if (cfg.step_mode == "sharded")
+    agreed(comm, [&] { sync.shard_updates(model.parameters(), opt); });
   if (resumed) {
     // The file whose run record was checked above (restore_latest chose it and reported it).
     step = ckpt->restore(ckpt->path_for(*resumed), dtrain::named("model", model),

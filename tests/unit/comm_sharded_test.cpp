@@ -6,8 +6,11 @@
 //   counted) and in private memory (the ring);
 // - 3 and 4 ranks: the same bits in reproducible mode (rank-order sums in both), within rounding
 //   otherwise;
+// - the state sharded with the updates (shard_updates(params, optimizer)): the same bits, held
+//   in parts from before the first step;
 // - the state is partial between a sharded step and gather_state: saving refuses it, loading
-//   makes it whole; wait() without the optimizer and a misshapen parameter arena are errors.
+//   into it keeps this rank's parts; wait() without the optimizer and a misshapen parameter
+//   arena are errors.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -48,15 +51,19 @@ struct Result {
   std::vector<float> params, state;
   std::uint64_t part_calls = 0;
   bool partial_after_step = false, partial_after_gather = true;
-  // Elements per state arena in memory after the steps and after gather_state.
-  std::size_t state_elements_after_step = 0, state_elements_after_gather = 0;
+  // Elements per state arena in memory before the first step, after the steps and after
+  // gather_state.
+  std::size_t state_elements_before_step = 0, state_elements_after_step = 0,
+              state_elements_after_gather = 0;
 };
 
 // `steps` steps of `opt_name` on n parameters over p ranks, sharded or not, arenas from the heap
 // or private memory; rank r's gradients at each step are noise(r, step). Returns each rank's
-// parameters and (gathered) optimizer state.
+// parameters and (gathered) optimizer state. `at_once`: the optimizer's state is sharded with
+// the updates (shard_updates(params, optimizer)), not at the first sharded step.
 std::vector<Result> train(int p, bool sharded, bool heap, bool reproducible,
-                          const std::string& opt_name, std::size_t n, int steps) {
+                          const std::string& opt_name, std::size_t n, int steps,
+                          bool at_once = false) {
   LoopbackWorld world(p, heap_config());
   std::vector<Result> out(static_cast<std::size_t>(p));
   run_loopback(world, [&](LoopbackTransport& t) {
@@ -72,13 +79,22 @@ std::vector<Result> train(int p, bool sharded, bool heap, bool reproducible,
     const BufferView pv(params, n, DType::f32), gv(grads, n, DType::f32);
     // 5 buckets of 1000 floats and a last one of n - 5000, parts of uneven sizes.
     GradientSync sync(comm, gv, 4000, AllreduceAlgorithm::ring);
-    if (sharded) sync.shard_updates(pv);
+    if (sharded && !at_once) sync.shard_updates(pv);
     SgdOptions so;
     so.momentum = 0.9;
     so.weight_decay = 1e-3;
     // The optimizer state beside the arenas (from the heap there: its gather reads in place).
     Sgd sgd(pv, gv, Schedule::constant(0.05), so, a);
     AdamW adamw(pv, gv, Schedule::constant(0.01), AdamWOptions{}, a);
+    if (sharded && at_once) {
+      if (opt_name == "sgd")
+        sync.shard_updates(pv, sgd);
+      else
+        sync.shard_updates(pv, adamw);
+    }
+    Result& res0 = out[static_cast<std::size_t>(r)];
+    res0.state_elements_before_step =
+        opt_name == "sgd" ? sgd.state_elements() : adamw.state_elements();
     const SharedSegments* seg = node_segments_of(t);
     const std::uint64_t before = seg ? seg->part_calls : 0;
     Result& res = out[static_cast<std::size_t>(r)];
@@ -178,6 +194,17 @@ TEST_CASE(
         // Training moved the parameters: the comparison is not between two untouched arenas.
         CHECK(plain[0].params[17] != noise(99, 17));
         check_state_memory(sharded, plain, n);
+        // The state sharded with the updates: the same bits, held in parts from the start.
+        const auto at_once = train(p, true, heap, false, opt, n, 4, true);
+        for (int r = 0; r < p; ++r) {
+          CAPTURE(r);
+          const Result& s = at_once[static_cast<std::size_t>(r)];
+          CHECK(same_bits(s.params, plain[0].params));
+          CHECK(same_bits(s.state, plain[0].state));
+          CHECK(s.state_elements_before_step == s.state_elements_after_step);
+          CHECK(sharded[static_cast<std::size_t>(r)].state_elements_before_step == n);
+        }
+        check_state_memory(at_once, plain, n);
       }
 }
 
@@ -302,7 +329,7 @@ TEST_CASE("sharded steps: a partial state is not saved; misuse is named") {
         break;
       }
     if (!sgd.state_partial()) fail(r, "state not partial after a sharded step");
-    // Saving refuses the partial state, naming what to do; loading makes it whole.
+    // Saving refuses the partial state, naming what to do; loading keeps it in parts.
     Visitor save;
     threw = false;
     try {
@@ -314,7 +341,8 @@ TEST_CASE("sharded steps: a partial state is not saved; misuse is named") {
     Visitor load;
     load.load = true;
     sgd.visit_state(load);
-    if (sgd.state_partial() || load.tensors != 1) fail(r, "loading did not make the state whole");
+    if (!sgd.state_partial() || load.tensors != 1 || sgd.state_elements() != n / 2)
+      fail(r, "loading did not keep the state in this rank's parts");
     sync.ready_all();
     sync.wait(sgd);
     sync.gather_state(sgd);

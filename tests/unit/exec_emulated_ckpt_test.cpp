@@ -3,7 +3,8 @@
 // of device memory faults) through its own host buffer with the policy's copies. A file written
 // from a device model equals the file of the same state written from a host model, and each
 // restores into the other policy bit for bit, over 1 and 2 loopback ranks, synchronous and
-// asynchronous saves, replicated and per-rank objects; and an optimizer state held in parts.
+// asynchronous saves, replicated and per-rank objects; and an optimizer state held in parts, saved
+// and restored into its parts.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -235,6 +237,16 @@ TEST_SUITE("emulated_ckpt") {
         Checkpointer<LoopComm>(comm, dev_dir).save(2, named("optimizer", dopt));
         Checkpointer<LoopComm>(comm, host_dir).save(2, named("optimizer", hopt));
         CHECK(dopt.state_elements() < n);  // still held in parts
+        // Restored into a device optimizer sharded over the same parts: it loads those parts
+        // (each moment whole on the device only while it loads), the saved ones' bits.
+        DevAdamW back(dmodel, 0.01);
+        back.shard_state(mine);
+        REQUIRE(Checkpointer<LoopComm>(comm, dev_dir).restore_latest(named("optimizer", back)) ==
+                std::optional<std::int64_t>(2));
+        CHECK(back.state_elements() == dopt.state_elements());
+        CHECK(back.step_count() == dopt.step_count());
+        CHECK(bytes_of(dev, back.exp_avg()) == bytes_of(dev, dopt.exp_avg()));
+        CHECK(bytes_of(dev, back.exp_avg_sq()) == bytes_of(dev, dopt.exp_avg_sq()));
       } catch (...) {
         ++failures;
         throw;

@@ -2,6 +2,7 @@
 // schedules, global-norm clipping, exact checkpoint round trips, and a state sharded over parts.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -308,16 +309,95 @@ TEST_CASE_TEMPLATE("a sharded state keeps its parts only and updates them as the
     }
   sharded.set_state_partial(false);
   CHECK_FALSE(sharded.state_partial());
-  // Loading a sharded state's optimizer makes it whole.
+  // Loading a whole state into a sharded optimizer keeps its parts of it: still sharded.
   MemoryVisitor saved;
   saved.child("optimizer", whole);
   Opt loaded = make(pb);
   loaded.shard_state(parts);
   saved.load = true;
   saved.child("optimizer", loaded);
-  CHECK_FALSE(loaded.state_partial());
-  CHECK(loaded.state_elements() == n);
+  CHECK(loaded.state_partial());
+  CHECK(loaded.state_elements() == 19u);
+  CHECK(loaded.step_count() == whole.step_count());
   std::vector<std::vector<float>> ls;
   loaded.for_each_state_arena(keep(ls));
-  CHECK(ls == ws);
+  CHECK(ls == ss);
+  // Into an optimizer that is not sharded: whole.
+  Opt loaded_whole = make(pb);
+  saved.child("optimizer", loaded_whole);
+  CHECK_FALSE(loaded_whole.state_partial());
+  CHECK(loaded_whole.state_elements() == n);
+  std::vector<std::vector<float>> lw;
+  loaded_whole.for_each_state_arena(keep(lw));
+  CHECK(lw == ws);
+}
+
+namespace {
+// Host memory that counts what is live and the most that was.
+struct PeakAllocator final : Allocator {
+  std::size_t live = 0, peak = 0;
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    live += bytes;
+    peak = std::max(peak, live);
+    return default_allocator().allocate(bytes, alignment);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    live -= bytes;
+    default_allocator().deallocate(p, bytes);
+  }
+  Space space() const noexcept override { return Space::host; }
+};
+}  // namespace
+
+TEST_CASE_TEMPLATE("a state sharded before its first use is never whole-sized", Opt, Sgd, AdamW) {
+  const std::size_t n = 4000;
+  const int arenas = std::is_same_v<Opt, Sgd> ? 1 : 2;  // momentum; the two moments
+  std::vector<float> pa(n), pb(n), g(n);
+  for (std::size_t i = 0; i < n; ++i) pa[i] = pb[i] = 0.001f * static_cast<float>(i) - 1.0f;
+  PeakAllocator counted;
+  auto make = [&](std::vector<float>& p, Allocator& a) {
+    if constexpr (std::is_same_v<Opt, Sgd>)
+      return Sgd(view(p), view(g), 0.1, SgdOptions{0.9, 0.0, 1e-3, false}, a);
+    else
+      return AdamW(view(p), view(g), 0.01, AdamWOptions{}, a);
+  };
+  Opt whole = make(pa, default_allocator());
+  Opt sharded = make(pb, counted);
+  CHECK(counted.peak == 0u);  // nothing made before the first use
+  const StateParts parts = {{100, 300}, {2000, 500}};
+  sharded.shard_state(parts);
+  auto step = [&](int k) {
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = std::cos(0.3f * static_cast<float>(i) + static_cast<float>(k));
+    whole.step();
+    sharded.update(2000, 500);
+    sharded.update(100, 300);
+    sharded.complete_step();
+  };
+  for (int k = 0; k < 3; ++k) step(k);
+  // The state of the 800 elements held, in every arena, and never more.
+  CHECK(counted.peak == static_cast<std::size_t>(arenas) * 800 * sizeof(float));
+  CHECK(counted.live == counted.peak);
+  for (std::size_t i : {std::size_t{100}, std::size_t{399}, std::size_t{2000}, std::size_t{2499}})
+    CHECK(std::memcmp(&pa[i], &pb[i], sizeof(float)) == 0);
+  CHECK(pb[99] == 0.001f * 99.0f - 1.0f);  // outside the parts: untouched
+
+  // A restore into it holds one tensor whole at a time while it loads, and keeps the parts.
+  MemoryVisitor saved;
+  saved.child("optimizer", whole);
+  for (int k = 3; k < 5; ++k) step(k);  // both move on; the restore takes them back
+  std::vector<float> pw = pa;
+  saved.load = true;
+  counted.peak = counted.live;
+  saved.child("optimizer", sharded);
+  saved.child("optimizer", whole);
+  // Beyond what it holds: the loading tensor whole, and its new compact arena beside the old.
+  CHECK(counted.peak <= counted.live + (n + 800) * sizeof(float));
+  CHECK(counted.live == static_cast<std::size_t>(arenas) * 800 * sizeof(float));
+  CHECK(sharded.state_elements() == 800u);
+  CHECK(sharded.step_count() == 3);
+  pb = pa = pw;  // the same parameters on both, then the same steps from the restored state
+  for (int k = 3; k < 5; ++k) step(k);
+  for (std::size_t i : {std::size_t{100}, std::size_t{399}, std::size_t{2000}, std::size_t{2499}})
+    CHECK(std::memcmp(&pa[i], &pb[i], sizeof(float)) == 0);
 }

@@ -262,7 +262,8 @@ class BasicGradientSync {
   ///
   /// Afterwards the gradients outside this rank's parts are not averaged (clip before the sync's
   /// wait, or not at all), and the optimizer keeps its state for this rank's parts only
-  /// (shard_state: about 1/p of it in memory, freed from the first sharded step on); it says so
+  /// (shard_state: about 1/p of it in memory, from the first sharded step on, or at once with
+  /// shard_updates(params, optimizer)); it says so
   /// (state_partial()) until gather_state(optimizer) makes it whole again. A Checkpointer saves
   /// it without the gather (each rank's parts, assembled on rank 0 into the whole state's
   /// datasets). Not with staged device gradients. With one rank it changes nothing (sharded() stays
@@ -295,6 +296,18 @@ class BasicGradientSync {
     state_parts_.assign(parts_.rbegin(), parts_.rend());
     gather_handles_.resize(ranges_.size());
     sharded_ = true;
+  }
+  /// As shard_updates(params), and shards `opt`'s state at once (shard_state with this rank's
+  /// parts), so that it is never whole-sized on this rank where it was not used yet (Sgd and
+  /// AdamW make their state on first use): the memory saving starts before the first step, and
+  /// a restore into it loads this rank's parts only. Local.
+  template <class Optimizer>
+  void shard_updates(BufferView params, Optimizer& opt) {
+    static_assert(detail::has_state_shards<Optimizer>::value,
+                  "GradientSync::shard_updates: the optimizer has no shard_state (Sgd and AdamW "
+                  "have)");
+    shard_updates(params);
+    if (sharded_) opt.shard_state(state_parts_);
   }
   /// Whether wait(optimizer) runs sharded steps (shard_updates).
   bool sharded() const noexcept { return sharded_; }

@@ -31,8 +31,9 @@ struct AdamWOptions {
 /// both views borrowed, they must outlive the optimizer). Update, with t = step_count() + 1:
 ///   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 ///   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps).
-/// The moments are exec memory from the policy's allocator; updates are queued on the policy's
-/// compute stream. Local object, not thread-safe.
+/// The moments are exec memory from the policy's allocator, made (zeroed) on first use: a state
+/// sharded before then (shard_state, GradientSync::shard_updates) is never whole-sized. Updates
+/// are queued on the policy's compute stream. Local object, not thread-safe.
 template <class Exec = HostExec>
 class BasicAdamW {
   static_assert(detail::check_exec_policy<Exec>(), "BasicAdamW needs an execution policy");
@@ -72,6 +73,7 @@ class BasicAdamW {
     if (count == 0) return;
     const std::size_t at =
         shards_.sharded() ? shards_.locate(offset, count, "AdamW::update") : offset;
+    materialize();
     host::AdamWParams h;
     h.lr = schedule_.lr(step_);
     h.beta1 = opt_.beta1;
@@ -94,30 +96,40 @@ class BasicAdamW {
   const AdamWOptions& options() const noexcept { return opt_; }
   Exec& exec() const noexcept { return exec_.get(); }
   /// First and second moments (exec memory; the parameter arena's layout, or while sharded its
-  /// parts back to back).
-  BufferView exp_avg() const noexcept { return exp_avg_.view(); }
-  BufferView exp_avg_sq() const noexcept { return exp_avg_sq_.view(); }
+  /// parts back to back). Makes them (zeros) if not made yet.
+  BufferView exp_avg() const {
+    materialize();
+    return exp_avg_.view();
+  }
+  BufferView exp_avg_sq() const {
+    materialize();
+    return exp_avg_sq_.view();
+  }
 
   /// Calls f(BufferView) for each state arena (exp_avg, then exp_avg_sq). Local.
   template <class F>
   void for_each_state_arena(F&& f) {
+    materialize();
     f(exp_avg_.view());
     f(exp_avg_sq_.view());
   }
   /// Sharded updates (GradientSync::shard_updates): keeps the state of `parts` (first element,
   /// count; ascending, disjoint) only, back to back in arenas of their total size, and frees the
-  /// whole-sized ones; update() then takes ranges inside one part only, and the state is partial
-  /// (only a visitor that takes parts saves it) until GradientSync::gather_state. Again with the
-  /// same parts: nothing. Local, blocking (waits for the compute stream). Throws InvalidArgument on
-  /// parts out of order or outside the arena, and on other parts while sharded.
+  /// whole-sized ones (before the state's first use none are made); update() then takes ranges
+  /// inside one part only, and the state is partial (only a visitor that takes parts saves it)
+  /// until GradientSync::gather_state. Again with the same parts: nothing. Local, blocking (waits
+  /// for the compute stream). Throws InvalidArgument on parts out of order or outside the arena,
+  /// and on other parts while sharded.
   void shard_state(const detail::StateShards::Parts& parts) {
     const char* op = "AdamW::shard_state";
     if (shards_.keeps(parts, op)) return;
     detail::StateShards s;
     s.assign(parts, params_.count, op);
-    Tensor m = s.compact(exec_.get(), exp_avg_, op), v = s.compact(exec_.get(), exp_avg_sq_, op);
-    exp_avg_ = std::move(m);
-    exp_avg_sq_ = std::move(v);
+    if (made_) {
+      Tensor m = s.compact(exec_.get(), exp_avg_, op), v = s.compact(exec_.get(), exp_avg_sq_, op);
+      exp_avg_ = std::move(m);
+      exp_avg_sq_ = std::move(v);
+    }
     shards_ = std::move(s);
     state_partial_ = true;
   }
@@ -127,16 +139,16 @@ class BasicAdamW {
   void unshard_state() {
     if (!shards_.sharded()) return;
     const char* op = "AdamW::unshard_state";
-    Tensor m = shards_.expand(exec_.get(), exp_avg_, params_.count, op),
-           v = shards_.expand(exec_.get(), exp_avg_sq_, params_.count, op);
-    exp_avg_ = std::move(m);
-    exp_avg_sq_ = std::move(v);
+    if (made_) {
+      Tensor m = shards_.expand(exec_.get(), exp_avg_, params_.count, op),
+             v = shards_.expand(exec_.get(), exp_avg_sq_, params_.count, op);
+      exp_avg_ = std::move(m);
+      exp_avg_sq_ = std::move(v);
+    }
     shards_.clear();
   }
   /// Elements per state arena in memory: the arena's, or while sharded its parts' total.
-  std::size_t state_elements() const noexcept {
-    return shards_.sharded() ? shards_.elements() : params_.count;
-  }
+  std::size_t state_elements() const noexcept { return shards_.held(params_.count); }
   /// Marks the whole-sized state current everywhere (after a gather) or partial. Local.
   void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
   /// Whether the state is current only in this rank's parts (sharded, or not yet gathered).
@@ -146,22 +158,31 @@ class BasicAdamW {
   /// device, see StateMirror); scalars "step" and "schedule". Blocking. Saving throws
   /// InvalidArgument while the state is partial (see set_state_partial), except that while it is
   /// sharded a visitor that takes parts (the checkpointer's save) gets this rank's parts
-  /// (tensor_parts), so no gather is needed; loading makes it whole.
+  /// (tensor_parts), so no gather is needed. Loading a whole state makes it whole; loading into
+  /// a sharded one keeps this rank's parts of it (each tensor whole only while it loads), so
+  /// that a restore does not undo the sharding's saving.
   template <class V>
   void visit_state(V& v) {
     const Shape shape{static_cast<std::int64_t>(params_.count)};
     if (detail::visits_parts(v, shards_.sharded())) {
       if constexpr (visitor_takes_parts<V>::value) {
+        materialize();
         mirrors_[0].visit_parts(exec_.get(), v, "exp_avg", exp_avg_, shape, shards_.parts());
         mirrors_[1].visit_parts(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, shape, shards_.parts());
       }
+    } else if (v.loading() && shards_.sharded()) {
+      const char* op = "AdamW::visit_state";
+      exp_avg_ = shards_.load_compact(exec_.get(), v, mirrors_[0], "exp_avg", params_.dtype,
+                                      params_.count, op);
+      exp_avg_sq_ = shards_.load_compact(exec_.get(), v, mirrors_[1], "exp_avg_sq", params_.dtype,
+                                         params_.count, op);
+      made_ = true;
     } else {
-      if (v.loading()) {
-        unshard_state();  // the whole state comes in
-        state_partial_ = false;
-      } else {
+      if (v.loading())
+        state_partial_ = false;  // the whole state comes in
+      else
         detail::check_state_whole(state_partial(), "AdamW::visit_state");
-      }
+      materialize();
       mirrors_[0].visit(exec_.get(), v, "exp_avg", exp_avg_, 0, exp_avg_.size(), shape);
       mirrors_[1].visit(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, 0, exp_avg_sq_.size(), shape);
     }
@@ -180,12 +201,14 @@ class BasicAdamW {
                    "need 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0; got beta1="
                        << options.beta1 << " beta2=" << options.beta2 << " eps=" << options.eps
                        << " weight_decay=" << options.weight_decay);
-    const Shape shape{static_cast<std::int64_t>(params.count)};
-    Allocator& a = exec_.get().allocator();
-    exp_avg_ = Tensor(shape, params.dtype, a);
-    exp_avg_sq_ = Tensor(shape, params.dtype, a);
-    detail::fill_zero(exec_.get(), exp_avg_);
-    detail::fill_zero(exec_.get(), exp_avg_sq_);
+  }
+  // The moments' arenas (zeros), whole-sized or of the parts, unless made already.
+  void materialize() const {
+    if (made_) return;
+    const std::size_t n = shards_.held(params_.count);
+    exp_avg_ = detail::zero_state(exec_.get(), n, params_.dtype);
+    exp_avg_sq_ = detail::zero_state(exec_.get(), n, params_.dtype);
+    made_ = true;
   }
   template <class T>
   void run(std::size_t offset, std::size_t at, std::size_t count, const host::AdamWParams& h) {
@@ -200,7 +223,8 @@ class BasicAdamW {
   BufferView params_, grads_;
   Schedule schedule_;
   AdamWOptions opt_;
-  Tensor exp_avg_, exp_avg_sq_;
+  mutable Tensor exp_avg_, exp_avg_sq_;  // made on first use (materialize)
+  mutable bool made_ = false;
   StateMirror<Exec> mirrors_[2];
   detail::StateShards shards_;
   std::int64_t step_ = 0;

@@ -31,8 +31,9 @@ struct SgdOptions {
 /// SGD over a parameter arena and its gradient arena (f32 or f64, exec memory of policy Exec;
 /// both views are borrowed and must outlive the optimizer). Every rank applies the same step to
 /// the same averaged gradients, so replicas stay identical. The momentum buffer is exec memory
-/// from the policy's allocator; updates are queued on the policy's compute stream. Local object,
-/// not thread-safe.
+/// from the policy's allocator, made (zeroed) on first use: a state sharded before then
+/// (shard_state, GradientSync::shard_updates) is never whole-sized. Updates are queued on the
+/// policy's compute stream. Local object, not thread-safe.
 template <class Exec = HostExec>
 class BasicSgd {
   static_assert(detail::check_exec_policy<Exec>(), "BasicSgd needs an execution policy");
@@ -73,6 +74,7 @@ class BasicSgd {
     if (count == 0) return;
     const std::size_t at =
         shards_.sharded() ? shards_.locate(offset, count, "Sgd::update") : offset;
+    materialize();
     host::SgdParams h;
     h.lr = schedule_.lr(step_);
     h.momentum = opt_.momentum;
@@ -101,20 +103,22 @@ class BasicSgd {
   /// memory in the parameter arena's layout, or while sharded its parts back to back). Local.
   template <class F>
   void for_each_state_arena(F&& f) {
+    materialize();
     if (momentum_.size()) f(momentum_.view());
   }
   /// Sharded updates (GradientSync::shard_updates): keeps the momentum of `parts` (first
   /// element, count; ascending, disjoint) only, back to back in a buffer of their total size, and
-  /// frees the whole-sized one; update() then takes ranges inside one part only, and the state is
-  /// partial (only a visitor that takes parts saves it) until GradientSync::gather_state. Again
-  /// with the same parts: nothing. Local, blocking (waits for the compute stream). Throws
-  /// InvalidArgument on parts out of order or outside the arena, and on other parts while sharded.
+  /// frees the whole-sized one (before the state's first use none is made); update() then takes
+  /// ranges inside one part only, and the state is partial (only a visitor that takes parts saves
+  /// it) until GradientSync::gather_state. Again with the same parts: nothing. Local, blocking
+  /// (waits for the compute stream). Throws InvalidArgument on parts out of order or outside the
+  /// arena, and on other parts while sharded.
   void shard_state(const detail::StateShards::Parts& parts) {
     const char* op = "Sgd::shard_state";
     if (shards_.keeps(parts, op)) return;
     detail::StateShards s;
     s.assign(parts, params_.count, op);
-    if (opt_.momentum != 0.0) momentum_ = s.compact(exec_.get(), momentum_, op);
+    if (made_ && opt_.momentum != 0.0) momentum_ = s.compact(exec_.get(), momentum_, op);
     shards_ = std::move(s);
     state_partial_ = true;
   }
@@ -123,15 +127,14 @@ class BasicSgd {
   /// Nothing when not sharded. Local, blocking.
   void unshard_state() {
     if (!shards_.sharded()) return;
-    if (opt_.momentum != 0.0)
+    if (made_ && opt_.momentum != 0.0)
       momentum_ = shards_.expand(exec_.get(), momentum_, params_.count, "Sgd::unshard_state");
     shards_.clear();
   }
   /// Elements per state arena in memory: the arena's, or while sharded its parts' total (0
   /// without momentum).
   std::size_t state_elements() const noexcept {
-    if (opt_.momentum == 0.0) return 0;
-    return shards_.sharded() ? shards_.elements() : params_.count;
+    return opt_.momentum == 0.0 ? 0 : shards_.held(params_.count);
   }
   /// Marks the whole-sized state current everywhere (after a gather) or partial. Local.
   void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
@@ -142,21 +145,28 @@ class BasicSgd {
   /// device, see StateMirror), scalars "step" and "schedule". Blocking. Saving throws
   /// InvalidArgument while the state is partial (see set_state_partial), except that while it is
   /// sharded a visitor that takes parts (the checkpointer's save) gets this rank's parts
-  /// (tensor_parts), so no gather is needed; loading makes it whole.
+  /// (tensor_parts), so no gather is needed. Loading a whole state makes it whole; loading into
+  /// a sharded one keeps this rank's parts of it (the momentum whole only while it loads).
   template <class V>
   void visit_state(V& v) {
     const Shape shape{static_cast<std::int64_t>(params_.count)};
     if (detail::visits_parts(v, shards_.sharded())) {
       if constexpr (visitor_takes_parts<V>::value)
-        if (opt_.momentum != 0.0)
+        if (opt_.momentum != 0.0) {
+          materialize();
           mirror_.visit_parts(exec_.get(), v, "momentum", momentum_, shape, shards_.parts());
+        }
+    } else if (v.loading() && shards_.sharded()) {
+      if (opt_.momentum != 0.0)
+        momentum_ = shards_.load_compact(exec_.get(), v, mirror_, "momentum", params_.dtype,
+                                         params_.count, "Sgd::visit_state");
+      made_ = true;
     } else {
-      if (v.loading()) {
-        unshard_state();  // the whole state comes in
-        state_partial_ = false;
-      } else {
+      if (v.loading())
+        state_partial_ = false;  // the whole state comes in
+      else
         detail::check_state_whole(state_partial(), "Sgd::visit_state");
-      }
+      materialize();
       if (opt_.momentum != 0.0)
         mirror_.visit(exec_.get(), v, "momentum", momentum_, 0, momentum_.size(), shape);
     }
@@ -173,11 +183,13 @@ class BasicSgd {
                    "Nesterov momentum needs momentum > 0 and dampening 0");
     DTRAIN_REQUIRE(options.momentum >= 0 && options.weight_decay >= 0, "Sgd",
                    "momentum and weight decay must be non-negative");
-    if (options.momentum != 0.0) {
-      momentum_ =
-          Tensor({static_cast<std::int64_t>(params.count)}, params.dtype, exec_.get().allocator());
-      detail::fill_zero(exec_.get(), momentum_);
-    }
+  }
+  // The momentum buffer (zeros; whole-sized or of the parts) when momentum is used, unless made.
+  void materialize() {
+    if (made_) return;
+    if (opt_.momentum != 0.0)
+      momentum_ = detail::zero_state(exec_.get(), shards_.held(params_.count), params_.dtype);
+    made_ = true;
   }
   template <class T>
   void run(std::size_t offset, std::size_t at, std::size_t count, const host::SgdParams& h) {
@@ -191,7 +203,8 @@ class BasicSgd {
   BufferView params_, grads_;
   Schedule schedule_;
   SgdOptions opt_;
-  Tensor momentum_;
+  Tensor momentum_;  // made on first use (materialize)
+  bool made_ = false;
   StateMirror<Exec> mirror_;
   detail::StateShards shards_;
   std::int64_t step_ = 0;

@@ -1,6 +1,7 @@
 // dtrain: an optimizer's state kept for some parts of the parameter arena only (sharded
-// updates): which parts, where each lies in the compact state arenas, and the copies between
-// the compact and the whole-sized layout.
+// updates): which parts, where each lies in the compact state arenas, the copies between the
+// compact and the whole-sized layout, and the state's arenas made on first use (so that a state
+// sharded before its first step never exists whole).
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_state.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
 
@@ -76,6 +78,8 @@ class StateShards {
   }
   /// Elements per state arena in memory while sharded.
   std::size_t elements() const noexcept { return elements_; }
+  /// Elements per state arena of an arena of n elements: the parts' total while sharded, else n.
+  std::size_t held(std::size_t n) const noexcept { return sharded_ ? elements_ : n; }
   /// The parts kept (empty ones dropped), ascending.
   const Parts& parts() const noexcept { return parts_; }
 
@@ -125,6 +129,19 @@ class StateShards {
     exec_synchronize(exec, exec.compute_stream(), exec_timeout_s(), op);
     return out;
   }
+  /// Tensor `name` of an arena of n elements of `dtype`, read by loading visitor `v` (through
+  /// `mirror`, as StateMirror::visit) into a whole-sized temporary of which the compact arena
+  /// of the parts is returned: a sharded state stays sharded through a restore, whole for one
+  /// tensor at a time while it loads. Blocking.
+  template <class Exec, class V>
+  Tensor load_compact(Exec& exec, V& v, StateMirror<Exec>& mirror, const std::string& name,
+                      DType dtype, std::size_t n, const char* op) const {
+    const Shape shape{static_cast<std::int64_t>(n)};
+    Tensor whole(shape, dtype, exec.allocator());
+    fill_zero(exec, whole);  // what a visitor does not write reads as the fresh state
+    mirror.visit(exec, v, name, whole, 0, n, shape);
+    return compact(exec, whole, op);
+  }
 
  private:
   Parts parts_;
@@ -132,6 +149,14 @@ class StateShards {
   std::size_t elements_ = 0;
   bool sharded_ = false;
 };
+
+/// A zeroed state arena of n elements of `dtype` (the zeroing queued on the compute stream).
+template <class Exec>
+Tensor zero_state(Exec& exec, std::size_t n, DType dtype) {
+  Tensor t(Shape{static_cast<std::int64_t>(n)}, dtype, exec.allocator());
+  fill_zero(exec, t);
+  return t;
+}
 
 }  // namespace detail
 }  // namespace dtrain
