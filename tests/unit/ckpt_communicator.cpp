@@ -1,7 +1,8 @@
 // The Checkpointer with the library's own Communicator over the loopback transport (the unit
 // tests elsewhere use a minimal stand-in communicator): bit-exact resume over 1-3 ranks, with
 // GradientSync's sharded steps (the state saved from its parts, the same file as the whole
-// state's, resumed), and tensors held in parts in several layouts (assembled, or refused).
+// state's, resumed), tensors held in parts in several layouts (assembled, or refused), and the
+// host buffers a save keeps (CheckpointOptions::keep_buffers).
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <vector>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include <dtrain/ckpt/hdf5.hpp>
 #include <dtrain/comm/communicator.hpp>
@@ -67,12 +69,56 @@ TEST_CASE("bit-exact resume through Communicator<LoopbackTransport>") {
 }
 
 namespace {
+// Two checkpoint files of a params/w and an optimizer/momentum tensor hold the same entries, and
+// those tensors bit for bit.
+void same_tensors(const std::string& first, const std::string& second) {
+  const auto a = dtrain::Hdf5Format::read(first);
+  const auto b = dtrain::Hdf5Format::read(second);
+  REQUIRE(a.entries.size() == b.entries.size());
+  std::size_t tensors = 0;
+  for (std::size_t k = 0; k < a.entries.size(); ++k) {
+    CAPTURE(a.entries[k].path);
+    REQUIRE(a.entries[k].path == b.entries[k].path);
+    if (a.entries[k].kind != dtrain::detail::EntryKind::tensor) continue;
+    ++tensors;
+    REQUIRE(a.entries[k].bytes() == b.entries[k].bytes());
+    CHECK(std::memcmp(a.entries[k].data, b.entries[k].data, a.entries[k].bytes()) == 0);
+    CHECK(a.entries[k].crc == b.entries[k].crc);
+  }
+  CHECK(tensors == 2u);  // params/w, optimizer/momentum
+}
+
 // Parameters as a checkpointed object.
 struct Params {
   dtrain::Tensor w;
   template <class V>
   void visit_state(V& v) {
     v.tensor("w", w.view(), w.shape());
+  }
+};
+
+// One rank's parameters (n floats, element i = (i % period) * scale, the same on every rank),
+// their gradients, a GradientSync of 4 KiB buckets and SGD (momentum 0.9, lr 0.05) over them.
+struct SgdRun {
+  Params p;
+  std::vector<float> g;
+  dtrain::BufferView pv, gv;
+  dtrain::GradientSync sync;
+  dtrain::Sgd opt;
+  SgdRun(LoopComm& comm, std::size_t n, std::size_t period, float scale)
+      : p{dtrain::Tensor({static_cast<std::int64_t>(n)}, dtrain::DType::f32)},
+        g(n),
+        pv(p.w.view()),
+        gv(dtrain::span<float>(g)),
+        sync(comm, gv, 4096),
+        opt(pv, gv, dtrain::Schedule::constant(0.05), momentum()) {
+    for (std::size_t i = 0; i < n; ++i) w()[i] = static_cast<float>(i % period) * scale;
+  }
+  float* w() { return static_cast<float*>(p.w.raw()); }
+  static dtrain::SgdOptions momentum() {
+    dtrain::SgdOptions so;
+    so.momentum = 0.9;
+    return so;
   }
 };
 }  // namespace
@@ -95,15 +141,13 @@ TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its part
     const bool sharded =
         mode == Mode::save_sharded || mode == Mode::resume_sharded || mode == Mode::rollback;
     const bool resume = mode == Mode::resume || mode == Mode::resume_sharded;
-    Params p{dtrain::Tensor({static_cast<std::int64_t>(n)}, dtrain::DType::f32)};
-    std::vector<float> g(n);
-    auto* w = static_cast<float*>(p.w.raw());
-    for (std::size_t i = 0; i < n; ++i) w[i] = static_cast<float>(i % 17) * 0.125f;
-    const dtrain::BufferView pv = p.w.view(), gv{dtrain::span<float>(g)};
-    dtrain::GradientSync sync(comm, gv, 4096);
-    dtrain::SgdOptions so;
-    so.momentum = 0.9;
-    dtrain::Sgd opt(pv, gv, dtrain::Schedule::constant(0.05), so);
+    SgdRun run(comm, n, 17, 0.125f);
+    Params& p = run.p;
+    std::vector<float>& g = run.g;
+    float* w = run.w();
+    const dtrain::BufferView pv = run.pv;
+    dtrain::GradientSync& sync = run.sync;
+    dtrain::Sgd& opt = run.opt;
     // The sharded resume shards the state at once: the restore loads this rank's parts only.
     if (mode == Mode::resume_sharded)
       sync.shard_updates(pv, opt);
@@ -167,22 +211,7 @@ TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its part
                        [&](dtrain::LoopbackTransport& t) { run(t, Mode::save_sharded, ignored); });
   dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::save_plain, plain_w); });
   // The two files hold the same optimizer state, bit for bit.
-  {
-    const auto a = dtrain::Hdf5Format::read(sharded_dir + "/ckpt-000000000003.h5");
-    const auto b = dtrain::Hdf5Format::read(plain_dir + "/ckpt-000000000003.h5");
-    REQUIRE(a.entries.size() == b.entries.size());
-    std::size_t tensors = 0;
-    for (std::size_t k = 0; k < a.entries.size(); ++k) {
-      CAPTURE(a.entries[k].path);
-      REQUIRE(a.entries[k].path == b.entries[k].path);
-      if (a.entries[k].kind != dtrain::detail::EntryKind::tensor) continue;
-      ++tensors;
-      REQUIRE(a.entries[k].bytes() == b.entries[k].bytes());
-      CHECK(std::memcmp(a.entries[k].data, b.entries[k].data, a.entries[k].bytes()) == 0);
-      CHECK(a.entries[k].crc == b.entries[k].crc);
-    }
-    CHECK(tensors == 2u);  // params/w, optimizer/momentum
-  }
+  same_tensors(sharded_dir + "/ckpt-000000000003.h5", plain_dir + "/ckpt-000000000003.h5");
   dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::resume, resumed_w); });
   dtrain::run_loopback(
       2, [&](dtrain::LoopbackTransport& t) { run(t, Mode::resume_sharded, resumed_sharded_w); });
@@ -337,4 +366,55 @@ TEST_CASE("tensors held in parts: overlapping or missing parts and per-rank obje
       fs::remove_all(dir);
     }
   }
+}
+
+TEST_CASE("keep_buffers off: a save's host buffers are freed once it is complete, the same file") {
+  const std::string base =
+      (fs::temp_directory_path() / ("dtrain_ckpt_buffers_" + std::to_string(::getpid()))).string();
+  const std::string kept_dir = base + "_kept", freed_dir = base + "_freed",
+                    async_dir = base + "_async";
+  for (const auto& d : {kept_dir, freed_dir, async_dir}) fs::remove_all(d);
+  const std::size_t n = 5000;
+  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
+    LoopComm comm(t);
+    const int r = comm.rank();
+    SgdRun run(comm, n, 11, 0.25f);
+    Params& p = run.p;
+    std::vector<float>& g = run.g;
+    dtrain::GradientSync& sync = run.sync;
+    dtrain::Sgd& opt = run.opt;
+    const dtrain::BufferView pv = run.pv;
+    sync.shard_updates(pv, opt);  // the momentum in parts: assembled on rank 0 by a save
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = static_cast<float>((i * 3 + static_cast<std::size_t>(r)) % 7) / 7.0f;
+    sync.ready_all();
+    sync.wait(opt);
+    auto save = [&](const std::string& dir, bool keep, bool async) {
+      dtrain::CheckpointOptions o;
+      o.keep_buffers = keep;
+      o.async = async;
+      dtrain::Checkpointer<LoopComm> ckpt(comm, dir, o);
+      ckpt.save(1, dtrain::named("params", p), dtrain::named("optimizer", opt));
+      const std::size_t after_save = ckpt.buffer_bytes();
+      ckpt.wait();
+      return std::make_pair(after_save, ckpt.buffer_bytes());
+    };
+    const auto kept = save(kept_dir, true, false);
+    const auto freed = save(freed_dir, false, false);
+    const auto async = save(async_dir, false, true);
+    if (r == 0) {
+      CHECK(kept.first >= n * sizeof(float));  // the momentum assembled whole, kept
+      CHECK(kept.second == kept.first);
+      CHECK(async.first >= 2 * n * sizeof(float));  // the snapshot the write still reads
+    } else {
+      CHECK(kept.first == 0u);  // nothing assembled here, no device tensors
+    }
+    CHECK(freed.first == 0u);
+    CHECK(async.second == 0u);  // freed once the write was waited for
+  });
+  for (const auto& other : {freed_dir, async_dir}) {
+    CAPTURE(other);
+    same_tensors(kept_dir + "/ckpt-000000000001.h5", other + "/ckpt-000000000001.h5");
+  }
+  for (const auto& d : {kept_dir, freed_dir, async_dir}) fs::remove_all(d);
 }

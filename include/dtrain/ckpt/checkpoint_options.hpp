@@ -36,6 +36,13 @@ struct CheckpointOptions {
   /// Restoring on a different number of ranks always restores replicated state; per-rank
   /// objects are then an error unless this is set, in which case they keep their current state.
   bool reset_per_rank_on_resize = false;
+  /// Keep a save's host buffers for the next save (device tensors' download on every rank; on
+  /// rank 0 the tensors assembled from the ranks' parts and the asynchronous snapshot, each as
+  /// large as what it holds): a later save costs copies, not fresh page faults. false: release
+  /// them when the save is complete (a synchronous save on return; an asynchronous one when its
+  /// write is waited for: the next save, wait()), for ranks whose memory matters more than the
+  /// save's time, e.g. rank 0 of a run whose optimizer state is sharded to save memory.
+  bool keep_buffers = true;
   /// Deadline for waiting on a background write.
   double wait_timeout_seconds = 3600;
   /// Deadline of one parallel (MPI-IO) write (parallel_rank0, parallel_slices). Its collective

@@ -197,7 +197,15 @@ class Checkpointer {
       detail::save_parallel<Format>(comm_, job, strategy_ == CheckpointStrategy::parallel_slices,
                                     opt_.parallel_write_timeout_seconds, op);
     }
+    if (!has_pending_) release_buffers();
     mark_saved(step);
+  }
+
+  /// Local. Host bytes this rank keeps for the next save (CheckpointOptions::keep_buffers): the
+  /// download of device tensors, and on rank 0 the tensors assembled from parts and the
+  /// asynchronous snapshot. 0 with keep_buffers off once a save is complete.
+  std::size_t buffer_bytes() const noexcept {
+    return stage_.bytes() + arena_.bytes() + parts_.bytes();
   }
 
   /// Collective. Restores the newest valid checkpoint of the run directory into the objects and
@@ -341,7 +349,17 @@ class Checkpointer {
         err = std::current_exception();
       }
     }
+    // The background write no longer reads the buffers (or has been given up on: they stay).
+    if (!err) release_buffers();
     detail::ckpt_agree(comm_, err, op);
+  }
+
+  // With keep_buffers off, frees the host buffers of the save just completed.
+  void release_buffers() noexcept {
+    if (opt_.keep_buffers) return;
+    stage_.release();
+    arena_.release();
+    parts_.release();
   }
 
   Comm& comm_;

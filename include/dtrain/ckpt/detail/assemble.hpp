@@ -41,6 +41,13 @@ class PartsArena {
     }
     return buf_.get();
   }
+  /// Frees the buffer (the entries pointed into it must no longer be read).
+  void release() noexcept {
+    buf_.reset();
+    bytes_ = 0;
+  }
+  /// Bytes held for the next save.
+  std::size_t bytes() const noexcept { return bytes_; }
 
  private:
   std::unique_ptr<unsigned char[]> buf_;

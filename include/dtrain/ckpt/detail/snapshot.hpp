@@ -79,6 +79,13 @@ class SnapshotArena {
       }
     for (const auto& c : to_wait) c.wait(c.exec, "checkpoint save: download of device tensors");
   }
+  /// Frees the arena (the entries pointed into it must no longer be read).
+  void release() noexcept {
+    arena_.reset();
+    bytes_ = 0;
+  }
+  /// Bytes held for the next take().
+  std::size_t bytes() const noexcept { return bytes_; }
 
  private:
   std::unique_ptr<unsigned char[]> arena_;
