@@ -962,7 +962,7 @@ class Calibrator {
       for (const auto& t : times) {
         med.push_back(median_of(t));
         slow.push_back(*std::max_element(t.begin(), t.end()));
-        fast.push_back(*std::min_element(t.begin(), t.end()));
+        fast.push_back(fastest_of(t));
         all.insert(all.end(), t.begin(), t.end());
       }
       prev_algos = q.algos;

@@ -21,6 +21,14 @@
 namespace dtrain {
 namespace detail {
 
+/// A zeroed state arena of n elements of `dtype` (the zeroing queued on the compute stream).
+template <class Exec>
+Tensor zero_state(Exec& exec, std::size_t n, DType dtype) {
+  Tensor t(Shape{static_cast<std::int64_t>(n)}, dtype, exec.allocator());
+  fill_zero(exec, t);
+  return t;
+}
+
 /// The parts (first element, count) of an arena of n elements whose optimizer state a rank
 /// keeps, in ascending order, and their start in the compact arenas (the parts back to back).
 /// Empty: the state is whole-sized. Local value type.
@@ -118,8 +126,7 @@ class StateShards {
   /// (waited for, as compact()).
   template <class Exec>
   Tensor expand(Exec& exec, const Tensor& compact, std::size_t n, const char* op) const {
-    Tensor out(Shape{static_cast<std::int64_t>(n)}, compact.dtype(), exec.allocator());
-    fill_zero(exec, out);
+    Tensor out = zero_state(exec, n, compact.dtype());
     const std::size_t es = size_of(compact.dtype());
     const auto* src = static_cast<const unsigned char*>(compact.raw());
     auto* dst = static_cast<unsigned char*>(out.raw());
@@ -136,10 +143,9 @@ class StateShards {
   template <class Exec, class V>
   Tensor load_compact(Exec& exec, V& v, StateMirror<Exec>& mirror, const std::string& name,
                       DType dtype, std::size_t n, const char* op) const {
-    const Shape shape{static_cast<std::int64_t>(n)};
-    Tensor whole(shape, dtype, exec.allocator());
-    fill_zero(exec, whole);  // what a visitor does not write reads as the fresh state
-    mirror.visit(exec, v, name, whole, 0, n, shape);
+    // Zeroed: what a visitor does not write reads as the fresh state.
+    Tensor whole = zero_state(exec, n, dtype);
+    mirror.visit(exec, v, name, whole, 0, n, Shape{static_cast<std::int64_t>(n)});
     return compact(exec, whole, op);
   }
 
@@ -149,14 +155,6 @@ class StateShards {
   std::size_t elements_ = 0;
   bool sharded_ = false;
 };
-
-/// A zeroed state arena of n elements of `dtype` (the zeroing queued on the compute stream).
-template <class Exec>
-Tensor zero_state(Exec& exec, std::size_t n, DType dtype) {
-  Tensor t(Shape{static_cast<std::int64_t>(n)}, dtype, exec.allocator());
-  fill_zero(exec, t);
-  return t;
-}
 
 }  // namespace detail
 }  // namespace dtrain
