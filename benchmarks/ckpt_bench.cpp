@@ -8,7 +8,8 @@
 // Writes K checkpoints of about N MiB into DIR through the Checkpointer (automatic strategy,
 // keep-last policy) and leaves them there. --compare also times every other write strategy (in
 // DIR/compare-<strategy>, removed afterwards). --parts also times saves of the model held in parts
-// over the ranks (a sharded optimizer state's layout) against saves of it held whole.
+// over the ranks (a sharded optimizer state's layout) against saves of it held whole, with every
+// write strategy, and reports what rank 0 keeps for the next save.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -206,8 +207,8 @@ int main(int argc, char** argv) {
     app.add_flag("--compare", compare, "also time every other write strategy");
     app.add_flag("--parts", parts,
                  "also time saves of the model held in parts (rank r keeps block r of every "
-                 "tensor, as a sharded optimizer state; assembled on rank 0), interleaved with "
-                 "saves of the whole model");
+                 "tensor, as a sharded optimizer state), interleaved with saves of the whole "
+                 "model, with every write strategy");
     if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
       MPI_Finalize();
       return code;
@@ -276,35 +277,46 @@ int main(int argc, char** argv) {
 
     if (parts) {
       // The same bytes held whole on every rank and held in parts, saved alternately (same
-      // disk, same noise), rank0 strategy; the model does not change between the saves.
+      // disk, same noise) with each strategy; the model does not change between the saves.
+      // rank0 assembles the parts on rank 0 (a host buffer as large as the model, kept for the
+      // next save); the parallel strategies write each rank's parts in place.
       PartsModel held(model, rank, p);
-      const std::string d = dir + "/parts";
-      dtrain::CheckpointOptions o;
-      o.keep_last = 2;
-      o.strategy = dtrain::CheckpointStrategy::rank0;
-      dtrain::Checkpointer<Comm> ckpt(comm, d, o);
-      std::vector<double> whole_s, parts_s;
-      for (int k = 1; k <= saves; ++k) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        dtrain::Timer t;
-        ckpt.save(2 * k - 1, dtrain::named("model", model));
-        whole_s.push_back(max_over_ranks(t.seconds()));
-        MPI_Barrier(MPI_COMM_WORLD);
-        t.reset();
-        ckpt.save(2 * k, dtrain::named("model", held));
-        parts_s.push_back(max_over_ranks(t.seconds()));
-      }
       std::size_t held_bytes = 0;
       for (const auto& x : held.held) held_bytes += x.bytes();
-      row(rank, "save, held whole", "rank0", bytes, median(whole_s), 0);
-      row(rank, "save, held in parts", "rank0", bytes, median(parts_s), median(whole_s));
+      for (auto s : {dtrain::CheckpointStrategy::rank0, dtrain::CheckpointStrategy::parallel_rank0,
+                     dtrain::CheckpointStrategy::parallel_slices}) {
+        const std::string d = dir + "/parts-" + dtrain::name_of(s);
+        dtrain::CheckpointOptions o;
+        o.keep_last = 2;
+        o.strategy = s;
+        dtrain::Checkpointer<Comm> ckpt(comm, d, o);
+        std::vector<double> whole_s, parts_s;
+        double kept = 0;  // rank 0's host buffers after the last save held in parts
+        for (int k = 1; k <= saves; ++k) {
+          MPI_Barrier(MPI_COMM_WORLD);
+          dtrain::Timer t;
+          ckpt.save(2 * k - 1, dtrain::named("model", model));
+          whole_s.push_back(max_over_ranks(t.seconds()));
+          MPI_Barrier(MPI_COMM_WORLD);
+          t.reset();
+          ckpt.save(2 * k, dtrain::named("model", held));
+          parts_s.push_back(max_over_ranks(t.seconds()));
+          kept = static_cast<double>(ckpt.buffer_bytes());
+        }
+        row(rank, "save, held whole", dtrain::name_of(s), bytes, median(whole_s), 0);
+        row(rank, "save, held in parts", dtrain::name_of(s), bytes, median(parts_s),
+            median(whole_s));
+        if (rank == 0)
+          std::printf("  %-22s %-16s %12.0f  (rank 0's host buffers after a save in parts)\n",
+                      "kept for the next save", dtrain::name_of(s), kept);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0) std::filesystem::remove_all(d);
+      }
       if (rank == 0)
         std::printf(
             "# held in parts: %.1f MiB per rank (1/%d), ratio = whole-held save time / this "
             "time\n",
             static_cast<double>(held_bytes) / 1048576.0, p);
-      MPI_Barrier(MPI_COMM_WORLD);
-      if (rank == 0) std::filesystem::remove_all(d);
     }
 
     {  // Restore: newest valid checkpoint into a fresh model (files are in the page cache).

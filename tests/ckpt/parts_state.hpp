@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <dtrain/ckpt/detail/manifest.hpp>
+#include <dtrain/core/error.hpp>
 #include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 
@@ -53,16 +54,19 @@ inline StateParts parts_of(PartsLayout layout, std::size_t n, int rank, int p) {
   return parts;
 }
 
-/// A tensor "w" of n f32 elements and a scalar. Visitors that take parts and are not loading (the
-/// checkpointer's save and its restore's check pass) get this rank's parts only; others, and
-/// loading ones, the whole tensor, which this object then holds.
+/// A tensor "w" of n f32 elements (shape {n}, or `shape` when given: n elements in row-major
+/// order) and a scalar. Visitors that take parts and are not loading (the checkpointer's save
+/// and its restore's check pass) get this rank's parts only; others, and loading ones, the whole
+/// tensor, which this object then holds.
 struct PartsState {
   std::size_t n = 0;
+  Shape shape;
   StateParts parts;
   Tensor held, whole;
   std::int64_t tag = 0;
 
-  PartsState(std::size_t elements, PartsLayout layout, int rank, int p) : n(elements) {
+  PartsState(std::size_t elements, PartsLayout layout, int rank, int p, Shape of = {})
+      : n(elements), shape(of.empty() ? Shape{static_cast<std::int64_t>(elements)} : of) {
     parts = parts_of(layout, n, rank, p);
     std::size_t total = 0;
     for (const auto& pr : parts) total += pr.second;
@@ -70,7 +74,7 @@ struct PartsState {
     auto* h = static_cast<float*>(held.raw());
     for (const auto& [first, count] : parts)
       for (std::size_t i = 0; i < count; ++i) *h++ = parts_value(first + i);
-    whole = Tensor({static_cast<std::int64_t>(n)}, DType::f32);
+    whole = Tensor(shape, DType::f32);
     std::memset(whole.raw(), 0, n * sizeof(float));
     tag = 40;  // replicated: the same on every rank
   }
@@ -79,7 +83,7 @@ struct PartsState {
     bool in_parts = false;
     if constexpr (visitor_takes_parts<V>::value) {
       in_parts = !v.loading();
-      if (in_parts) v.tensor_parts("w", held.view(), Shape{static_cast<std::int64_t>(n)}, parts);
+      if (in_parts) v.tensor_parts("w", held.view(), shape, parts);
     }
     if (!in_parts) v.tensor("w", whole.view(), whole.shape());
     v.scalar("tag", tag);
@@ -87,19 +91,38 @@ struct PartsState {
 };
 
 /// First element of a file's dataset `path` that differs from parts_value (or a description of
-/// what is missing); empty when every one matches.
+/// what is missing); empty when every one matches. The dataset must have shape {n}, or `shape`
+/// when given.
 inline std::string parts_file_difference(const detail::CkptManifest& m, const std::string& path,
-                                         std::size_t n) {
+                                         std::size_t n, Shape shape = {}) {
+  if (shape.empty()) shape = Shape{static_cast<std::int64_t>(n)};
   for (const auto& e : m.entries) {
     if (e.path != path) continue;
-    if (e.dtype != DType::f32 || e.shape != Shape{static_cast<std::int64_t>(n)})
-      return path + ": dtype or shape differ";
+    if (e.dtype != DType::f32 || e.shape != shape) return path + ": dtype or shape differ";
     const auto* f = static_cast<const float*>(e.data);
     for (std::size_t i = 0; i < n; ++i)
       if (f[i] != parts_value(i)) return path + ": element " + std::to_string(i) + " differs";
     return {};
   }
   return path + ": not in the file";
+}
+
+/// What goes wrong when `ckpt` saves `ps`, whose layout leaves a gap or an overlap, as step 1:
+/// empty when the refusal names the tensor and the problem; otherwise what the save did.
+template <class Checkpointer>
+std::string parts_refusal_problem(Checkpointer& ckpt, PartsState& ps, PartsLayout layout) {
+  std::string what;
+  try {
+    ckpt.save(1, named("parts", ps));
+    return "the save succeeded";
+  } catch (const InvalidArgument& e) {
+    what = e.what();
+  }
+  const char* problem = layout == PartsLayout::gap ? "held by no rank" : "and rank";
+  if (what.find("/parts/w") == std::string::npos || what.find(problem) == std::string::npos)
+    return "the error does not name /parts/w and '" + std::string(problem) + "': " + what;
+  if (ckpt.last_step().has_value()) return "the refused save counts as saved";
+  return {};
 }
 
 }  // namespace dtrain::test

@@ -7,8 +7,10 @@
 namespace dtrain {
 
 /// Who writes what. Per-rank state always ends up in the same file as the replicated state.
+/// Tensors held in parts over the ranks (a sharded optimizer state) are assembled on rank 0 by
+/// rank0; the MPI-IO strategies have every rank write its own parts in place.
 enum class CheckpointStrategy : unsigned char {
-  automatic,        ///< the measured fastest that the communicator and options allow
+  automatic,        ///< the measured fastest that the communicator and options allow (rank0)
   rank0,            ///< per-rank state is gathered to rank 0, which writes the file alone
   parallel_rank0,   ///< MPI-IO file: rank 0 writes replicated tensors, each rank its own state
   parallel_slices,  ///< MPI-IO file: every rank writes a disjoint axis-0 slice of each tensor
@@ -37,10 +39,10 @@ struct CheckpointOptions {
   /// objects are then an error unless this is set, in which case they keep their current state.
   bool reset_per_rank_on_resize = false;
   /// Keep a save's host buffers for the next save (device tensors' download on every rank; on
-  /// rank 0 the tensors assembled from the ranks' parts and the asynchronous snapshot, each as
-  /// large as what it holds): a later save costs copies, not fresh page faults. false: release
-  /// them when the save is complete (a synchronous save on return; an asynchronous one when its
-  /// write is waited for: the next save, wait()), for ranks whose memory matters more than the
+  /// rank 0 the tensors assembled from the ranks' parts by rank0 and the asynchronous snapshot,
+  /// each as large as what it holds): a later save costs copies, not fresh page faults. false:
+  /// release them when the save is complete (a synchronous save on return; an asynchronous one when
+  /// its write is waited for: the next save, wait()), for ranks whose memory matters more than the
   /// save's time, e.g. rank 0 of a run whose optimizer state is sharded to save memory.
   bool keep_buffers = true;
   /// Deadline for waiting on a background write.

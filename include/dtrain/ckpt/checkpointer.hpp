@@ -164,8 +164,12 @@ class Checkpointer {
                    op,
                    "replicated objects differ in structure between ranks (names, dtypes or "
                    "shapes); pass rank-specific state with dtrain::per_rank");
-    // Tensors held in parts over the ranks (a sharded optimizer state) are assembled on rank 0.
-    detail::assemble_parts(comm_, job.repl, parts_, op);
+    // Tensors held in parts over the ranks (a sharded optimizer state) are assembled on rank 0
+    // when rank 0 writes the file; a parallel write has every rank write its own parts.
+    if (strategy_ == CheckpointStrategy::rank0)
+      detail::assemble_parts(comm_, job.repl, parts_, op);
+    else
+      detail::parts_in_place(comm_, job.repl, op);
 
     detail::CkptManifest& m = job.m;
     m.step = step;

@@ -17,6 +17,7 @@
 
 #include <dtrain/ckpt/checkpointer.hpp>
 #include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/detail/flat_blocks.hpp>
 #include <dtrain/ckpt/detail/fs.hpp>
 #include <dtrain/ckpt/detail/hdf5_check.hpp>
 #include <dtrain/ckpt/detail/manifest.hpp>
@@ -191,6 +192,36 @@ struct H5WriteRole {
   int size = 1;
 };
 
+/// Collective over the file's ranks (a parallel write): this rank's parts of a tensor held in
+/// parts, from its back-to-back data into the whole tensor's dataset `d` (file space `fspace`):
+/// each part is a run of elements in row-major order, selected as the blocks that make it up.
+/// A rank without parts takes part with an empty selection.
+inline void h5_write_parts(hid_t d, hid_t mtype, hid_t fspace, const CkptEntry& e, hid_t xfer) {
+  const char* op = "checkpoint write";
+  std::size_t held = 0;
+  for (const auto& part : e.parts) held += part.second;
+  H5Handle fsel(DTRAIN_H5_CALL(H5Scopy(fspace), op, e.path), H5Sclose);
+  const hsize_t mdim = held ? static_cast<hsize_t>(held) : 1;
+  H5Handle msel(DTRAIN_H5_CALL(H5Screate_simple(1, &mdim, nullptr), op, e.path), H5Sclose);
+  if (held == 0) {
+    DTRAIN_H5_CALL(H5Sselect_none(fsel), op, e.path);
+    DTRAIN_H5_CALL(H5Sselect_none(msel), op, e.path);
+  } else if (!e.whole.empty()) {  // a 0-d tensor's one element is selected whole already
+    const std::vector<std::uint64_t> dims(e.whole.begin(), e.whole.end());
+    H5S_seloper_t how = H5S_SELECT_SET;
+    for (const auto& [first, n] : e.parts)
+      for (const FlatBlock& b : flat_range_blocks(dims, first, n)) {
+        const std::vector<hsize_t> start(b.start.begin(), b.start.end());
+        const std::vector<hsize_t> cnt(b.count.begin(), b.count.end());
+        DTRAIN_H5_CALL(H5Sselect_hyperslab(fsel, how, start.data(), nullptr, cnt.data(), nullptr),
+                       op, e.path);
+        how = H5S_SELECT_OR;
+      }
+  }
+  static const unsigned char nothing = 0;  // HDF5 wants a buffer even for an empty selection
+  DTRAIN_H5_CALL(H5Dwrite(d, mtype, msel, fsel, xfer, held ? e.data : &nothing), op, e.path);
+}
+
 inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRole& role) {
   const char* op = "checkpoint write";
   h5_put_attr_str(file, "format", checkpoint_format_name, "/");
@@ -239,18 +270,22 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
     }
     H5Handle ftype = h5_type_for(e.dtype, true);
     H5Handle mtype = h5_type_for(e.dtype, false);
-    H5Handle fspace = h5_dataspace(e.shape);
+    // A tensor held in parts has the whole tensor's dataset (assembled for rank 0's write, the
+    // entry's shape is already the whole one; in a parallel write each rank holds its parts).
+    const Shape& dims = e.sharded ? e.whole : e.shape;
+    H5Handle fspace = h5_dataspace(dims);
     H5Handle d(DTRAIN_H5_CALL(H5Dcreate2(file, e.path.c_str(), ftype, fspace, H5P_DEFAULT,
                                          H5P_DEFAULT, H5P_DEFAULT),
                               op, e.path),
                H5Dclose);
-    const std::size_t count = element_count(e.shape);
+    const std::size_t count = element_count(dims);
     if (count > 0) {
       if (!role.parallel) {
         DTRAIN_H5_CALL(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
-      } else if (e.owner >= 0 || !role.slices || e.shape.empty() || e.sharded) {
-        // One writer: the owner of per-rank state, or rank 0 for replicated state (and for
-        // tensors assembled from parts, which only rank 0 holds whole).
+      } else if (e.sharded) {
+        h5_write_parts(d, mtype, fspace, e, coll);
+      } else if (e.owner >= 0 || !role.slices || e.shape.empty()) {
+        // One writer: the owner of per-rank state, or rank 0 for replicated state.
         const int writer = e.owner >= 0 ? e.owner : 0;
         if (role.rank == writer)
           DTRAIN_H5_CALL(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
@@ -442,8 +477,9 @@ struct Hdf5Format {
   }
 
   /// Collective over `comm`: every rank calls it with the same manifest metadata. Rank r's
-  /// per-rank entries, and (with `slices`) its share of axis 0 of each replicated tensor, are
-  /// written by rank r; otherwise rank 0 writes replicated tensors. Blocking. Rank 0 fsyncs.
+  /// per-rank entries, its parts of tensors held in parts, and (with `slices`) its share of axis
+  /// 0 of each other replicated tensor, are written by rank r; otherwise rank 0 writes replicated
+  /// tensors. Blocking. Rank 0 fsyncs.
   template <class Comm>
   static void write_parallel(const std::string& path, const detail::CkptManifest& m, Comm& comm,
                              bool slices) {

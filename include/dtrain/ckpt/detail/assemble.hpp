@@ -1,11 +1,13 @@
 // dtrain: tensors held in parts over the ranks (the state protocol's tensor_parts: a sharded
-// optimizer state) assembled on rank 0 before a checkpoint is written. Every rank's list of parts
-// reaches every rank at once (allgather where the communicator has it); the bytes reach rank 0
-// through the communicator's broadcast, in pieces of bounded size (large parts straight into
-// place on rank 0); rank 0 places them, checks that the parts cover every
-// element exactly once, and combines the checksums each rank took of its own parts. The file then
-// holds the same dataset as the whole tensor's, so a checkpoint written from parts restores into
-// any run, sharded or not, on any number of ranks.
+// optimizer state) made ready for a checkpoint write. For rank 0's write they are assembled on
+// rank 0 (assemble_parts): every rank's list of parts reaches every rank at once (allgather where
+// the communicator has it); the bytes reach rank 0 through the communicator's broadcast, in
+// pieces of bounded size (large parts straight into place on rank 0); rank 0 places them, checks
+// that the parts cover every element exactly once, and combines the checksums each rank took of
+// its own parts. For a parallel write every rank writes its own parts (parts_in_place: only the
+// lists are exchanged and checked). Either way the file holds the same dataset as the whole
+// tensor's, so a checkpoint written from parts restores into any run, sharded or not, on any
+// number of ranks.
 #pragma once
 
 #include <algorithm>
@@ -116,27 +118,17 @@ inline std::vector<PartsRun> parts_runs(const StateParts& parts, std::size_t ele
   return runs;
 }
 
-/// Collective, blocking. Assembles every entry of `repl` held in parts (same entries on every
-/// rank: the caller has checked the structure digest) on rank 0, in `arena`: afterwards each has
-/// its whole shape, its checksum (combined on rank 0 from the crc32c each rank took of its own
-/// parts) and, on rank 0, its assembled bytes, marked staged; elsewhere no data. Throws on every
-/// rank (agreed) InvalidArgument when the ranks' parts leave an element uncovered or cover one
-/// twice, naming the tensor.
-template <class Comm>
-void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena, const char* op) {
-  const int rank = comm.rank(), p = comm.size();
+/// The entries of `repl` held in parts, in order. Local.
+inline std::vector<CkptEntry*> sharded_entries(std::vector<CkptEntry>& repl) {
   std::vector<CkptEntry*> sharded;
-  std::vector<std::size_t> slot;  // each entry's place in rank 0's buffer (64-byte aligned)
-  std::size_t total = 0;
   for (auto& e : repl)
-    if (e.sharded) {
-      sharded.push_back(&e);
-      slot.push_back(total);
-      total += (element_count(e.whole) * size_of(e.dtype) + 63) / 64 * 64;
-    }
-  if (sharded.empty()) return;
-  // This rank's parts with their checksums, per entry [count, first, n, crc, ...], taken before
-  // any exchange so that the ranks checksum their parts at the same time.
+    if (e.sharded) sharded.push_back(&e);
+  return sharded;
+}
+
+/// This rank's parts of `sharded` with their checksums, per entry [count, first, n, crc, ...],
+/// as bytes to exchange. Local; reads the parts (host memory).
+inline std::vector<unsigned char> own_parts_list(const std::vector<CkptEntry*>& sharded) {
   std::vector<std::int64_t> mine;
   for (const CkptEntry* e : sharded) {
     mine.push_back(static_cast<std::int64_t>(e->parts.size()));
@@ -149,6 +141,74 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
       src += count * es;
     }
   }
+  std::vector<unsigned char> own(mine.size() * sizeof(std::int64_t));
+  if (!own.empty()) std::memcpy(own.data(), mine.data(), own.size());
+  return own;
+}
+
+/// Rank `s`'s list (own_parts_list's bytes) read back: per entry of `sharded`, its parts.
+/// `inside[k]` tells whether every part of entry k lies within the tensor (a rank's list is not
+/// trusted here: the coverage check names what is wrong). Local, pure.
+inline std::vector<std::vector<HeldPart>> parse_parts_list(const std::vector<unsigned char>& blob,
+                                                           const std::vector<CkptEntry*>& sharded,
+                                                           int s, std::vector<bool>& inside) {
+  std::vector<std::int64_t> list(blob.size() / sizeof(std::int64_t));
+  if (!list.empty()) std::memcpy(list.data(), blob.data(), list.size() * sizeof(std::int64_t));
+  std::vector<std::vector<HeldPart>> out(sharded.size());
+  inside.assign(sharded.size(), true);
+  std::size_t at = 0;
+  for (std::size_t k = 0; k < sharded.size(); ++k) {
+    const std::size_t n = element_count(sharded[k]->whole);
+    const auto parts = static_cast<std::size_t>(list[at++]);
+    for (std::size_t j = 0; j < parts; ++j) {
+      HeldPart h;
+      h.first = static_cast<std::size_t>(list[at++]);
+      h.count = static_cast<std::size_t>(list[at++]);
+      h.crc = static_cast<std::uint32_t>(list[at++]);
+      h.rank = s;
+      inside[k] = inside[k] && h.first <= n && h.count <= n - h.first;
+      out[k].push_back(h);
+    }
+  }
+  return out;
+}
+
+/// Checks that `held` (every rank's parts of entry `e`) covers each element exactly once and
+/// returns the whole tensor's crc32c, combined from the parts' in element order. Throws
+/// InvalidArgument naming the tensor otherwise. Local, pure (sorts `held`).
+inline std::uint32_t whole_crc_of_parts(const CkptEntry& e, std::vector<HeldPart>& held, int p,
+                                        const char* op) {
+  const std::size_t n = element_count(e.whole), es = size_of(e.dtype);
+  const std::string problem = parts_coverage_problem(held, n);
+  if (!problem.empty())
+    raise<InvalidArgument>(op, "tensor " + e.path + " is held in parts over the " +
+                                   std::to_string(p) + " ranks, but " + problem +
+                                   " (each element must be held by exactly one rank)");
+  std::uint32_t crc = 0;
+  for (const HeldPart& h : held) crc = crc32c_combine(crc, h.crc, h.count * es);
+  return crc;
+}
+
+/// Collective, blocking. Assembles every entry of `repl` held in parts (same entries on every
+/// rank: the caller has checked the structure digest) on rank 0, in `arena`: afterwards each has
+/// its whole shape, its checksum (combined on rank 0 from the crc32c each rank took of its own
+/// parts) and, on rank 0, its assembled bytes, marked staged; elsewhere no data. Throws on every
+/// rank (agreed) InvalidArgument when the ranks' parts leave an element uncovered or cover one
+/// twice, naming the tensor.
+template <class Comm>
+void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena, const char* op) {
+  const int rank = comm.rank(), p = comm.size();
+  const std::vector<CkptEntry*> sharded = sharded_entries(repl);
+  if (sharded.empty()) return;
+  std::vector<std::size_t> slot;  // each entry's place in rank 0's buffer (64-byte aligned)
+  std::size_t total = 0;
+  for (const CkptEntry* e : sharded) {
+    slot.push_back(total);
+    total += (element_count(e->whole) * size_of(e->dtype) + 63) / 64 * 64;
+  }
+  // This rank's parts with their checksums, taken before any exchange so that the ranks
+  // checksum their parts at the same time.
+  const std::vector<unsigned char> own = own_parts_list(sharded);
   std::exception_ptr err;
   unsigned char* whole = nullptr;
   if (rank == 0) {
@@ -162,33 +222,26 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
 
   // Every rank learns every rank's list (each takes part in every rank's broadcasts below): two
   // allgathers where the communicator has them, not one broadcast per rank.
-  std::vector<unsigned char> own(mine.size() * sizeof(std::int64_t));
-  if (!own.empty()) std::memcpy(own.data(), mine.data(), own.size());
   const std::vector<std::vector<unsigned char>> lists = ckpt_gather_blobs(comm, own, true);
 
   std::vector<std::vector<HeldPart>> held(sharded.size());
   std::vector<unsigned char> bounce;
+  std::vector<bool> inside;
   for (int s = 0; s < p; ++s) {
-    const std::vector<unsigned char>& blob = lists[static_cast<std::size_t>(s)];
-    std::vector<std::int64_t> list(blob.size() / sizeof(std::int64_t));
-    if (!list.empty()) std::memcpy(list.data(), blob.data(), list.size() * sizeof(std::int64_t));
-    std::size_t at = 0;
+    const std::vector<std::vector<HeldPart>> of_s =
+        parse_parts_list(lists[static_cast<std::size_t>(s)], sharded, s, inside);
     for (std::size_t k = 0; k < sharded.size(); ++k) {
       CkptEntry& e = *sharded[k];
-      const std::size_t es = size_of(e.dtype), n = element_count(e.whole);
-      StateParts parts(static_cast<std::size_t>(list[at++]));
-      bool inside = true;  // refused where visited already; a rank's list is not trusted here
-      for (auto& [first, count] : parts) {
-        first = static_cast<std::size_t>(list[at++]);
-        count = static_cast<std::size_t>(list[at++]);
-        const auto crc = static_cast<std::uint32_t>(list[at++]);
-        held[k].push_back({first, count, s, crc});
-        inside = inside && first <= n && count <= n - first;
+      const std::size_t es = size_of(e.dtype);
+      StateParts parts;
+      for (const HeldPart& h : of_s[k]) {
+        parts.emplace_back(h.first, h.count);
+        held[k].push_back(h);
       }
       unsigned char* dst = rank == 0 ? whole + slot[k] : nullptr;
       const auto* src = static_cast<const unsigned char*>(e.data);
       if (s == 0) {
-        if (rank == 0 && inside)
+        if (rank == 0 && inside[k])
           for (const auto& [first, count] : parts) {
             if (count) std::memcpy(dst + first * es, src, count * es);
             src += count * es;
@@ -203,14 +256,14 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
         void* buf = nullptr;
         if (rank == s)
           buf = const_cast<unsigned char*>(src + from * es);
-        else if (rank == 0 && run.direct && inside)
+        else if (rank == 0 && run.direct && inside[k])
           buf = dst + (parts[run.part].first + run.into) * es;
         else {
           if (bounce.size() < run.count * es) bounce.resize(run.count * es);
           buf = bounce.data();
         }
         comm.broadcast(BufferView(buf, run.count, e.dtype), s);
-        if (rank == 0 && !run.direct && inside) {
+        if (rank == 0 && !run.direct && inside[k]) {
           std::size_t got = 0;
           for (std::size_t q = run.part; got < run.count; ++q) {
             const std::size_t c = parts[q].second;
@@ -227,16 +280,8 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
     try {
       for (std::size_t k = 0; k < sharded.size(); ++k) {
         CkptEntry& e = *sharded[k];
-        const std::size_t n = element_count(e.whole), es = size_of(e.dtype);
-        const std::string problem = parts_coverage_problem(held[k], n);
-        if (!problem.empty())
-          raise<InvalidArgument>(op, "tensor " + e.path + " is held in parts over the " +
-                                         std::to_string(p) + " ranks, but " + problem +
-                                         " (each element must be held by exactly one rank)");
-        std::uint32_t crc = 0;  // the whole tensor's, from the parts' in element order
-        for (const HeldPart& h : held[k]) crc = crc32c_combine(crc, h.crc, h.count * es);
+        e.crc = whole_crc_of_parts(e, held[k], p, op);
         e.data = whole + slot[k];
-        e.crc = crc;
       }
     } catch (...) {
       err = std::current_exception();
@@ -250,6 +295,37 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
     e->staged = true;
     if (rank != 0) e->data = nullptr;
   }
+}
+
+/// Collective, blocking. Prepares every entry of `repl` held in parts for a parallel write in
+/// which each rank writes its own parts into the whole tensor's dataset (no rank assembles the
+/// tensor): every rank learns every rank's parts (one allgather of the lists, no tensor bytes),
+/// checks that they cover each element exactly once, and sets the entry's checksum, combined
+/// from the parts' as assemble_parts does. The entries keep this rank's parts and data. Throws
+/// on every rank (agreed) InvalidArgument naming the tensor when the parts leave a gap or
+/// overlap.
+template <class Comm>
+void parts_in_place(Comm& comm, std::vector<CkptEntry>& repl, const char* op) {
+  const int p = comm.size();
+  const std::vector<CkptEntry*> sharded = sharded_entries(repl);
+  if (sharded.empty()) return;
+  const std::vector<std::vector<unsigned char>> lists =
+      ckpt_gather_blobs(comm, own_parts_list(sharded), true);
+  std::exception_ptr err;
+  try {
+    std::vector<std::vector<HeldPart>> held(sharded.size());
+    std::vector<bool> inside;
+    for (int s = 0; s < p; ++s) {
+      auto of_s = parse_parts_list(lists[static_cast<std::size_t>(s)], sharded, s, inside);
+      for (std::size_t k = 0; k < sharded.size(); ++k)
+        held[k].insert(held[k].end(), of_s[k].begin(), of_s[k].end());
+    }
+    for (std::size_t k = 0; k < sharded.size(); ++k)
+      sharded[k]->crc = whole_crc_of_parts(*sharded[k], held[k], p, op);
+  } catch (...) {
+    err = std::current_exception();
+  }
+  ckpt_agree(comm, err, op);
 }
 
 /// The checksums of entries held in parts (computed by rank 0 while assembling) into `crcs`,

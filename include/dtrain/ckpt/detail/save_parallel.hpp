@@ -1,6 +1,7 @@
 // dtrain: the parallel write strategies. Every rank creates the same objects in one MPI-IO file;
-// rank r writes its own per-rank state, and replicated tensors are written by rank 0
-// (parallel_rank0) or as disjoint axis-0 slices by every rank (parallel_slices).
+// rank r writes its own per-rank state and its own parts of tensors held in parts, and the other
+// replicated tensors are written by rank 0 (parallel_rank0) or as disjoint axis-0 slices by every
+// rank (parallel_slices).
 #pragma once
 
 #include <cstdio>
