@@ -109,6 +109,7 @@ struct Config {
   bool plot = true;
   std::string device = "auto";
   std::string step_mode = "separate";
+  std::string ckpt_strategy = "automatic";
 };
 
 // Returns -1 to continue, otherwise the exit code every rank returns.
@@ -153,6 +154,12 @@ int parse(int argc, char** argv, Config& c) {
                  "parameters in all three (on 2 ranks, or with DTRAIN_COMM_REPRODUCIBLE=1, bit "
                  "for bit). sharded needs host gradients (--device cpu)")
       ->check(CLI::IsMember({"separate", "fused", "sharded"}))
+      ->capture_default_str();
+  app.add_option("--ckpt-strategy", c.ckpt_strategy,
+                 "who writes a checkpoint: rank0 (rank 0 alone; what automatic chooses), "
+                 "parallel_rank0 or parallel_slices (one MPI-IO file; a sharded step's AdamW "
+                 "moments written in place by every rank, never assembled on rank 0)")
+      ->check(CLI::IsMember({"automatic", "rank0", "parallel_rank0", "parallel_slices"}))
       ->capture_default_str();
   const int code = dtrain_cli::run_parser_mpi(app, argc, argv);
   if (code >= 0) return code;
@@ -213,10 +220,10 @@ void agree_on_config(Comm& comm, const Config& c) {
     for (unsigned char ch : s) h = (h ^ ch) * 1099511628211ull;
     return static_cast<std::int64_t>(h >> 1);
   };
-  const char* names[] = {"--batch",      "--hidden",    "--seed",       "--epochs",
-                         "--lr",         "--max-steps", "--bucket-kib", "--ckpt-every",
-                         "--log-every",  "--data",      "--run-dir",    "--override-schedule",
-                         "--stop-after", "--device"};
+  const char* names[] = {"--batch",      "--hidden",    "--seed",         "--epochs",
+                         "--lr",         "--max-steps", "--bucket-kib",   "--ckpt-every",
+                         "--log-every",  "--data",      "--run-dir",      "--override-schedule",
+                         "--stop-after", "--device",    "--ckpt-strategy"};
   const std::vector<std::int64_t> mine{c.batch,
                                        c.hidden,
                                        static_cast<std::int64_t>(c.seed),
@@ -230,7 +237,8 @@ void agree_on_config(Comm& comm, const Config& c) {
                                        text_hash(c.run_dir),
                                        c.override_schedule ? 1 : 0,
                                        c.stop_after,
-                                       text_hash(c.device)};
+                                       text_hash(c.device),
+                                       text_hash(c.ckpt_strategy)};
   const std::size_t k = mine.size(), p = static_cast<std::size_t>(comm.size());
   std::vector<std::int64_t> all(k * p);
   comm.allgather(dtrain::BufferView(const_cast<std::int64_t*>(mine.data()), k, dtrain::DType::i64),
@@ -244,7 +252,7 @@ void agree_on_config(Comm& comm, const Config& c) {
       return b;
     }
     if (field == 9 || field == 10) return "(a different path)";
-    if (field == 13) return "(a different value)";
+    if (field == 13 || field == 14) return "(a different value)";
     return std::to_string(v);
   };
   for (std::size_t r = 1; r < p; ++r)
@@ -566,6 +574,10 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
     dtrain::CheckpointOptions copt;
     copt.every_steps = cfg.ckpt_every;
     copt.keep_last = 2;
+    for (auto st :
+         {dtrain::CheckpointStrategy::automatic, dtrain::CheckpointStrategy::rank0,
+          dtrain::CheckpointStrategy::parallel_rank0, dtrain::CheckpointStrategy::parallel_slices})
+      if (cfg.ckpt_strategy == dtrain::name_of(st)) copt.strategy = st;
     copt.config = "model=mlp-784-" + std::to_string(cfg.hidden) + "-" + std::to_string(cfg.hidden) +
                   "-10 batch=" + std::to_string(cfg.batch) + " lr=" + std::to_string(cfg.lr);
     ckpt = std::make_unique<dtrain::Checkpointer<decltype(comm)>>(comm, cfg.run_dir, copt);

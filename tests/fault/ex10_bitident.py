@@ -5,7 +5,8 @@ read with h5py, every CRC32C checked).
 
 usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--np P] [--steps S]
                         [--modes tuning,reproducible,resume[,resume_reproducible]
-                                 [,resume_auto][,fused][,sharded][,resume_sharded][,none]]
+                                 [,resume_auto][,fused][,sharded][,resume_sharded]
+                                 [,resume_sharded_parallel][,none]]
 
 Modes (each N runs from scratch, each in its own run directory):
   tuning        DTRAIN_TUNING_FILE shared by the runs; the first run finds no file, calibrates
@@ -27,7 +28,11 @@ Modes (each N runs from scratch, each in its own run directory):
                 mode's runs
   resume_sharded
                 --step sharded in reproducible mode, stopped after S/2 steps (the checkpoint
-                gathers the moments' parts) and resumed: must equal the reproducible mode's runs
+                assembles the moments' parts on rank 0) and resumed: must equal the
+                reproducible mode's runs
+  resume_sharded_parallel
+                the same with --ckpt-strategy parallel_rank0: every rank writes its parts of
+                the moments into the checkpoint itself (one MPI-IO file)
   none          neither (the automatic choice calibrates in every run): for contrast, not asserted
 Exit 0 when every asserted mode gave one parameter set; prints how many distinct sets each mode
 gave.
@@ -97,7 +102,7 @@ def main():
     modes = a.modes.split(",")
     for m in modes:
         if m not in ("tuning", "reproducible", "resume", "resume_reproducible", "resume_auto",
-                     "fused", "sharded", "resume_sharded", "none"):
+                     "fused", "sharded", "resume_sharded", "resume_sharded_parallel", "none"):
             ap.error("unknown mode " + m)
     if a.steps < 2:
         ap.error("--steps must be at least 2")
@@ -114,17 +119,21 @@ def main():
             "resume": dict(base, DTRAIN_TUNING_FILE=tuning),
             "resume_reproducible": dict(base, DTRAIN_COMM_REPRODUCIBLE="1"),
             "resume_auto": base}
-    for m in ("fused", "sharded", "resume_sharded"):
+    for m in ("fused", "sharded", "resume_sharded", "resume_sharded_parallel"):
         envs[m] = envs["reproducible"]
     # A mode and the uninterrupted mode whose parameters it must give.
     resumes = {"resume": "tuning", "resume_reproducible": "reproducible", "fused": "reproducible",
-               "sharded": "reproducible", "resume_sharded": "reproducible"}
-    interrupted = ("resume", "resume_reproducible", "resume_auto", "resume_sharded")
+               "sharded": "reproducible", "resume_sharded": "reproducible",
+               "resume_sharded_parallel": "reproducible"}
+    interrupted = ("resume", "resume_reproducible", "resume_auto", "resume_sharded",
+                   "resume_sharded_parallel")
     # Buckets of 16 KiB: the model's 26506 parameters in seven buckets, each updated (and
     # sharded) on its own; the reference runs' one bucket gives the same sums in rank order.
     step_args = {"fused": ["--step", "fused", "--bucket-kib", "16"],
                  "sharded": ["--step", "sharded", "--bucket-kib", "16"],
-                 "resume_sharded": ["--step", "sharded", "--bucket-kib", "16"]}
+                 "resume_sharded": ["--step", "sharded", "--bucket-kib", "16"],
+                 "resume_sharded_parallel": ["--step", "sharded", "--bucket-kib", "16",
+                                             "--ckpt-strategy", "parallel_rank0"]}
 
     def opts(run_dir, extra=()):
         return ["--data", data, "--run-dir", run_dir, "--json-summary", run_dir + ".json", "--hidden", "32", "--batch", "16",

@@ -8,8 +8,9 @@
 #   checkpoint is intact (h5py, every CRC32C). About 2-9 s each.
 # - ex10_bitident (tests/fault/ex10_bitident.py): 3 runs at 3 ranks each with a shared tuning file,
 #   in reproducible mode and interrupted/resumed give one parameter set per mode; --step fused,
-#   --step sharded and sharded runs interrupted/resumed (their checkpoints gather the AdamW
-#   moments' parts) give the reproducible mode's set (about 30 s).
+#   --step sharded and sharded runs interrupted/resumed (their checkpoints assemble the AdamW
+#   moments' parts on rank 0, or with --ckpt-strategy parallel_rank0 every rank writes its own
+#   parts) give the reproducible mode's set (about 40 s).
 # Label mpi;fault; skipped (77) without h5py. Registered once the examples are known (they are
 # configured after the tests).
 if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUILD_EXAMPLES)
@@ -28,11 +29,13 @@ if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUIL
       set_tests_properties(fault_ex10_${_case} PROPERTIES TIMEOUT 120 LABELS "mpi;fault"
         PROCESSORS 2 SKIP_RETURN_CODE 77)
     endforeach()
+    set(_modes "tuning,reproducible,resume,resume_auto,fused,sharded,resume_sharded")
+    string(APPEND _modes ",resume_sharded_parallel")
     add_test(NAME ex10_bitident
       COMMAND ${DTRAIN_SYSTEM_PYTHON3} ${_dir}/ex10_bitident.py ${MPIEXEC_EXECUTABLE}
               $<TARGET_FILE:train_fashion_mnist> ${PROJECT_BINARY_DIR}/tests/ex10_bitident
               --runs 3 --np 3 --steps 24
-              --modes tuning,reproducible,resume,resume_auto,fused,sharded,resume_sharded)
+              --modes ${_modes})
     set_tests_properties(ex10_bitident PROPERTIES TIMEOUT 240 LABELS "mpi;fault" PROCESSORS 2
       SKIP_RETURN_CODE 77)
   endfunction()
