@@ -14,7 +14,7 @@
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
-#include <dtrain/optim/detail/state_shards.hpp>
+#include <dtrain/optim/detail/state_arenas.hpp>
 #include <dtrain/optim/schedule.hpp>
 
 namespace dtrain {
@@ -71,9 +71,7 @@ class BasicAdamW {
   void update(std::size_t offset, std::size_t count) {
     detail::check_range(offset, count, params_.count, "AdamW::update");
     if (count == 0) return;
-    const std::size_t at =
-        shards_.sharded() ? shards_.locate(offset, count, "AdamW::update") : offset;
-    materialize();
+    const std::size_t at = state_.locate(offset, count, "AdamW::update");
     host::AdamWParams h;
     h.lr = schedule_.lr(step_);
     h.beta1 = opt_.beta1;
@@ -97,21 +95,13 @@ class BasicAdamW {
   Exec& exec() const noexcept { return exec_.get(); }
   /// First and second moments (exec memory; the parameter arena's layout, or while sharded its
   /// parts back to back). Makes them (zeros) if not made yet.
-  BufferView exp_avg() const {
-    materialize();
-    return exp_avg_.view();
-  }
-  BufferView exp_avg_sq() const {
-    materialize();
-    return exp_avg_sq_.view();
-  }
+  BufferView exp_avg() const { return state_.view(exec_.get(), 0); }
+  BufferView exp_avg_sq() const { return state_.view(exec_.get(), 1); }
 
   /// Calls f(BufferView) for each state arena (exp_avg, then exp_avg_sq). Local.
   template <class F>
   void for_each_state_arena(F&& f) {
-    materialize();
-    f(exp_avg_.view());
-    f(exp_avg_sq_.view());
+    state_.for_each(exec_.get(), f);
   }
   /// Sharded updates (GradientSync::shard_updates): keeps the state of `parts` (first element,
   /// count; ascending, disjoint) only, back to back in arenas of their total size, and frees the
@@ -121,38 +111,18 @@ class BasicAdamW {
   /// for the compute stream). Throws InvalidArgument on parts out of order or outside the arena,
   /// and on other parts while sharded.
   void shard_state(const detail::StateShards::Parts& parts) {
-    const char* op = "AdamW::shard_state";
-    if (shards_.keeps(parts, op)) return;
-    detail::StateShards s;
-    s.assign(parts, params_.count, op);
-    if (made_) {
-      Tensor m = s.compact(exec_.get(), exp_avg_, op), v = s.compact(exec_.get(), exp_avg_sq_, op);
-      exp_avg_ = std::move(m);
-      exp_avg_sq_ = std::move(v);
-    }
-    shards_ = std::move(s);
-    state_partial_ = true;
+    state_.shard(exec_.get(), parts, "AdamW::shard_state");
   }
   /// Whole-sized arenas again, this rank's parts in place and zeros elsewhere: still partial
   /// until the parts of the other ranks are gathered into them (GradientSync::gather_state).
   /// Nothing when not sharded. Local, blocking.
-  void unshard_state() {
-    if (!shards_.sharded()) return;
-    const char* op = "AdamW::unshard_state";
-    if (made_) {
-      Tensor m = shards_.expand(exec_.get(), exp_avg_, params_.count, op),
-             v = shards_.expand(exec_.get(), exp_avg_sq_, params_.count, op);
-      exp_avg_ = std::move(m);
-      exp_avg_sq_ = std::move(v);
-    }
-    shards_.clear();
-  }
+  void unshard_state() { state_.unshard(exec_.get(), "AdamW::unshard_state"); }
   /// Elements per state arena in memory: the arena's, or while sharded its parts' total.
-  std::size_t state_elements() const noexcept { return shards_.held(params_.count); }
+  std::size_t state_elements() const noexcept { return state_.elements(); }
   /// Marks the whole-sized state current everywhere (after a gather) or partial. Local.
-  void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
+  void set_state_partial(bool partial) noexcept { state_.set_partial(partial); }
   /// Whether the state is current only in this rank's parts (sharded, or not yet gathered).
-  bool state_partial() const noexcept { return state_partial_ || shards_.sharded(); }
+  bool state_partial() const noexcept { return state_.partial(); }
 
   /// Checkpoint protocol: tensors "exp_avg", "exp_avg_sq" (staged through host memory on a
   /// device, see StateMirror); scalars "step" and "schedule". Blocking. Saving throws
@@ -163,29 +133,7 @@ class BasicAdamW {
   /// that a restore does not undo the sharding's saving.
   template <class V>
   void visit_state(V& v) {
-    const Shape shape{static_cast<std::int64_t>(params_.count)};
-    if (detail::visits_parts(v, shards_.sharded())) {
-      if constexpr (visitor_takes_parts<V>::value) {
-        materialize();
-        mirrors_[0].visit_parts(exec_.get(), v, "exp_avg", exp_avg_, shape, shards_.parts());
-        mirrors_[1].visit_parts(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, shape, shards_.parts());
-      }
-    } else if (v.loading() && shards_.sharded()) {
-      const char* op = "AdamW::visit_state";
-      exp_avg_ = shards_.load_compact(exec_.get(), v, mirrors_[0], "exp_avg", params_.dtype,
-                                      params_.count, op);
-      exp_avg_sq_ = shards_.load_compact(exec_.get(), v, mirrors_[1], "exp_avg_sq", params_.dtype,
-                                         params_.count, op);
-      made_ = true;
-    } else {
-      if (v.loading())
-        state_partial_ = false;  // the whole state comes in
-      else
-        detail::check_state_whole(state_partial(), "AdamW::visit_state");
-      materialize();
-      mirrors_[0].visit(exec_.get(), v, "exp_avg", exp_avg_, 0, exp_avg_.size(), shape);
-      mirrors_[1].visit(exec_.get(), v, "exp_avg_sq", exp_avg_sq_, 0, exp_avg_sq_.size(), shape);
-    }
+    state_.visit(exec_.get(), v, "AdamW::visit_state");
     v.scalar("step", step_);
     detail::visit_schedule(v, schedule_, "AdamW");
   }
@@ -193,7 +141,12 @@ class BasicAdamW {
  private:
   BasicAdamW(detail::ExecHolder<Exec> exec, BufferView params, BufferView grads, Schedule schedule,
              AdamWOptions options)
-      : exec_(std::move(exec)), params_(params), grads_(grads), schedule_(schedule), opt_(options) {
+      : exec_(std::move(exec)),
+        params_(params),
+        grads_(grads),
+        schedule_(schedule),
+        opt_(options),
+        state_({"exp_avg", "exp_avg_sq"}, params.count, params.dtype, true) {
     detail::check_param_grad(params, grads, "AdamW", Exec::space);
     DTRAIN_REQUIRE(options.beta1 >= 0 && options.beta1 < 1 && options.beta2 >= 0 &&
                        options.beta2 < 1 && options.eps > 0 && options.weight_decay >= 0,
@@ -202,20 +155,12 @@ class BasicAdamW {
                        << options.beta1 << " beta2=" << options.beta2 << " eps=" << options.eps
                        << " weight_decay=" << options.weight_decay);
   }
-  // The moments' arenas (zeros), whole-sized or of the parts, unless made already.
-  void materialize() const {
-    if (made_) return;
-    const std::size_t n = shards_.held(params_.count);
-    exp_avg_ = detail::zero_state(exec_.get(), n, params_.dtype);
-    exp_avg_sq_ = detail::zero_state(exec_.get(), n, params_.dtype);
-    made_ = true;
-  }
   template <class T>
   void run(std::size_t offset, std::size_t at, std::size_t count, const host::AdamWParams& h) {
     Exec& e = exec_.get();
     e.adamw_update(e.compute_stream(), static_cast<T*>(params_.data) + offset,
                    static_cast<const T*>(grads_.data) + offset,
-                   static_cast<T*>(exp_avg_.raw()) + at, static_cast<T*>(exp_avg_sq_.raw()) + at,
+                   static_cast<T*>(state_.data(e, 0)) + at, static_cast<T*>(state_.data(e, 1)) + at,
                    count, h);
   }
 
@@ -223,12 +168,8 @@ class BasicAdamW {
   BufferView params_, grads_;
   Schedule schedule_;
   AdamWOptions opt_;
-  mutable Tensor exp_avg_, exp_avg_sq_;  // made on first use (materialize)
-  mutable bool made_ = false;
-  StateMirror<Exec> mirrors_[2];
-  detail::StateShards shards_;
+  detail::StateArenas<Exec, 2> state_;  // the moments, made on first use
   std::int64_t step_ = 0;
-  bool state_partial_ = false;
 };
 
 /// AdamW on the host.

@@ -14,7 +14,7 @@
 #include <dtrain/exec/host_exec.hpp>
 #include <dtrain/kernels/host/optim.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
-#include <dtrain/optim/detail/state_shards.hpp>
+#include <dtrain/optim/detail/state_arenas.hpp>
 #include <dtrain/optim/schedule.hpp>
 
 namespace dtrain {
@@ -72,9 +72,7 @@ class BasicSgd {
   void update(std::size_t offset, std::size_t count) {
     detail::check_range(offset, count, params_.count, "Sgd::update");
     if (count == 0) return;
-    const std::size_t at =
-        shards_.sharded() ? shards_.locate(offset, count, "Sgd::update") : offset;
-    materialize();
+    const std::size_t at = state_.locate(offset, count, "Sgd::update");
     host::SgdParams h;
     h.lr = schedule_.lr(step_);
     h.momentum = opt_.momentum;
@@ -103,8 +101,7 @@ class BasicSgd {
   /// memory in the parameter arena's layout, or while sharded its parts back to back). Local.
   template <class F>
   void for_each_state_arena(F&& f) {
-    materialize();
-    if (momentum_.size()) f(momentum_.view());
+    state_.for_each(exec_.get(), f);
   }
   /// Sharded updates (GradientSync::shard_updates): keeps the momentum of `parts` (first
   /// element, count; ascending, disjoint) only, back to back in a buffer of their total size, and
@@ -114,32 +111,19 @@ class BasicSgd {
   /// (waits for the compute stream). Throws InvalidArgument on parts out of order or outside the
   /// arena, and on other parts while sharded.
   void shard_state(const detail::StateShards::Parts& parts) {
-    const char* op = "Sgd::shard_state";
-    if (shards_.keeps(parts, op)) return;
-    detail::StateShards s;
-    s.assign(parts, params_.count, op);
-    if (made_ && opt_.momentum != 0.0) momentum_ = s.compact(exec_.get(), momentum_, op);
-    shards_ = std::move(s);
-    state_partial_ = true;
+    state_.shard(exec_.get(), parts, "Sgd::shard_state");
   }
   /// A whole-sized momentum buffer again, this rank's parts in place and zeros elsewhere: still
   /// partial until the other ranks' parts are gathered into it (GradientSync::gather_state).
   /// Nothing when not sharded. Local, blocking.
-  void unshard_state() {
-    if (!shards_.sharded()) return;
-    if (made_ && opt_.momentum != 0.0)
-      momentum_ = shards_.expand(exec_.get(), momentum_, params_.count, "Sgd::unshard_state");
-    shards_.clear();
-  }
+  void unshard_state() { state_.unshard(exec_.get(), "Sgd::unshard_state"); }
   /// Elements per state arena in memory: the arena's, or while sharded its parts' total (0
   /// without momentum).
-  std::size_t state_elements() const noexcept {
-    return opt_.momentum == 0.0 ? 0 : shards_.held(params_.count);
-  }
+  std::size_t state_elements() const noexcept { return state_.elements(); }
   /// Marks the whole-sized state current everywhere (after a gather) or partial. Local.
-  void set_state_partial(bool partial) noexcept { state_partial_ = partial; }
+  void set_state_partial(bool partial) noexcept { state_.set_partial(partial); }
   /// Whether the state is current only in this rank's parts (sharded, or not yet gathered).
-  bool state_partial() const noexcept { return state_partial_ || shards_.sharded(); }
+  bool state_partial() const noexcept { return state_.partial(); }
 
   /// Checkpoint protocol: "momentum" (when momentum is used; staged through host memory on a
   /// device, see StateMirror), scalars "step" and "schedule". Blocking. Saving throws
@@ -149,27 +133,7 @@ class BasicSgd {
   /// a sharded one keeps this rank's parts of it (the momentum whole only while it loads).
   template <class V>
   void visit_state(V& v) {
-    const Shape shape{static_cast<std::int64_t>(params_.count)};
-    if (detail::visits_parts(v, shards_.sharded())) {
-      if constexpr (visitor_takes_parts<V>::value)
-        if (opt_.momentum != 0.0) {
-          materialize();
-          mirror_.visit_parts(exec_.get(), v, "momentum", momentum_, shape, shards_.parts());
-        }
-    } else if (v.loading() && shards_.sharded()) {
-      if (opt_.momentum != 0.0)
-        momentum_ = shards_.load_compact(exec_.get(), v, mirror_, "momentum", params_.dtype,
-                                         params_.count, "Sgd::visit_state");
-      made_ = true;
-    } else {
-      if (v.loading())
-        state_partial_ = false;  // the whole state comes in
-      else
-        detail::check_state_whole(state_partial(), "Sgd::visit_state");
-      materialize();
-      if (opt_.momentum != 0.0)
-        mirror_.visit(exec_.get(), v, "momentum", momentum_, 0, momentum_.size(), shape);
-    }
+    state_.visit(exec_.get(), v, "Sgd::visit_state");
     v.scalar("step", step_);
     detail::visit_schedule(v, schedule_, "Sgd");
   }
@@ -177,24 +141,22 @@ class BasicSgd {
  private:
   BasicSgd(detail::ExecHolder<Exec> exec, BufferView params, BufferView grads, Schedule schedule,
            SgdOptions options)
-      : exec_(std::move(exec)), params_(params), grads_(grads), schedule_(schedule), opt_(options) {
+      : exec_(std::move(exec)),
+        params_(params),
+        grads_(grads),
+        schedule_(schedule),
+        opt_(options),
+        state_({"momentum"}, params.count, params.dtype, options.momentum != 0.0) {
     detail::check_param_grad(params, grads, "Sgd", Exec::space);
     DTRAIN_REQUIRE(!(options.nesterov && (options.momentum <= 0 || options.dampening != 0)), "Sgd",
                    "Nesterov momentum needs momentum > 0 and dampening 0");
     DTRAIN_REQUIRE(options.momentum >= 0 && options.weight_decay >= 0, "Sgd",
                    "momentum and weight decay must be non-negative");
   }
-  // The momentum buffer (zeros; whole-sized or of the parts) when momentum is used, unless made.
-  void materialize() {
-    if (made_) return;
-    if (opt_.momentum != 0.0)
-      momentum_ = detail::zero_state(exec_.get(), shards_.held(params_.count), params_.dtype);
-    made_ = true;
-  }
   template <class T>
   void run(std::size_t offset, std::size_t at, std::size_t count, const host::SgdParams& h) {
     Exec& e = exec_.get();
-    T* buf = static_cast<T*>(momentum_.raw());
+    T* buf = static_cast<T*>(state_.data(e, 0));
     e.sgd_update(e.compute_stream(), static_cast<T*>(params_.data) + offset,
                  static_cast<const T*>(grads_.data) + offset, buf ? buf + at : nullptr, count, h);
   }
@@ -203,12 +165,8 @@ class BasicSgd {
   BufferView params_, grads_;
   Schedule schedule_;
   SgdOptions opt_;
-  Tensor momentum_;  // made on first use (materialize)
-  bool made_ = false;
-  StateMirror<Exec> mirror_;
-  detail::StateShards shards_;
+  detail::StateArenas<Exec, 1> state_;  // the momentum (when used), made on first use
   std::int64_t step_ = 0;
-  bool state_partial_ = false;
 };
 
 /// SGD on the host.

@@ -1,7 +1,6 @@
 // dtrain: an optimizer's state kept for some parts of the parameter arena only (sharded
-// updates): which parts, where each lies in the compact state arenas, the copies between the
-// compact and the whole-sized layout, and the state's arenas made on first use (so that a state
-// sharded before its first step never exists whole).
+// updates): which parts, where each lies in the compact state arenas, and the copies between the
+// compact and the whole-sized layout (the arenas themselves: state_arenas.hpp).
 #pragma once
 
 #include <algorithm>
