@@ -437,6 +437,56 @@ TEST_CASE("damaged newest checkpoints: corrupt byte, truncation, deletion") {
   fs::remove_all(dir);
 }
 
+TEST_CASE(
+    "verified in pieces of a few elements: the same restore, a changed byte in any piece found") {
+  // A restore verifies the file piece by piece (16 MiB at most) without keeping it; here pieces
+  // of 6 f32 elements, so that each tensor is read as many runs across its rows.
+  const std::string dir = fresh_dir("pieces");
+  const std::size_t saved_piece = dtrain::detail::ckpt_h5::read_piece_bytes();
+  dtrain::detail::ckpt_h5::read_piece_bytes() = 24;
+  const std::string newest = dir + "/ckpt-000000000002.h5";
+  run_ranks(2, [&](ThreadComm& comm) {
+    Checkpointer<ThreadComm> ckpt(comm, dir, opts(0, 5));
+    FakeRun a(comm.rank());
+    for (std::int64_t s = 1; s <= 2; ++s) {
+      a.step(comm);
+      save_run(ckpt, s, a);
+    }
+    Checkpointer<ThreadComm> again(comm, dir, opts(0, 5));
+    FakeRun b(comm.rank());
+    CHECK(restore_run(again, b) == std::optional<std::int64_t>(2));
+    CHECK(dtrain::test::first_difference(a, b) == "");
+  });
+  // A byte changed anywhere in a tensor's data fails verification, in whichever piece it is.
+  const auto m = dtrain::Hdf5Format::read(newest);
+  const dtrain::detail::CkptEntry* victim = nullptr;
+  for (const auto& e : m.entries)
+    if (e.path == "/optimizer/m/0") victim = &e;
+  REQUIRE(victim != nullptr);
+  REQUIRE(victim->bytes() > 3 * 24);
+  haddr_t off = HADDR_UNDEF;
+  {
+    dtrain::detail::H5Session session;
+    hid_t f = H5Fopen(newest.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t d = H5Dopen2(f, victim->path.c_str(), H5P_DEFAULT);
+    off = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  REQUIRE(off != HADDR_UNDEF);
+  for (std::size_t at : {std::size_t{0}, std::size_t{23}, std::size_t{24}, victim->bytes() / 2,
+                         victim->bytes() - 1}) {
+    CAPTURE(at);
+    flip_byte(newest, static_cast<std::uintmax_t>(off) + at);
+    CHECK_THROWS_WITH_AS(dtrain::Hdf5Format::verify(newest), doctest::Contains("checksum mismatch"),
+                         dtrain::IoError);
+    flip_byte(newest, static_cast<std::uintmax_t>(off) + at);  // back as it was
+    CHECK_NOTHROW(dtrain::Hdf5Format::verify(newest));
+  }
+  dtrain::detail::ckpt_h5::read_piece_bytes() = saved_piece;
+  fs::remove_all(dir);
+}
+
 TEST_CASE("any single damaged byte is detected or harmless, never silently loaded") {
   const std::string dir = fresh_dir("flip");
   const std::string newest = dir + "/ckpt-000000000002.h5";

@@ -2,9 +2,12 @@
 // tests elsewhere use a minimal stand-in communicator): bit-exact resume over 1-3 ranks, with
 // GradientSync's sharded steps (the state saved from its parts, the same file as the whole
 // state's, resumed), tensors held in parts in several layouts (assembled, or refused), and the
-// host buffers a save keeps (CheckpointOptions::keep_buffers).
+// host buffers a save keeps (CheckpointOptions::keep_buffers), and a file that changes between its
+// verification and the reads of a restore.
 #include <doctest/doctest.h>
 
+#include <fcntl.h>
+#include <hdf5.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -407,4 +410,92 @@ TEST_CASE("keep_buffers off: a save's host buffers are freed once it is complete
     same_tensors(kept_dir + "/ckpt-000000000001.h5", other + "/ckpt-000000000001.h5");
   }
   for (const auto& d : {kept_dir, freed_dir, async_dir}) fs::remove_all(d);
+}
+
+TEST_CASE(
+    "a checkpoint changed after its verification: every rank throws, the next restore falls back") {
+  // Rank 0 verifies the newest file piece by piece without keeping its tensors, then reads each
+  // tensor again as it loads, checking its crc32c once more: a byte changed in between (here by
+  // the restore hook) fails that read, and every rank throws after the restore's collectives
+  // (none waits for rank 0). The damaged file then fails verification and is passed over.
+  const std::string dir =
+      (fs::temp_directory_path() / ("dtrain_ckpt_changed_" + std::to_string(::getpid()))).string();
+  fs::remove_all(dir);
+  auto objects = [](dtrain::test::FakeRun& r) {
+    return std::make_tuple(dtrain::named("model", r.model), dtrain::named("optimizer", r.opt),
+                           dtrain::per_rank("sampler", r.sampler),
+                           dtrain::named("dropout", r.dropout), dtrain::named("schedule", r.sched));
+  };
+  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
+    LoopComm comm(t);
+    dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+    dtrain::test::FakeRun run(comm.rank());
+    for (std::int64_t s = 1; s <= 2; ++s) {
+      run.step(comm);
+      std::apply([&](auto&&... o) { ckpt.save(s, o...); }, objects(run));
+    }
+  });
+  const std::string newest = dir + "/ckpt-000000000002.h5";
+  std::string victim;  // a replicated tensor of some bytes, and where they lie in the file
+  for (const auto& e : dtrain::Hdf5Format::read(newest).entries)
+    if (e.kind == dtrain::detail::EntryKind::tensor && e.owner < 0 && e.bytes() >= 8) {
+      victim = e.path;
+      break;
+    }
+  REQUIRE_FALSE(victim.empty());
+  haddr_t offset = HADDR_UNDEF;
+  {
+    dtrain::detail::H5Session session;
+    const hid_t f = H5Fopen(newest.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    REQUIRE(f >= 0);
+    const hid_t d = H5Dopen2(f, victim.c_str(), H5P_DEFAULT);
+    REQUIRE(d >= 0);
+    offset = H5Dget_offset(d);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  REQUIRE(offset != HADDR_UNDEF);
+  int hooked = 0;
+  dtrain::detail::ckpt_restore_hook() = [&](const std::string& file) {
+    ++hooked;
+    CHECK(file == newest);
+    const int fd = ::open(file.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    unsigned char b = 0;
+    REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(offset)) == 1);
+    b ^= 0x5a;
+    REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(offset)) == 1);
+    ::close(fd);
+  };
+  std::vector<std::string> what(2);
+  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
+    LoopComm comm(t);
+    dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+    dtrain::test::FakeRun back(comm.rank());
+    try {
+      std::apply([&](auto&&... o) { ckpt.restore_latest(o...); }, objects(back));
+    } catch (const dtrain::Error& e) {
+      what[static_cast<std::size_t>(comm.rank())] = e.what();
+    }
+  });
+  dtrain::detail::ckpt_restore_hook() = nullptr;
+  CHECK(hooked == 1);
+  for (const std::string& w : what) {
+    CAPTURE(w);
+    CHECK(w.find(newest + ":" + victim) != std::string::npos);
+    CHECK(w.find("since the file was verified") != std::string::npos);
+  }
+  // Restored again: the newest file fails verification now, step 1 comes back bit for bit.
+  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
+    LoopComm comm(t);
+    dtrain::test::FakeRun ref(comm.rank());
+    ref.step(comm);
+    dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+    dtrain::test::FakeRun back(comm.rank());
+    const auto step =
+        std::apply([&](auto&&... o) { return ckpt.restore_latest(o...); }, objects(back));
+    CHECK(step == std::optional<std::int64_t>(1));
+    CHECK(dtrain::test::first_difference(ref, back) == "");
+  });
+  fs::remove_all(dir);
 }

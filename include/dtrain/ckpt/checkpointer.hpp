@@ -17,6 +17,7 @@
 #include <ctime>
 #include <exception>
 #include <future>
+#include <memory>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -216,7 +217,12 @@ class Checkpointer {
   /// returns its step; std::nullopt (objects untouched) when the directory holds none. A damaged
   /// newest file is reported with a warning and an older one is used; when files exist but none
   /// is valid, throws IoError listing them. A shape, dtype or name mismatch, or an unknown
-  /// format version, throws InvalidArgument naming the first mismatching entry.
+  /// format version, throws InvalidArgument naming the first mismatching entry. Rank 0 verifies
+  /// a file's every checksum reading it in pieces, keeps none of its tensors, and then reads each
+  /// tensor as it loads (into the object's memory, or a host tensor's staging buffer) and checks
+  /// it again: beyond the objects it holds one piece or one device tensor's staging, whatever the
+  /// file's size. A tensor that fails that second check (the file changed since) throws IoError
+  /// on every rank after the restore's collectives; the objects are then partly restored.
   template <class... Ts>
   std::optional<std::int64_t> restore_latest(const Named<Ts>&... objects) {
     const char* op = "checkpoint restore";
@@ -231,7 +237,7 @@ class Checkpointer {
         std::string tried;
         for (const auto& f : files) {
           try {
-            m = Format::read(f.path);
+            m = Format::verify(f.path);
             chosen = f.path;
             break;
           } catch (const IoError& e) {
@@ -250,7 +256,18 @@ class Checkpointer {
     std::vector<std::int64_t> found{chosen.empty() ? 0 : 1};
     detail::ckpt_bcast_i64(comm_, found, 0);
     if (!found[0]) return std::nullopt;
-    detail::restore_objects(comm_, opt_, m, chosen, objects...);
+    std::unique_ptr<typename Format::Reader> reader;  // rank 0: the tensors, read as they load
+    err = nullptr;
+    if (comm_.rank() == 0 && !chosen.empty()) {
+      try {
+        reader = std::make_unique<typename Format::Reader>(chosen);
+        if (const auto& hook = detail::ckpt_restore_hook()) hook(chosen);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    detail::ckpt_agree(comm_, err, op);
+    detail::restore_objects(comm_, opt_, m, chosen, read_with(reader.get()), objects...);
     mark_saved(m.step);
     if (comm_.rank() == 0) {
       // Damaged files newer than the restored one would shadow the checkpoints this run writes
@@ -274,16 +291,19 @@ class Checkpointer {
     const char* op = "checkpoint restore";
     finish_pending(op);
     detail::CkptManifest m;
+    std::unique_ptr<typename Format::Reader> reader;  // rank 0: the tensors, read as they load
     std::exception_ptr err;
     if (comm_.rank() == 0) {
       try {
-        m = Format::read(file);
+        m = Format::verify(file);
+        reader = std::make_unique<typename Format::Reader>(file);
+        if (const auto& hook = detail::ckpt_restore_hook()) hook(file);
       } catch (...) {
         err = std::current_exception();
       }
     }
     detail::ckpt_agree(comm_, err, op);
-    detail::restore_objects(comm_, opt_, m, file, objects...);
+    detail::restore_objects(comm_, opt_, m, file, read_with(reader.get()), objects...);
     mark_saved(m.step);
     return m.step;
   }
@@ -309,6 +329,12 @@ class Checkpointer {
   std::optional<std::int64_t> last_step() const noexcept { return last_saved_step_; }
 
  private:
+  // Rank 0's reads of a verified file's tensors during a restore (nothing elsewhere).
+  static detail::CkptReadData read_with(const typename Format::Reader* reader) {
+    if (!reader) return {};
+    return [reader](const detail::CkptEntry& e, void* dst) { reader->read(e, dst); };
+  }
+
   CheckpointStrategy resolve_strategy() const {
     constexpr bool parallel_ok = Format::template supports_parallel<Comm>();
     CheckpointStrategy s = opt_.strategy;

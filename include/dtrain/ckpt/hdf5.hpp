@@ -192,6 +192,21 @@ struct H5WriteRole {
   int size = 1;
 };
 
+/// Adds to selection `sel` (of an array of shape `dims`, at least one axis) the elements
+/// [first, first + n) in row-major order, as the blocks that make up that run; `fresh` says
+/// whether `sel` holds nothing of these runs yet (it is then replaced), and is cleared.
+inline void h5_select_run(hid_t sel, const std::vector<std::uint64_t>& dims, std::uint64_t first,
+                          std::uint64_t n, bool& fresh, const char* op, const std::string& ctx) {
+  for (const FlatBlock& b : flat_range_blocks(dims, first, n)) {
+    const std::vector<hsize_t> start(b.start.begin(), b.start.end());
+    const std::vector<hsize_t> cnt(b.count.begin(), b.count.end());
+    DTRAIN_H5_CALL(H5Sselect_hyperslab(sel, fresh ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
+                                       nullptr, cnt.data(), nullptr),
+                   op, ctx);
+    fresh = false;
+  }
+}
+
 /// Collective over the file's ranks (a parallel write): this rank's parts of a tensor held in
 /// parts, from its back-to-back data into the whole tensor's dataset `d` (file space `fspace`):
 /// each part is a run of elements in row-major order, selected as the blocks that make it up.
@@ -208,15 +223,8 @@ inline void h5_write_parts(hid_t d, hid_t mtype, hid_t fspace, const CkptEntry& 
     DTRAIN_H5_CALL(H5Sselect_none(msel), op, e.path);
   } else if (!e.whole.empty()) {  // a 0-d tensor's one element is selected whole already
     const std::vector<std::uint64_t> dims(e.whole.begin(), e.whole.end());
-    H5S_seloper_t how = H5S_SELECT_SET;
-    for (const auto& [first, n] : e.parts)
-      for (const FlatBlock& b : flat_range_blocks(dims, first, n)) {
-        const std::vector<hsize_t> start(b.start.begin(), b.start.end());
-        const std::vector<hsize_t> cnt(b.count.begin(), b.count.end());
-        DTRAIN_H5_CALL(H5Sselect_hyperslab(fsel, how, start.data(), nullptr, cnt.data(), nullptr),
-                       op, e.path);
-        how = H5S_SELECT_OR;
-      }
+    bool fresh = true;
+    for (const auto& [first, n] : e.parts) h5_select_run(fsel, dims, first, n, fresh, op, e.path);
   }
   static const unsigned char nothing = 0;  // HDF5 wants a buffer even for an empty selection
   DTRAIN_H5_CALL(H5Dwrite(d, mtype, msel, fsel, xfer, held ? e.data : &nothing), op, e.path);
@@ -346,7 +354,46 @@ struct H5ReadState {
   hid_t file;
   CkptManifest* m;
   std::string file_name;
+  bool with_data = true;               // keep each tensor's bytes in its entry
+  std::vector<unsigned char> scratch;  // without: the piece being checked
 };
+
+/// Bytes read at a time when a dataset is checked without being kept (Hdf5Format::verify):
+/// 16 MiB. Test knob: tests set it small, so that every dataset is read in many pieces; set it
+/// before the reads and reset it after.
+inline std::size_t& read_piece_bytes() {
+  static std::size_t bytes = std::size_t{16} << 20;
+  return bytes;
+}
+
+/// The crc32c of dataset `d` (file space `fspace`, entry `e` for its dtype and shape), its
+/// elements read in row-major order in pieces of at most read_piece_bytes() through `scratch`.
+inline std::uint32_t h5_dataset_crc(hid_t d, hid_t fspace, hid_t mtype, const CkptEntry& e,
+                                    std::vector<unsigned char>& scratch, const std::string& ctx) {
+  const char* op = "checkpoint read";
+  const std::size_t n = element_count(e.shape), es = size_of(e.dtype);
+  if (n == 0) return 0;
+  if (e.shape.empty()) {  // 0-d: one element
+    scratch.resize(es);
+    DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, scratch.data()), op, ctx);
+    return crc32c(scratch.data(), es);
+  }
+  const std::size_t piece = std::max<std::size_t>(1, read_piece_bytes() / es);
+  scratch.resize(std::min(n, piece) * es);
+  const std::vector<std::uint64_t> dims(e.shape.begin(), e.shape.end());
+  std::uint32_t crc = 0;
+  for (std::size_t first = 0; first < n; first += piece) {
+    const std::size_t count = std::min(piece, n - first);
+    H5Handle fsel(DTRAIN_H5_CALL(H5Scopy(fspace), op, ctx), H5Sclose);
+    bool fresh = true;
+    h5_select_run(fsel, dims, first, count, fresh, op, ctx);
+    const hsize_t m = static_cast<hsize_t>(count);
+    H5Handle msel(DTRAIN_H5_CALL(H5Screate_simple(1, &m, nullptr), op, ctx), H5Sclose);
+    DTRAIN_H5_CALL(H5Dread(d, mtype, msel, fsel, H5P_DEFAULT, scratch.data()), op, ctx);
+    crc = crc32c(scratch.data(), count * es, crc);
+  }
+  return crc;
+}
 
 inline int owner_of_path(const std::string& path) {
   static const std::string head = "/ranks/";
@@ -384,11 +431,16 @@ inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
   if (H5Tget_size(ftype) != size_of(e.dtype))
     raise<IoError>(op, ctx + ": stored element size does not match dtype " + dname);
   H5Handle mtype = h5_type_for(e.dtype, false);
-  e.storage.resize(e.bytes());
-  if (!e.storage.empty())
-    DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.storage.data()), op, ctx);
-  e.data = e.storage.data();
-  const std::uint32_t actual = crc32c(e.storage.data(), e.storage.size());
+  std::uint32_t actual = 0;
+  if (st.with_data) {
+    e.storage.resize(e.bytes());
+    if (!e.storage.empty())
+      DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.storage.data()), op, ctx);
+    e.data = e.storage.data();
+    actual = crc32c(e.storage.data(), e.storage.size());
+  } else {
+    actual = h5_dataset_crc(d, sp, mtype, e, st.scratch, ctx);  // e.data stays null
+  }
   e.crc = static_cast<std::uint32_t>(crc.i64);
   if (actual != e.crc) {
     char buf[96];
@@ -516,7 +568,64 @@ struct Hdf5Format {
   /// Reads and verifies a whole checkpoint: every dataset's crc32c is checked. Local, blocking.
   /// Throws IoError for a damaged, truncated or foreign file and InvalidArgument for a
   /// dtrain checkpoint of an unknown format version.
-  static detail::CkptManifest read(const std::string& path) {
+  static detail::CkptManifest read(const std::string& path) { return read_file(path, true); }
+
+  /// Verifies a whole checkpoint as read() does (every dataset's crc32c checked, the same
+  /// errors) but keeps no tensor bytes: each dataset is read in pieces of at most 16 MiB and
+  /// dropped, and its entry carries dtype, shape and checksum only (data null), for a Reader to
+  /// fetch later. Memory: one piece, whatever the file's size. Local, blocking.
+  static detail::CkptManifest verify(const std::string& path) { return read_file(path, false); }
+
+  /// A checkpoint file open for reading tensors on demand, as verify() described them. Local.
+  class Reader {
+   public:
+    /// Opens `path` read-only; IoError when it cannot.
+    explicit Reader(std::string path) : path_(std::move(path)) {
+      detail::ckpt_h5::H5Session session;
+      detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(false);
+      file_ = detail::ckpt_h5::H5Handle(
+          DTRAIN_H5_CALL(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl), "checkpoint read", path_),
+          H5Fclose);
+    }
+    /// Reads tensor entry `e` into `dst` (host memory, e.bytes()) and checks its crc32c again:
+    /// IoError naming the file and dataset when the dataset no longer has the verified shape,
+    /// dtype size or checksum (the file changed since it was verified).
+    void read(const detail::CkptEntry& e, void* dst) const {
+      detail::ckpt_h5::H5Session session;
+      using detail::ckpt_h5::H5Handle;
+      const char* op = "checkpoint read";
+      const std::string ctx = path_ + ":" + e.path;
+      H5Handle d(DTRAIN_H5_CALL(H5Dopen2(file_, e.path.c_str(), H5P_DEFAULT), op, ctx), H5Dclose);
+      H5Handle sp(DTRAIN_H5_CALL(H5Dget_space(d), op, ctx), H5Sclose);
+      const int nd = DTRAIN_H5_CALL(H5Sget_simple_extent_ndims(sp), op, ctx);
+      std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
+      if (nd > 0) DTRAIN_H5_CALL(H5Sget_simple_extent_dims(sp, dims.data(), nullptr), op, ctx);
+      H5Handle ftype(DTRAIN_H5_CALL(H5Dget_type(d), op, ctx), H5Tclose);
+      if (Shape(dims.begin(), dims.end()) != e.shape || H5Tget_size(ftype) != size_of(e.dtype))
+        raise<IoError>(op, ctx +
+                               ": the dataset's shape or element size changed since the file "
+                               "was verified");
+      H5Handle mtype = detail::ckpt_h5::h5_type_for(e.dtype, false);
+      if (e.bytes()) DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst), op, ctx);
+      const std::uint32_t actual = crc32c(dst, e.bytes());
+      if (actual != e.crc) {
+        char buf[128];
+        std::snprintf(buf, sizeof buf,
+                      ": checksum mismatch (stored crc32c %08x, data gives %08x) since the file "
+                      "was verified",
+                      e.crc, actual);
+        raise<IoError>(op, ctx + buf);
+      }
+    }
+    const std::string& path() const noexcept { return path_; }
+
+   private:
+    std::string path_;
+    detail::ckpt_h5::H5Handle file_;
+  };
+
+ private:
+  static detail::CkptManifest read_file(const std::string& path, bool with_data) {
     detail::ckpt_h5::H5Session session;
     const char* op = "checkpoint read";
     detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(false);
@@ -554,7 +663,7 @@ struct Hdf5Format {
         raise<IoError>(op, path + ":/config: checksum mismatch");
       m.config = std::move(buf);
     }
-    detail::ckpt_h5::H5ReadState st{file, &m, path};
+    detail::ckpt_h5::H5ReadState st{file, &m, path, with_data, {}};
     detail::ckpt_h5::h5_read_group(st, "/");
     if (static_cast<std::int64_t>(m.entries.size()) != expected)
       raise<IoError>(op, path + ": holds " + std::to_string(m.entries.size()) +

@@ -1,11 +1,14 @@
-// dtrain: the restore path. Rank 0 has read and verified the file; this distributes its content:
+// dtrain: the restore path. Rank 0 has verified the file; this distributes its content:
 // metadata to every rank, a check pass on every rank (nothing is modified until all agree that
 // the objects match the file), then replicated tensors by broadcast and per-rank state to its
-// owner.
+// owner. Rank 0 takes each tensor's bytes from its entry, or, where the entry carries none (a
+// file verified without keeping its data), reads them from the file just then, into the object's
+// own memory where it can: it never holds the whole checkpoint.
 #pragma once
 
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,26 +23,67 @@
 
 namespace dtrain::detail {
 
+/// Test knob: called on rank 0 with the chosen file once it is verified and open for the reads
+/// that follow (tests change the file there). Set it before the restore, clear it after.
+inline std::function<void(const std::string&)>& ckpt_restore_hook() {
+  static std::function<void(const std::string&)> hook;
+  return hook;
+}
+
+/// Rank 0's reader of a tensor entry's bytes when the entry carries none: fills `dst`
+/// (entry.bytes(), host memory) or throws (IoError: the file changed since it was verified).
+using CkptReadData = std::function<void(const CkptEntry&, void*)>;
+
+/// Rank 0: entry `e`'s bytes into `dst`, from the entry or through `read`. A failed read is kept
+/// in `failed` (the first; later reads are skipped) and `dst` zero-filled instead, so that the
+/// restore's collectives go on to the agreement at its end, where every rank throws it.
+inline void ckpt_entry_bytes(const CkptEntry& e, void* dst, const CkptReadData& read,
+                             std::exception_ptr& failed) {
+  const std::size_t n = e.bytes();
+  if (n == 0) return;
+  if (e.data) {
+    std::memcpy(dst, e.data, n);
+    return;
+  }
+  if (!failed) {
+    try {
+      if (!read)
+        raise<InvalidArgument>("checkpoint restore",
+                               e.path + ": the entry has no data and there is no file to read");
+      read(e, dst);
+      return;
+    } catch (...) {
+      failed = std::current_exception();
+    }
+  }
+  std::memset(dst, 0, n);
+}
+
 template <class Comm>
 struct CkptFetch {
   Comm* comm;
   int rank;
   bool broadcast;  // rank 0 holds the bytes and broadcasts them
+  const CkptReadData* read;
+  std::exception_ptr* failed;
 };
 
 template <class Comm>
 void ckpt_fetch_entry(void* ctx, const CkptEntry& e, BufferView dst) {
   auto* c = static_cast<CkptFetch<Comm>*>(ctx);
-  const std::size_t n = e.bytes();
-  if ((c->rank == 0 || !c->broadcast) && n) std::memcpy(dst.data, e.data, n);
+  if (c->rank == 0 || !c->broadcast) ckpt_entry_bytes(e, dst.data, *c->read, *c->failed);
   if (c->broadcast && dst.count) c->comm->broadcast(dst, 0);
 }
 
-/// Collective. `m` holds the file's content on rank 0 (anything elsewhere); fills the objects
-/// on every rank. Throws (on every rank) InvalidArgument when the objects do not match.
+/// Collective. `m` holds the file's content on rank 0 (anything elsewhere): metadata, and each
+/// tensor's bytes or, where an entry has none, `read` (rank 0) fetches them from the file; fills
+/// the objects on every rank. Throws (on every rank) InvalidArgument when the objects do not
+/// match, before modifying any; and, after filling them, the error of a read that failed (the
+/// objects then hold zeros where that tensor and the ones after it would be: restore again).
 template <class Comm, class... Ts>
 void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
-                     const std::string& file, const Named<Ts>&... objects) {
+                     const std::string& file, const CkptReadData& read,
+                     const Named<Ts>&... objects) {
   const char* op = "checkpoint restore";
   const int rank = comm.rank(), p = comm.size();
   // Everyone gets the file's metadata (names, shapes, scalars) from rank 0.
@@ -111,7 +155,8 @@ void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
                  "state with dtrain::per_rank");
 
   // Replicated state: rank 0 fills its objects from the file and broadcasts tensor by tensor.
-  CkptFetch<Comm> bc{&comm, rank, p > 1};
+  std::exception_ptr failed;  // rank 0's first failed read
+  CkptFetch<Comm> bc{&comm, rank, p > 1, &read, &failed};
   auto apply_replicated = [&](const auto& n) {
     if (n.placement != Placement::replicated) return;
     LoadVisitor v(index, "/" + n.name, LoadVisitor::Mode::apply, &ckpt_fetch_entry<Comm>, &bc);
@@ -131,8 +176,18 @@ void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
           std::int64_t count = 0;
           for (const auto& e : m.entries) count += e.owner == s;
           w.put_i64(count);
-          for (const auto& e : m.entries)
-            if (e.owner == s) encode_entry(w, e, true);
+          for (const auto& e : m.entries) {
+            if (e.owner != s) continue;
+            if (e.kind != EntryKind::tensor || e.data || e.bytes() == 0) {
+              encode_entry(w, e, true);
+              continue;
+            }
+            CkptEntry with = e;  // read from the file for this rank only
+            with.storage.resize(e.bytes());
+            ckpt_entry_bytes(e, with.storage.data(), read, failed);
+            with.data = with.storage.data();
+            encode_entry(w, with, true);
+          }
         }
         ckpt_bcast_bytes(comm, w.bytes(), 0);
         if (rank != s) continue;
@@ -145,7 +200,7 @@ void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
         own_index = index;
       else
         for (const auto& e : own) own_index[e.path] = &e;
-      CkptFetch<Comm> local{&comm, rank, false};
+      CkptFetch<Comm> local{&comm, rank, false, &read, &failed};
       auto apply_own = [&](const auto& n) {
         if (n.placement != Placement::per_rank) return;
         LoadVisitor v(own_index, "/ranks/" + std::to_string(rank) + "/" + n.name,
@@ -158,6 +213,14 @@ void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
     DTRAIN_LOG(warn, "checkpoint " << file << " was written by " << m.world_size
                                    << " ranks; per-rank objects keep their current state");
   }
+  ckpt_agree(comm, failed, op);
+}
+
+/// Collective. As above, every tensor's bytes in its entry on rank 0.
+template <class Comm, class... Ts>
+void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
+                     const std::string& file, const Named<Ts>&... objects) {
+  restore_objects(comm, opt, m, file, CkptReadData{}, objects...);
 }
 
 }  // namespace dtrain::detail
