@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Runs example 10 (train_fashion_mnist) several times with the same seed and settings and
-compares the final parameters bit for bit (the model datasets of each run's last checkpoint,
-read with h5py, every CRC32C checked).
+compares the final parameters and AdamW state bit for bit (the model and optimizer datasets of
+each run's last checkpoint, read with h5py, every CRC32C checked: a sharded run's moments as
+written from the ranks' parts).
 
 usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--np P] [--steps S]
                         [--modes tuning,reproducible,resume[,resume_reproducible]
@@ -73,7 +74,7 @@ def final_digest(run_dir, steps):
     if problems:
         raise Failed("%s: %s" % (ck[-1][1], "; ".join(problems)))
     h = hashlib.sha256()
-    names = sorted(k for k in arrays if k.startswith("model/"))
+    names = sorted(k for k in arrays if k.startswith(("model/", "optimizer/")))
     for k in names:
         h.update(k.encode() + b"\0" + arrays[k].tobytes())
     return h.hexdigest()[:16]
