@@ -230,6 +230,7 @@ class Checkpointer {
     detail::CkptManifest m;
     std::string chosen;
     std::vector<std::string> skipped;
+    std::unique_ptr<typename Format::Reader> reader;  // rank 0: the tensors, read as they load
     std::exception_ptr err;
     if (comm_.rank() == 0) {
       try {
@@ -248,6 +249,7 @@ class Checkpointer {
         }
         if (!files.empty() && chosen.empty())
           raise<IoError>(op, "no valid checkpoint in " + dir_ + "; tried:" + tried);
+        if (!chosen.empty()) reader = open_for_restore(chosen);
       } catch (...) {
         err = std::current_exception();
       }
@@ -256,17 +258,6 @@ class Checkpointer {
     std::vector<std::int64_t> found{chosen.empty() ? 0 : 1};
     detail::ckpt_bcast_i64(comm_, found, 0);
     if (!found[0]) return std::nullopt;
-    std::unique_ptr<typename Format::Reader> reader;  // rank 0: the tensors, read as they load
-    err = nullptr;
-    if (comm_.rank() == 0 && !chosen.empty()) {
-      try {
-        reader = std::make_unique<typename Format::Reader>(chosen);
-        if (const auto& hook = detail::ckpt_restore_hook()) hook(chosen);
-      } catch (...) {
-        err = std::current_exception();
-      }
-    }
-    detail::ckpt_agree(comm_, err, op);
     detail::restore_objects(comm_, opt_, m, chosen, read_with(reader.get()), objects...);
     mark_saved(m.step);
     if (comm_.rank() == 0) {
@@ -296,8 +287,7 @@ class Checkpointer {
     if (comm_.rank() == 0) {
       try {
         m = Format::verify(file);
-        reader = std::make_unique<typename Format::Reader>(file);
-        if (const auto& hook = detail::ckpt_restore_hook()) hook(file);
+        reader = open_for_restore(file);
       } catch (...) {
         err = std::current_exception();
       }
@@ -329,6 +319,12 @@ class Checkpointer {
   std::optional<std::int64_t> last_step() const noexcept { return last_saved_step_; }
 
  private:
+  // Rank 0: the verified `file` open for the reads of a restore.
+  static std::unique_ptr<typename Format::Reader> open_for_restore(const std::string& file) {
+    auto reader = std::make_unique<typename Format::Reader>(file);
+    if (const auto& hook = detail::ckpt_restore_hook()) hook(file);
+    return reader;
+  }
   // Rank 0's reads of a verified file's tensors during a restore (nothing elsewhere).
   static detail::CkptReadData read_with(const typename Format::Reader* reader) {
     if (!reader) return {};

@@ -395,6 +395,14 @@ inline std::uint32_t h5_dataset_crc(hid_t d, hid_t fspace, hid_t mtype, const Ck
   return crc;
 }
 
+/// The extent of dataspace `sp` as a Shape (empty for a scalar dataspace).
+inline Shape h5_shape_of(hid_t sp, const char* op, const std::string& ctx) {
+  const int nd = DTRAIN_H5_CALL(H5Sget_simple_extent_ndims(sp), op, ctx);
+  std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
+  if (nd > 0) DTRAIN_H5_CALL(H5Sget_simple_extent_dims(sp, dims.data(), nullptr), op, ctx);
+  return Shape(dims.begin(), dims.end());
+}
+
 inline int owner_of_path(const std::string& path) {
   static const std::string head = "/ranks/";
   if (path.compare(0, head.size(), head) != 0) return -1;
@@ -423,10 +431,7 @@ inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
   const auto crc = h5_get_attr(d, "crc32c", ctx);
   if (crc.kind != EntryKind::i64) raise<IoError>(op, ctx + ": crc32c attribute is not an integer");
   H5Handle sp(DTRAIN_H5_CALL(H5Dget_space(d), op, ctx), H5Sclose);
-  const int nd = DTRAIN_H5_CALL(H5Sget_simple_extent_ndims(sp), op, ctx);
-  std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
-  if (nd > 0) DTRAIN_H5_CALL(H5Sget_simple_extent_dims(sp, dims.data(), nullptr), op, ctx);
-  e.shape.assign(dims.begin(), dims.end());
+  e.shape = h5_shape_of(sp, op, ctx);
   H5Handle ftype(DTRAIN_H5_CALL(H5Dget_type(d), op, ctx), H5Tclose);
   if (H5Tget_size(ftype) != size_of(e.dtype))
     raise<IoError>(op, ctx + ": stored element size does not match dtype " + dname);
@@ -597,11 +602,9 @@ struct Hdf5Format {
       const std::string ctx = path_ + ":" + e.path;
       H5Handle d(DTRAIN_H5_CALL(H5Dopen2(file_, e.path.c_str(), H5P_DEFAULT), op, ctx), H5Dclose);
       H5Handle sp(DTRAIN_H5_CALL(H5Dget_space(d), op, ctx), H5Sclose);
-      const int nd = DTRAIN_H5_CALL(H5Sget_simple_extent_ndims(sp), op, ctx);
-      std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
-      if (nd > 0) DTRAIN_H5_CALL(H5Sget_simple_extent_dims(sp, dims.data(), nullptr), op, ctx);
       H5Handle ftype(DTRAIN_H5_CALL(H5Dget_type(d), op, ctx), H5Tclose);
-      if (Shape(dims.begin(), dims.end()) != e.shape || H5Tget_size(ftype) != size_of(e.dtype))
+      if (detail::ckpt_h5::h5_shape_of(sp, op, ctx) != e.shape ||
+          H5Tget_size(ftype) != size_of(e.dtype))
         raise<IoError>(op, ctx +
                                ": the dataset's shape or element size changed since the file "
                                "was verified");
@@ -617,7 +620,6 @@ struct Hdf5Format {
         raise<IoError>(op, ctx + buf);
       }
     }
-    const std::string& path() const noexcept { return path_; }
 
    private:
     std::string path_;
