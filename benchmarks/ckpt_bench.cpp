@@ -9,7 +9,9 @@
 // keep-last policy) and leaves them there. --compare also times every other write strategy (in
 // DIR/compare-<strategy>, removed afterwards). --parts also times saves of the model held in parts
 // over the ranks (a sharded optimizer state's layout) against saves of it held whole, with every
-// write strategy, and reports what rank 0 keeps for the next save.
+// write strategy, and reports what rank 0 keeps for the next save. Restores are timed with both
+// restore strategies (rank 0 reads, every rank reads its share), alternately; --cold drops the
+// page cache before each.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -176,6 +178,19 @@ double resident_mib(bool peak) {
 
 /// Resets this process's VmHWM to its current resident set (Linux 4.0 and later); false where
 /// the kernel refuses.
+/// Rank 0 writes back dirty pages and drops the page cache (the ranks share the node here), so
+/// that the next reads come from the disk. Needs root.
+void drop_page_cache(int rank) {
+  if (rank == 0) {
+    ::sync();
+    FILE* f = std::fopen("/proc/sys/vm/drop_caches", "w");
+    if (!f || std::fputs("3\n", f) < 0 || std::fclose(f) != 0)
+      dtrain::raise<dtrain::Error>("ckpt_bench --cold",
+                                   "cannot write /proc/sys/vm/drop_caches (needs root)");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 bool reset_peak_resident() {
   std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
   if (!f) return false;
@@ -210,8 +225,8 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &p);
   std::string dir;
   double mib = 100;
-  int saves = 5, keep = 3, steps = 20, passes = 10;
-  bool compare = false, parts = false;
+  int saves = 5, keep = 3, steps = 20, passes = 10, restores = 3;
+  bool compare = false, parts = false, cold = false;
   {
     CLI::App app(
         "ckpt_bench: checkpoint save bandwidth against a plain write + fsync of the same bytes, "
@@ -228,6 +243,11 @@ int main(int argc, char** argv) {
     dtrain_cli::add_int(app, "--passes", passes,
                         "sweeps over the parameters per step (stand-in for compute)", 1, 100000);
     app.add_flag("--compare", compare, "also time every other write strategy");
+    dtrain_cli::add_int(app, "--restores", restores,
+                        "restores timed per restore strategy (rank0, distributed), alternating", 1,
+                        1000);
+    app.add_flag("--cold", cold,
+                 "drop the page cache before each restore (root: /proc/sys/vm/drop_caches)");
     app.add_flag("--parts", parts,
                  "also time saves of the model held in parts (rank r keeps block r of every "
                  "tensor, as a sharded optimizer state), interleaved with saves of the whole "
@@ -342,32 +362,47 @@ int main(int argc, char** argv) {
             static_cast<double>(held_bytes) / 1048576.0, p);
     }
 
-    {  // Restore: newest valid checkpoint into a fresh model (files are in the page cache).
+    {  // Restore: newest valid checkpoint into a fresh model, by rank 0 and distributed,
+      // alternately (files in the page cache, or dropped from it before each with --cold).
       // Also each rank's peak resident set during the restore above what it held before it
       // (the fresh model already in place): the restore's own memory.
-      std::vector<double> times, rise;
+      const dtrain::RestoreStrategy kinds[] = {dtrain::RestoreStrategy::rank0,
+                                               dtrain::RestoreStrategy::distributed};
+      std::vector<double> times[2], rise[2];
       bool peak_known = true;
-      for (int k = 0; k < 3; ++k) {
-        BenchModel fresh(mib);
-        Cursor c2;
-        dtrain::Checkpointer<Comm> ckpt(comm, dir, dtrain::CheckpointOptions{});
-        MPI_Barrier(MPI_COMM_WORLD);
-        peak_known = reset_peak_resident() && peak_known;
-        const double before = resident_mib(false);
-        dtrain::Timer t;
-        auto step =
-            ckpt.restore_latest(dtrain::named("model", fresh), dtrain::per_rank("cursor", c2));
-        times.push_back(max_over_ranks(t.seconds()));
-        rise.push_back(max_over_ranks(resident_mib(true) - before));
-        if (!step || *step != saves || c2.position != rank)
-          dtrain::raise<dtrain::Error>("ckpt_bench", "restore returned the wrong checkpoint");
+      for (int k = 0; k < restores; ++k)
+        for (int which = 0; which < 2; ++which) {
+          BenchModel fresh(mib);
+          Cursor c2;
+          dtrain::CheckpointOptions o;
+          o.restore = kinds[which];
+          dtrain::Checkpointer<Comm> ckpt(comm, dir, o);
+          if (cold) drop_page_cache(rank);
+          MPI_Barrier(MPI_COMM_WORLD);
+          peak_known = reset_peak_resident() && peak_known;
+          const double before = resident_mib(false);
+          dtrain::Timer t;
+          auto step =
+              ckpt.restore_latest(dtrain::named("model", fresh), dtrain::per_rank("cursor", c2));
+          times[which].push_back(max_over_ranks(t.seconds()));
+          rise[which].push_back(max_over_ranks(resident_mib(true) - before));
+          if (!step || *step != saves || c2.position != rank)
+            dtrain::raise<dtrain::Error>("ckpt_bench", "restore returned the wrong checkpoint");
+        }
+      for (int which = 0; which < 2; ++which) {
+        row(rank, cold ? "restore_latest, cold" : "restore_latest", dtrain::name_of(kinds[which]),
+            bytes, median(times[which]), median(times[0]));
+        if (rank == 0 && peak_known)
+          std::printf(
+              "  %-22s %-16s %12.1f  (MiB, the largest rank's peak during the restore "
+              "above its resident set before it, median of %d)\n",
+              "restore: peak rise", dtrain::name_of(kinds[which]), median(rise[which]), restores);
       }
-      row(rank, "restore_latest", "-", bytes, median(times), 0);
-      if (rank == 0 && peak_known)
+      if (rank == 0)
         std::printf(
-            "  %-22s %-16s %12.1f  (MiB, the largest rank's peak during the restore "
-            "above its resident set before it, median of 3)\n",
-            "restore: peak rise", "-", median(rise));
+            "# restore: ratio = rank0's restore time / this time (median of %d each, "
+            "alternating)\n",
+            restores);
     }
 
     {  // Step time: no checkpoint, a synchronous save every 5 steps, an asynchronous one.

@@ -1,5 +1,7 @@
-// Checkpointer on real MPI (1-4 ranks): bit-exact resume with every write strategy, identical
-// file contents across strategies, fallback from a damaged file, and restore on fewer ranks.
+// Checkpointer on real MPI (1-4 ranks): bit-exact resume with every write strategy and either
+// restore strategy, identical file contents across strategies, fallback from a damaged file, and
+// restore on fewer ranks. Distributed restores read in runs of 12 bytes or more here, so that every
+// tensor is read by several ranks.
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -74,6 +76,13 @@ std::optional<std::int64_t> restore_run(Ckpt& c, FakeRun& r) {
   return std::apply([&](auto&&... o) { return c.restore_latest(o...); }, all_objects(r));
 }
 
+// Runs of 12 bytes for a test's distributed restores (every rank sets it).
+struct SmallRuns {
+  std::size_t saved = dtrain::detail::ckpt_run_bytes();
+  SmallRuns() { dtrain::detail::ckpt_run_bytes() = 12; }
+  ~SmallRuns() { dtrain::detail::ckpt_run_bytes() = saved; }
+};
+
 CheckpointOptions opts(CheckpointStrategy s, bool async, std::int64_t every = 0) {
   CheckpointOptions o;
   o.strategy = s;
@@ -86,17 +95,23 @@ CheckpointOptions opts(CheckpointStrategy s, bool async, std::int64_t every = 0)
 
 }  // namespace
 
-TEST_CASE("bit-exact resume on MPI with every write strategy") {
+TEST_CASE("bit-exact resume on MPI with every write strategy, either restore strategy") {
   MpiTestComm comm(MPI_COMM_WORLD);
+  SmallRuns small;
+  using dtrain::RestoreStrategy;
   struct Case {
     CheckpointStrategy s;
     bool async;
+    RestoreStrategy restore;  // automatic: distributed after an MPI-IO strategy, else rank0
   };
-  for (Case c : {Case{CheckpointStrategy::rank0, false}, Case{CheckpointStrategy::rank0, true},
-                 Case{CheckpointStrategy::parallel_rank0, false},
-                 Case{CheckpointStrategy::parallel_slices, false}}) {
+  for (Case c : {Case{CheckpointStrategy::rank0, false, RestoreStrategy::automatic},
+                 Case{CheckpointStrategy::rank0, true, RestoreStrategy::distributed},
+                 Case{CheckpointStrategy::parallel_rank0, false, RestoreStrategy::automatic},
+                 Case{CheckpointStrategy::parallel_slices, false, RestoreStrategy::automatic},
+                 Case{CheckpointStrategy::parallel_slices, false, RestoreStrategy::rank0}}) {
     CAPTURE(dtrain::name_of(c.s));
     CAPTURE(c.async);
+    CAPTURE(dtrain::name_of(c.restore));
     const std::string dir = shared_dir("resume");
     FakeRun ref(comm.rank());
     for (int s = 1; s <= 8; ++s) ref.step(comm);
@@ -110,7 +125,14 @@ TEST_CASE("bit-exact resume on MPI with every write strategy") {
       ckpt.wait();
       CHECK(ckpt.strategy() == c.s);
     }
-    Ckpt ckpt(comm, dir, opts(c.s, c.async));
+    CheckpointOptions ro = opts(c.s, c.async);
+    ro.restore = c.restore;
+    Ckpt ckpt(comm, dir, ro);
+    const RestoreStrategy expected = c.restore != RestoreStrategy::automatic ? c.restore
+                                     : c.s == CheckpointStrategy::rank0
+                                         ? RestoreStrategy::rank0
+                                         : RestoreStrategy::distributed;
+    CHECK(ckpt.restore_strategy() == expected);
     FakeRun resumed(comm.rank());
     REQUIRE(restore_run(ckpt, resumed) == std::optional<std::int64_t>(4));
     for (int s = 5; s <= 8; ++s) resumed.step(comm);
@@ -196,34 +218,49 @@ TEST_CASE("a rank stalled inside a parallel write: the others' deadline names th
 
 TEST_CASE("a corrupt newest checkpoint falls back to the previous one on MPI") {
   MpiTestComm comm(MPI_COMM_WORLD);
-  const std::string dir = shared_dir("corrupt");
-  FakeRun at1(comm.rank());
-  {
-    Ckpt ckpt(comm, dir, opts(CheckpointStrategy::parallel_slices, false));
-    FakeRun run(comm.rank());
-    run.step(comm);
-    at1.step(comm);
-    save_run(ckpt, 1, run);
-    run.step(comm);
-    save_run(ckpt, 2, run);
+  SmallRuns small;
+  for (auto restore : {dtrain::RestoreStrategy::rank0, dtrain::RestoreStrategy::distributed}) {
+    CAPTURE(dtrain::name_of(restore));
+    const std::string dir = shared_dir("corrupt");
+    FakeRun at1(comm.rank());
+    {
+      Ckpt ckpt(comm, dir, opts(CheckpointStrategy::parallel_slices, false));
+      FakeRun run(comm.rank());
+      run.step(comm);
+      at1.step(comm);
+      save_run(ckpt, 1, run);
+      run.step(comm);
+      save_run(ckpt, 2, run);
+    }
+    if (comm.rank() == 0) {
+      const std::string newest = dir + "/ckpt-000000000002.h5";
+      hid_t f = H5Fopen(newest.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      hid_t d = H5Dopen2(f, "/model/fc2/weight", H5P_DEFAULT);
+      const auto off = H5Dget_offset(d);
+      H5Dclose(d);
+      H5Fclose(f);
+      std::fstream io(newest, std::ios::in | std::ios::out | std::ios::binary);
+      io.seekp(static_cast<std::streamoff>(off + 3));
+      io.put('\x7f');
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    CheckpointOptions ro = opts(CheckpointStrategy::rank0, false);
+    ro.restore = restore;
+    Ckpt ckpt(comm, dir, ro);
+    FakeRun b(comm.rank());
+    CHECK(restore_run(ckpt, b) == std::optional<std::int64_t>(1));
+    CHECK(dtrain::test::first_difference(at1, b) == "");
+    // The damaged file is kept under another name (by rank 0, once restored); restoring it by
+    // name throws on every rank.
+    MPI_Barrier(MPI_COMM_WORLD);
+    CHECK(fs::exists(dir + "/ckpt-000000000002.h5.damaged"));
+    FakeRun c(comm.rank());
+    CHECK_THROWS_WITH_AS(
+        std::apply([&](auto&&... o) { ckpt.restore(dir + "/ckpt-000000000002.h5.damaged", o...); },
+                   all_objects(c)),
+        doctest::Contains("checksum mismatch"), dtrain::Error);
+    cleanup(dir);
   }
-  if (comm.rank() == 0) {
-    const std::string newest = dir + "/ckpt-000000000002.h5";
-    hid_t f = H5Fopen(newest.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    hid_t d = H5Dopen2(f, "/model/fc2/weight", H5P_DEFAULT);
-    const auto off = H5Dget_offset(d);
-    H5Dclose(d);
-    H5Fclose(f);
-    std::fstream io(newest, std::ios::in | std::ios::out | std::ios::binary);
-    io.seekp(static_cast<std::streamoff>(off + 3));
-    io.put('\x7f');
-  }
-  MPI_Barrier(MPI_COMM_WORLD);
-  Ckpt ckpt(comm, dir, opts(CheckpointStrategy::rank0, false));
-  FakeRun b(comm.rank());
-  CHECK(restore_run(ckpt, b) == std::optional<std::int64_t>(1));
-  CHECK(dtrain::test::first_difference(at1, b) == "");
-  cleanup(dir);
 }
 
 TEST_CASE("restore on fewer ranks: replicated state restored, per-rank state refused") {
@@ -241,20 +278,26 @@ TEST_CASE("restore on fewer ranks: replicated state restored, per-rank state ref
     auto w = run.model.fc2.weight.as<float>();
     w_saved.assign(w.begin(), w.end());
   }
+  SmallRuns small;
   MPI_Comm sub;
   MPI_Comm_split(MPI_COMM_WORLD, world_rank() < p - 1 ? 0 : MPI_UNDEFINED, world_rank(), &sub);
   if (sub != MPI_COMM_NULL) {
-    MpiTestComm comm(sub);
-    Ckpt ckpt(comm, dir, opts(CheckpointStrategy::rank0, false));
-    FakeRun run(comm.rank());
-    CHECK_THROWS_WITH_AS(restore_run(ckpt, run), doctest::Contains("written by"),
-                         dtrain::InvalidArgument);
-    auto step = ckpt.restore_latest(named("model", run.model), named("optimizer", run.opt),
-                                    named("dropout", run.dropout), named("schedule", run.sched));
-    CHECK(step == std::optional<std::int64_t>(3));
-    auto w = run.model.fc2.weight.as<float>();
-    CHECK(std::vector<float>(w.begin(), w.end()) == w_saved);
-    CHECK(run.opt.steps == 3);
+    for (auto restore : {dtrain::RestoreStrategy::rank0, dtrain::RestoreStrategy::distributed}) {
+      CAPTURE(dtrain::name_of(restore));
+      MpiTestComm comm(sub);
+      CheckpointOptions ro = opts(CheckpointStrategy::rank0, false);
+      ro.restore = restore;  // distributed: the per-rank state of the missing rank is read too
+      Ckpt ckpt(comm, dir, ro);
+      FakeRun run(comm.rank());
+      CHECK_THROWS_WITH_AS(restore_run(ckpt, run), doctest::Contains("written by"),
+                           dtrain::InvalidArgument);
+      auto step = ckpt.restore_latest(named("model", run.model), named("optimizer", run.opt),
+                                      named("dropout", run.dropout), named("schedule", run.sched));
+      CHECK(step == std::optional<std::int64_t>(3));
+      auto w = run.model.fc2.weight.as<float>();
+      CHECK(std::vector<float>(w.begin(), w.end()) == w_saved);
+      CHECK(run.opt.steps == 3);
+    }
     MPI_Comm_free(&sub);
   }
   cleanup(dir);

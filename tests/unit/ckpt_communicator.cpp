@@ -30,45 +30,61 @@
 namespace fs = std::filesystem;
 using LoopComm = dtrain::Communicator<dtrain::LoopbackTransport>;
 
-TEST_CASE("bit-exact resume through Communicator<LoopbackTransport>") {
-  for (int n : {1, 2, 3}) {
-    CAPTURE(n);
-    const std::string dir =
-        (fs::temp_directory_path() /
-         ("dtrain_ckpt_loopcomm_" + std::to_string(::getpid()) + "_" + std::to_string(n)))
-            .string();
-    fs::remove_all(dir);
-    dtrain::run_loopback(n, [&](dtrain::LoopbackTransport& t) {
-      LoopComm comm(t);
-      auto objects = [](dtrain::test::FakeRun& r) {
-        return std::make_tuple(dtrain::named("model", r.model), dtrain::named("optimizer", r.opt),
-                               dtrain::per_rank("sampler", r.sampler),
-                               dtrain::named("dropout", r.dropout),
-                               dtrain::named("schedule", r.sched));
-      };
-      dtrain::test::FakeRun ref(comm.rank());
-      for (int s = 1; s <= 6; ++s) ref.step(comm);
-      {
-        dtrain::CheckpointOptions o;
-        o.every_steps = 3;
-        dtrain::Checkpointer<LoopComm> ckpt(comm, dir, o);
-        dtrain::test::FakeRun run(comm.rank());
-        for (std::int64_t s = 1; s <= 4; ++s) {
-          run.step(comm);
-          std::apply([&](auto&&... o) { ckpt.maybe_save(s, o...); }, objects(run));
+namespace {
+// Runs of at least 12 bytes for the duration of a test: a distributed restore then cuts every
+// tensor of 24 bytes or more into runs read by different ranks.
+struct SmallRuns {
+  std::size_t saved = dtrain::detail::ckpt_run_bytes();
+  SmallRuns() { dtrain::detail::ckpt_run_bytes() = 12; }
+  ~SmallRuns() { dtrain::detail::ckpt_run_bytes() = saved; }
+};
+}  // namespace
+
+TEST_CASE("bit-exact resume through Communicator<LoopbackTransport>, either restore strategy") {
+  SmallRuns small;
+  for (auto restore : {dtrain::RestoreStrategy::rank0, dtrain::RestoreStrategy::distributed})
+    for (int n : {1, 2, 3}) {
+      CAPTURE(n);
+      CAPTURE(dtrain::name_of(restore));
+      const std::string dir =
+          (fs::temp_directory_path() /
+           ("dtrain_ckpt_loopcomm_" + std::to_string(::getpid()) + "_" + std::to_string(n)))
+              .string();
+      fs::remove_all(dir);
+      dtrain::run_loopback(n, [&](dtrain::LoopbackTransport& t) {
+        LoopComm comm(t);
+        auto objects = [](dtrain::test::FakeRun& r) {
+          return std::make_tuple(dtrain::named("model", r.model), dtrain::named("optimizer", r.opt),
+                                 dtrain::per_rank("sampler", r.sampler),
+                                 dtrain::named("dropout", r.dropout),
+                                 dtrain::named("schedule", r.sched));
+        };
+        dtrain::test::FakeRun ref(comm.rank());
+        for (int s = 1; s <= 6; ++s) ref.step(comm);
+        {
+          dtrain::CheckpointOptions o;
+          o.every_steps = 3;
+          dtrain::Checkpointer<LoopComm> ckpt(comm, dir, o);
+          dtrain::test::FakeRun run(comm.rank());
+          for (std::int64_t s = 1; s <= 4; ++s) {
+            run.step(comm);
+            std::apply([&](auto&&... o) { ckpt.maybe_save(s, o...); }, objects(run));
+          }
         }
-      }
-      dtrain::Checkpointer ckpt(comm, dir);  // class template argument deduction
-      static_assert(std::is_same_v<decltype(ckpt), dtrain::Checkpointer<LoopComm>>);
-      dtrain::test::FakeRun resumed(comm.rank());
-      auto step =
-          std::apply([&](auto&&... o) { return ckpt.restore_latest(o...); }, objects(resumed));
-      REQUIRE(step == std::optional<std::int64_t>(3));
-      for (int s = 4; s <= 6; ++s) resumed.step(comm);
-      CHECK(dtrain::test::first_difference(ref, resumed) == "");
-    });
-    fs::remove_all(dir);
-  }
+        dtrain::CheckpointOptions ro;
+        ro.restore = restore;
+        dtrain::Checkpointer ckpt(comm, dir, ro);  // class template argument deduction
+        static_assert(std::is_same_v<decltype(ckpt), dtrain::Checkpointer<LoopComm>>);
+        CHECK(ckpt.restore_strategy() == restore);
+        dtrain::test::FakeRun resumed(comm.rank());
+        auto step =
+            std::apply([&](auto&&... o) { return ckpt.restore_latest(o...); }, objects(resumed));
+        REQUIRE(step == std::optional<std::int64_t>(3));
+        for (int s = 4; s <= 6; ++s) resumed.step(comm);
+        CHECK(dtrain::test::first_difference(ref, resumed) == "");
+      });
+      fs::remove_all(dir);
+    }
 }
 
 namespace {
@@ -127,6 +143,7 @@ struct SgdRun {
 }  // namespace
 
 TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its parts, resumes") {
+  SmallRuns small;
   const std::string base =
       (fs::temp_directory_path() / ("dtrain_ckpt_sharded_" + std::to_string(::getpid()))).string();
   const std::string sharded_dir = base + "_parts", plain_dir = base + "_whole",
@@ -156,9 +173,15 @@ TEST_CASE("sharded steps: the checkpoint saves the optimizer state from its part
       sync.shard_updates(pv, opt);
     else if (sharded)
       sync.shard_updates(pv);
-    dtrain::Checkpointer<LoopComm> ckpt(comm, mode == Mode::save_plain ? plain_dir
-                                              : mode == Mode::rollback ? rollback_dir
-                                                                       : sharded_dir);
+    // The sharded runs restore with every rank reading its share of the file (in runs of 12
+    // bytes and more: each moment is read by both ranks), the plain resume from rank 0.
+    dtrain::CheckpointOptions co;
+    co.restore = sharded ? dtrain::RestoreStrategy::distributed : dtrain::RestoreStrategy::rank0;
+    dtrain::Checkpointer<LoopComm> ckpt(comm,
+                                        mode == Mode::save_plain ? plain_dir
+                                        : mode == Mode::rollback ? rollback_dir
+                                                                 : sharded_dir,
+                                        co);
     int first = 1;
     if (resume) {
       REQUIRE(ckpt.restore_latest(dtrain::named("params", p), dtrain::named("optimizer", opt)) ==
@@ -361,6 +384,33 @@ TEST_CASE("tensors held in parts: overlapping or missing parts and per-rank obje
   }
 }
 
+TEST_CASE("distributed restore: ranks with nothing to read take part without opening the file") {
+  // One tensor of 40 bytes, runs of at least 1 MiB: rank 0 reads it all (verification and load)
+  // and ranks 1-3 have no run, so they open no reader; every rank gets the tensor by broadcast.
+  const std::string dir =
+      (fs::temp_directory_path() / ("dtrain_ckpt_idle_readers_" + std::to_string(::getpid())))
+          .string();
+  fs::remove_all(dir);
+  dtrain::run_loopback(4, [&](dtrain::LoopbackTransport& t) {
+    LoopComm comm(t);
+    Params saved{dtrain::Tensor({10}, dtrain::DType::f32)};
+    auto w = saved.w.as<float>();
+    for (std::size_t i = 0; i < w.size(); ++i) w[i] = 0.5f * static_cast<float>(i) - 1.0f;
+    {
+      dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+      ckpt.save(7, dtrain::named("params", saved));
+    }
+    dtrain::CheckpointOptions o;
+    o.restore = dtrain::RestoreStrategy::distributed;
+    dtrain::Checkpointer<LoopComm> ckpt(comm, dir, o);
+    Params back{dtrain::Tensor({10}, dtrain::DType::f32)};
+    CHECK(ckpt.restore_latest(dtrain::named("params", back)) == std::optional<std::int64_t>(7));
+    auto b = back.w.as<float>();
+    CHECK(std::vector<float>(b.begin(), b.end()) == std::vector<float>(w.begin(), w.end()));
+  });
+  fs::remove_all(dir);
+}
+
 TEST_CASE("keep_buffers off: a save's host buffers are freed once it is complete, the same file") {
   const std::string base =
       (fs::temp_directory_path() / ("dtrain_ckpt_buffers_" + std::to_string(::getpid()))).string();
@@ -414,88 +464,102 @@ TEST_CASE("keep_buffers off: a save's host buffers are freed once it is complete
 
 TEST_CASE(
     "a checkpoint changed after its verification: every rank throws, the next restore falls back") {
-  // Rank 0 verifies the newest file piece by piece without keeping its tensors, then reads each
-  // tensor again as it loads, checking its crc32c once more: a byte changed in between (here by
-  // the restore hook) fails that read, and every rank throws after the restore's collectives
-  // (none waits for rank 0). The damaged file then fails verification and is passed over.
-  const std::string dir =
-      (fs::temp_directory_path() / ("dtrain_ckpt_changed_" + std::to_string(::getpid()))).string();
-  fs::remove_all(dir);
-  auto objects = [](dtrain::test::FakeRun& r) {
-    return std::make_tuple(dtrain::named("model", r.model), dtrain::named("optimizer", r.opt),
-                           dtrain::per_rank("sampler", r.sampler),
-                           dtrain::named("dropout", r.dropout), dtrain::named("schedule", r.sched));
-  };
-  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
-    LoopComm comm(t);
-    dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
-    dtrain::test::FakeRun run(comm.rank());
-    for (std::int64_t s = 1; s <= 2; ++s) {
-      run.step(comm);
-      std::apply([&](auto&&... o) { ckpt.save(s, o...); }, objects(run));
+  // The file is verified piece by piece without keeping its tensors (by rank 0, or by every rank
+  // for its runs), then each tensor (run) is read again as it loads and its crc32c checked once
+  // more: a byte changed in between (here by the restore hook) fails that read, and every rank
+  // throws after the restore's collectives (none waits for the reader). The damaged file then
+  // fails verification and is passed over.
+  SmallRuns small;
+  for (auto restore : {dtrain::RestoreStrategy::rank0, dtrain::RestoreStrategy::distributed}) {
+    CAPTURE(dtrain::name_of(restore));
+    dtrain::CheckpointOptions ro;
+    ro.restore = restore;
+    const std::string dir =
+        (fs::temp_directory_path() /
+         ("dtrain_ckpt_changed_" + std::to_string(::getpid()) + "_" + dtrain::name_of(restore)))
+            .string();
+    fs::remove_all(dir);
+    auto objects = [](dtrain::test::FakeRun& r) {
+      return std::make_tuple(dtrain::named("model", r.model), dtrain::named("optimizer", r.opt),
+                             dtrain::per_rank("sampler", r.sampler),
+                             dtrain::named("dropout", r.dropout),
+                             dtrain::named("schedule", r.sched));
+    };
+    dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
+      LoopComm comm(t);
+      dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
+      dtrain::test::FakeRun run(comm.rank());
+      for (std::int64_t s = 1; s <= 2; ++s) {
+        run.step(comm);
+        std::apply([&](auto&&... o) { ckpt.save(s, o...); }, objects(run));
+      }
+    });
+    const std::string newest = dir + "/ckpt-000000000002.h5";
+    std::string victim;  // a replicated tensor of some bytes, and where they lie in the file
+    for (const auto& e : dtrain::Hdf5Format::read(newest).entries)
+      if (e.kind == dtrain::detail::EntryKind::tensor && e.owner < 0 && e.bytes() >= 8) {
+        victim = e.path;
+        break;
+      }
+    REQUIRE_FALSE(victim.empty());
+    haddr_t offset = HADDR_UNDEF;
+    {
+      dtrain::detail::H5Session session;
+      const hid_t f = H5Fopen(newest.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      REQUIRE(f >= 0);
+      const hid_t d = H5Dopen2(f, victim.c_str(), H5P_DEFAULT);
+      REQUIRE(d >= 0);
+      offset = H5Dget_offset(d);
+      H5Dclose(d);
+      H5Fclose(f);
     }
-  });
-  const std::string newest = dir + "/ckpt-000000000002.h5";
-  std::string victim;  // a replicated tensor of some bytes, and where they lie in the file
-  for (const auto& e : dtrain::Hdf5Format::read(newest).entries)
-    if (e.kind == dtrain::detail::EntryKind::tensor && e.owner < 0 && e.bytes() >= 8) {
-      victim = e.path;
-      break;
+    REQUIRE(offset != HADDR_UNDEF);
+    int hooked = 0;
+    dtrain::detail::ckpt_restore_hook() = [&](const std::string& file) {
+      ++hooked;
+      CHECK(file == newest);
+      const int fd = ::open(file.c_str(), O_RDWR);
+      REQUIRE(fd >= 0);
+      unsigned char b = 0;
+      REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(offset)) == 1);
+      b ^= 0x5a;
+      REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(offset)) == 1);
+      ::close(fd);
+    };
+    std::vector<std::string> what(2);
+    dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
+      LoopComm comm(t);
+      dtrain::Checkpointer<LoopComm> ckpt(comm, dir, ro);
+      dtrain::test::FakeRun back(comm.rank());
+      try {
+        std::apply([&](auto&&... o) { ckpt.restore_latest(o...); }, objects(back));
+      } catch (const dtrain::Error& e) {
+        what[static_cast<std::size_t>(comm.rank())] = e.what();
+      }
+    });
+    dtrain::detail::ckpt_restore_hook() = nullptr;
+    CHECK(hooked == 1);
+    for (const std::string& w : what) {
+      CAPTURE(w);
+      CHECK(w.find(newest + ":" + victim) != std::string::npos);
+      CHECK(w.find("since the file was verified") != std::string::npos);
     }
-  REQUIRE_FALSE(victim.empty());
-  haddr_t offset = HADDR_UNDEF;
-  {
-    dtrain::detail::H5Session session;
-    const hid_t f = H5Fopen(newest.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
-    REQUIRE(f >= 0);
-    const hid_t d = H5Dopen2(f, victim.c_str(), H5P_DEFAULT);
-    REQUIRE(d >= 0);
-    offset = H5Dget_offset(d);
-    H5Dclose(d);
-    H5Fclose(f);
+    // Restored again: the newest file fails verification now (restoring it by name throws on
+    // every rank, no fallback), step 1 comes back bit for bit.
+    dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
+      LoopComm comm(t);
+      dtrain::test::FakeRun ref(comm.rank());
+      ref.step(comm);
+      dtrain::Checkpointer<LoopComm> ckpt(comm, dir, ro);
+      dtrain::test::FakeRun back(comm.rank());
+      CHECK_THROWS_WITH_AS(
+          std::apply([&](auto&&... o) { return ckpt.restore(newest, o...); }, objects(back)),
+          doctest::Contains("checksum mismatch"), dtrain::Error);
+      const auto step =
+          std::apply([&](auto&&... o) { return ckpt.restore_latest(o...); }, objects(back));
+      CHECK(step == std::optional<std::int64_t>(1));
+      CHECK(dtrain::test::first_difference(ref, back) == "");
+    });
+    fs::remove_all(dir);
   }
-  REQUIRE(offset != HADDR_UNDEF);
-  int hooked = 0;
-  dtrain::detail::ckpt_restore_hook() = [&](const std::string& file) {
-    ++hooked;
-    CHECK(file == newest);
-    const int fd = ::open(file.c_str(), O_RDWR);
-    REQUIRE(fd >= 0);
-    unsigned char b = 0;
-    REQUIRE(::pread(fd, &b, 1, static_cast<off_t>(offset)) == 1);
-    b ^= 0x5a;
-    REQUIRE(::pwrite(fd, &b, 1, static_cast<off_t>(offset)) == 1);
-    ::close(fd);
-  };
-  std::vector<std::string> what(2);
-  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
-    LoopComm comm(t);
-    dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
-    dtrain::test::FakeRun back(comm.rank());
-    try {
-      std::apply([&](auto&&... o) { ckpt.restore_latest(o...); }, objects(back));
-    } catch (const dtrain::Error& e) {
-      what[static_cast<std::size_t>(comm.rank())] = e.what();
-    }
-  });
-  dtrain::detail::ckpt_restore_hook() = nullptr;
-  CHECK(hooked == 1);
-  for (const std::string& w : what) {
-    CAPTURE(w);
-    CHECK(w.find(newest + ":" + victim) != std::string::npos);
-    CHECK(w.find("since the file was verified") != std::string::npos);
-  }
-  // Restored again: the newest file fails verification now, step 1 comes back bit for bit.
-  dtrain::run_loopback(2, [&](dtrain::LoopbackTransport& t) {
-    LoopComm comm(t);
-    dtrain::test::FakeRun ref(comm.rank());
-    ref.step(comm);
-    dtrain::Checkpointer<LoopComm> ckpt(comm, dir);
-    dtrain::test::FakeRun back(comm.rank());
-    const auto step =
-        std::apply([&](auto&&... o) { return ckpt.restore_latest(o...); }, objects(back));
-    CHECK(step == std::optional<std::int64_t>(1));
-    CHECK(dtrain::test::first_difference(ref, back) == "");
-  });
-  fs::remove_all(dir);
 }

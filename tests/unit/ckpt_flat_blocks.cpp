@@ -1,13 +1,17 @@
 // The blocks that select a run of consecutive elements of a row-major array (a rank's part of a
 // sharded tensor, written in place by the parallel checkpoint strategies): checked against the
-// run itself, element by element, on every run of every shape of up to 4 axes of up to 4.
+// run itself, element by element, on every run of every shape of up to 4 axes of up to 4. And
+// the runs a distributed restore reads (detail::plan_reads): every element of every tensor read
+// once, per-rank state by its owner, the bytes balanced over the ranks.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <dtrain/ckpt/detail/flat_blocks.hpp>
+#include <dtrain/ckpt/detail/restore_distributed.hpp>
 
 namespace {
 
@@ -97,4 +101,105 @@ TEST_CASE("flat runs as blocks: a run inside one row, one across rows, and the w
   REQUIRE(whole.size() == 1u);
   CHECK(whole[0].count == dims);
   CHECK(flat_range_blocks(dims, 7, 0).empty());
+}
+
+namespace {
+
+dtrain::detail::CkptEntry tensor_entry(const std::string& path, dtrain::Shape shape,
+                                       dtrain::DType dtype, int owner = -1) {
+  dtrain::detail::CkptEntry e;
+  e.path = path;
+  e.shape = std::move(shape);
+  e.dtype = dtype;
+  e.owner = owner;
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("distributed restore plan: every element read once, owners read their own, balanced") {
+  using dtrain::DType;
+  using dtrain::detail::CkptEntry;
+  using dtrain::detail::plan_reads;
+  // A model's alternating weights and biases (the case that round-robin would put all weights on
+  // one rank), a 0-d tensor, an empty one, scalars, f16 and f64 tensors, per-rank state of ranks
+  // 0-2.
+  std::vector<CkptEntry> entries;
+  for (int l = 0; l < 6; ++l) {
+    entries.push_back(tensor_entry("/model/l" + std::to_string(l) + "/w", {300, 41}, DType::f32));
+    entries.push_back(tensor_entry("/model/l" + std::to_string(l) + "/b", {41}, DType::f32));
+  }
+  entries.push_back(tensor_entry("/opt/t", {}, DType::i64));
+  entries.push_back(tensor_entry("/opt/none", {0, 5}, DType::f32));
+  entries.push_back(tensor_entry("/opt/h", {7, 3, 5}, DType::f16));
+  entries.push_back(tensor_entry("/opt/d", {1000}, DType::f64));
+  CkptEntry scalar;
+  scalar.path = "/opt/step";
+  scalar.kind = dtrain::detail::EntryKind::i64;
+  entries.push_back(scalar);
+  for (int r = 0; r < 3; ++r)
+    entries.push_back(
+        tensor_entry("/ranks/" + std::to_string(r) + "/sampler/perm", {5000}, DType::i64, r));
+  for (int p = 1; p <= 5; ++p)
+    for (std::size_t run_bytes :
+         {std::size_t{1}, std::size_t{64}, std::size_t{4096}, std::size_t{16} << 20})
+      for (bool owners_read : {false, true}) {
+        CAPTURE(p);
+        CAPTURE(run_bytes);
+        CAPTURE(owners_read);
+        const auto plan = plan_reads(entries, p, owners_read, run_bytes);
+        std::vector<std::uint64_t> bytes_of(static_cast<std::size_t>(p), 0);
+        std::uint64_t largest_run = 0;
+        std::size_t count = 0;
+        for (const CkptEntry& e : entries) {
+          CAPTURE(e.path);
+          const auto it = plan.runs.find(e.path);
+          if (e.kind != dtrain::detail::EntryKind::tensor || e.bytes() == 0) {
+            CHECK(it == plan.runs.end());
+            continue;
+          }
+          REQUIRE(it != plan.runs.end());
+          const auto& runs = it->second;
+          count += runs.size();
+          // Back to back from element 0 to the last: each element read exactly once.
+          std::uint64_t next = 0;
+          std::vector<int> readers;
+          for (const auto& run : runs) {
+            CHECK(run.first == next);
+            CHECK(run.count > 0u);
+            CHECK(run.reader >= 0);
+            CHECK(run.reader < p);
+            next = run.first + run.count;
+            readers.push_back(run.reader);
+            const std::uint64_t b = run.count * dtrain::size_of(e.dtype);
+            bytes_of[static_cast<std::size_t>(run.reader)] += b;
+            largest_run = std::max(largest_run, b);
+          }
+          CHECK(next == dtrain::element_count(e.shape));
+          std::sort(readers.begin(), readers.end());
+          CHECK(std::unique(readers.begin(), readers.end()) == readers.end());  // distinct ranks
+          CHECK(runs.size() <= static_cast<std::size_t>(p));
+          if (owners_read && e.owner >= 0 && e.owner < p) {
+            REQUIRE(runs.size() == 1u);
+            CHECK(runs[0].reader == e.owner);
+          } else {
+            // As many readers as runs of run_bytes fit (at least one, at most p), each reading at
+            // least run_bytes unless the tensor is smaller (runs differ by an element at most).
+            const std::size_t fit = std::max<std::size_t>(1, e.bytes() / run_bytes);
+            CHECK(runs.size() == std::min<std::size_t>({static_cast<std::size_t>(p), fit,
+                                                        dtrain::element_count(e.shape)}));
+            for (const auto& run : runs)
+              CHECK(run.count * dtrain::size_of(e.dtype) + dtrain::size_of(e.dtype) >=
+                    std::min(e.bytes(), run_bytes));
+          }
+        }
+        CHECK(plan.count == count);
+        // Balanced: no rank reads more than the least-loaded one plus the largest run and an
+        // element (greedy assignment; a tensor's runs differ by up to an element), except what
+        // owners must read of their own state.
+        if (!owners_read) {
+          const auto [lo, hi] = std::minmax_element(bytes_of.begin(), bytes_of.end());
+          CHECK(*hi - *lo <= largest_run + 8);
+        }
+      }
 }

@@ -26,6 +26,32 @@ constexpr const char* name_of(CheckpointStrategy s) noexcept {
   return "?";
 }
 
+/// Who reads a checkpoint at restore. Both verify every checksum before any object is touched
+/// and fall back to an older file when the newest is damaged; they differ in who reads.
+enum class RestoreStrategy : unsigned char {
+  /// distributed when the write strategy is an MPI-IO one (the run directory is then on a
+  /// filesystem every rank sees), rank0 otherwise
+  automatic,
+  /// rank 0 verifies the file and reads it; tensors reach the other ranks by broadcast and
+  /// per-rank state is sent to its owner. The run directory need be visible to rank 0 only.
+  rank0,
+  /// every rank verifies and reads a share of the file (each tensor in up to p runs of at least
+  /// 1 MiB, balanced over the ranks), broadcasts what it read of replicated tensors, and reads its
+  /// own per-rank state: rank 0 reads about 1/p of the file instead of all of it, twice
+  /// (verification, then the loads). Ranks with runs open the file: the run directory must be
+  /// on a filesystem every rank sees.
+  distributed,
+};
+
+constexpr const char* name_of(RestoreStrategy s) noexcept {
+  switch (s) {
+    case RestoreStrategy::automatic: return "automatic";
+    case RestoreStrategy::rank0: return "rank0";
+    case RestoreStrategy::distributed: return "distributed";
+  }
+  return "?";
+}
+
 /// Settings of a Checkpointer. Plain data.
 struct CheckpointOptions {
   std::int64_t every_steps = 0;  ///< maybe_save saves when step % every_steps == 0 (0: never)
@@ -34,6 +60,7 @@ struct CheckpointOptions {
   bool async = false;        ///< write from a host snapshot on a background thread
   std::string config;        ///< stored verbatim in every file (e.g. the run's configuration)
   CheckpointStrategy strategy = CheckpointStrategy::automatic;
+  RestoreStrategy restore = RestoreStrategy::automatic;  ///< who reads a checkpoint at restore
   std::string prefix = "ckpt";  ///< files are <prefix>-<step, 12 digits>.h5
   /// Restoring on a different number of ranks always restores replicated state; per-rank
   /// objects are then an error unless this is set, in which case they keep their current state.

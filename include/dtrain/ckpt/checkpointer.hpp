@@ -6,7 +6,8 @@
 //
 // The pieces: options in <dtrain/ckpt/checkpoint_options.hpp>; the write strategies in
 // ckpt/detail/save_rank0.hpp (rank 0 alone, now or from a snapshot) and save_parallel.hpp
-// (MPI-IO); the restore path in ckpt/detail/restore.hpp; the compound collectives they share
+// (MPI-IO); the restore path in ckpt/detail/restore.hpp (and the distributed restore's plan and
+// verification in restore_distributed.hpp); the compound collectives they share
 // (error agreement, gathering entries) in ckpt/detail/collectives.hpp; tensors held in parts
 // over the ranks (sharded optimizer state) are assembled on rank 0 by ckpt/detail/assemble.hpp.
 #pragma once
@@ -32,6 +33,7 @@
 #include <dtrain/ckpt/detail/manifest.hpp>
 #include <dtrain/ckpt/detail/objects.hpp>
 #include <dtrain/ckpt/detail/restore.hpp>
+#include <dtrain/ckpt/detail/restore_distributed.hpp>
 #include <dtrain/ckpt/detail/save_job.hpp>
 #include <dtrain/ckpt/detail/save_parallel.hpp>
 #include <dtrain/ckpt/detail/save_rank0.hpp>
@@ -88,6 +90,7 @@ class Checkpointer {
       DTRAIN_REQUIRE(!opt_.prefix.empty() && opt_.prefix.find('/') == std::string::npos, op,
                      "invalid file prefix '" << opt_.prefix << "'");
       strategy_ = resolve_strategy();
+      restore_ = resolve_restore();
       if (comm_.rank() == 0) {
         detail::make_directories(dir_, op);
         for (const auto& t : detail::list_stale_temporaries(dir_, opt_.prefix)) {
@@ -217,85 +220,46 @@ class Checkpointer {
   /// returns its step; std::nullopt (objects untouched) when the directory holds none. A damaged
   /// newest file is reported with a warning and an older one is used; when files exist but none
   /// is valid, throws IoError listing them. A shape, dtype or name mismatch, or an unknown
-  /// format version, throws InvalidArgument naming the first mismatching entry. Rank 0 verifies
-  /// a file's every checksum reading it in pieces, keeps none of its tensors, and then reads each
-  /// tensor as it loads (into the object's memory, or a host tensor's staging buffer) and checks
-  /// it again: beyond the objects it holds one piece or one device tensor's staging, whatever the
-  /// file's size. A tensor that fails that second check (the file changed since) throws IoError
-  /// on every rank after the restore's collectives; the objects are then partly restored.
+  /// format version, throws InvalidArgument naming the first mismatching entry. Every checksum
+  /// of a file is verified before any object is modified: by rank 0 reading the file in pieces
+  /// (RestoreStrategy::rank0), or by every rank reading its share (distributed). No rank keeps
+  /// the file's tensors: each is read as it loads (into the object's memory, or a device
+  /// tensor's staging buffer) and checked again; beyond the objects a rank holds one piece or
+  /// one device tensor's staging, whatever the file's size. A tensor that fails that second
+  /// check (the file changed since) throws IoError on every rank after the restore's
+  /// collectives; the objects are then partly restored.
   template <class... Ts>
   std::optional<std::int64_t> restore_latest(const Named<Ts>&... objects) {
-    const char* op = "checkpoint restore";
-    finish_pending(op);
-    detail::CkptManifest m;
-    std::string chosen;
-    std::vector<std::string> skipped;
-    std::unique_ptr<typename Format::Reader> reader;  // rank 0: the tensors, read as they load
-    std::exception_ptr err;
-    if (comm_.rank() == 0) {
-      try {
-        const auto files = detail::list_checkpoint_files(dir_, opt_.prefix, Format::extension);
-        std::string tried;
-        for (const auto& f : files) {
-          try {
-            m = Format::verify(f.path);
-            chosen = f.path;
-            break;
-          } catch (const IoError& e) {
-            DTRAIN_LOG(warn, "skipping damaged checkpoint " << f.path << ": " << e.what());
-            tried += "\n  " + f.path + ": " + e.what();
-            skipped.push_back(f.path);
-          }
-        }
-        if (!files.empty() && chosen.empty())
-          raise<IoError>(op, "no valid checkpoint in " + dir_ + "; tried:" + tried);
-        if (!chosen.empty()) reader = open_for_restore(chosen);
-      } catch (...) {
-        err = std::current_exception();
-      }
-    }
-    detail::ckpt_agree(comm_, err, op);
-    std::vector<std::int64_t> found{chosen.empty() ? 0 : 1};
-    detail::ckpt_bcast_i64(comm_, found, 0);
-    if (!found[0]) return std::nullopt;
-    detail::restore_objects(comm_, opt_, m, chosen, read_with(reader.get()), objects...);
-    mark_saved(m.step);
+    finish_pending("checkpoint restore");
+    detail::CkptChoice<Format> c;
+    if (!choose(c, nullptr)) return std::nullopt;
+    detail::restore_objects(comm_, opt_, c.m, c.file, source_of(c), objects...);
+    mark_saved(c.m.step);
     if (comm_.rank() == 0) {
       // Damaged files newer than the restored one would shadow the checkpoints this run writes
       // next; keep them for inspection under a name that is never loaded.
-      for (const auto& s : skipped) {
+      for (const auto& s : c.skipped) {
         DTRAIN_LOG(warn, "renaming damaged checkpoint " << s << " to " << s << ".damaged");
         try {
-          detail::rename_path(s, s + ".damaged", op);
+          detail::rename_path(s, s + ".damaged", "checkpoint restore");
         } catch (const std::exception& e) {
           DTRAIN_LOG(warn, e.what());
         }
       }
+      DTRAIN_LOG(info, "restored step " << c.m.step << " from " << c.file);
     }
-    if (comm_.rank() == 0) DTRAIN_LOG(info, "restored step " << m.step << " from " << chosen);
-    return m.step;
+    return c.m.step;
   }
 
   /// Collective. Restores the given checkpoint file (no fallback); returns its step.
   template <class... Ts>
   std::int64_t restore(const std::string& file, const Named<Ts>&... objects) {
-    const char* op = "checkpoint restore";
-    finish_pending(op);
-    detail::CkptManifest m;
-    std::unique_ptr<typename Format::Reader> reader;  // rank 0: the tensors, read as they load
-    std::exception_ptr err;
-    if (comm_.rank() == 0) {
-      try {
-        m = Format::verify(file);
-        reader = open_for_restore(file);
-      } catch (...) {
-        err = std::current_exception();
-      }
-    }
-    detail::ckpt_agree(comm_, err, op);
-    detail::restore_objects(comm_, opt_, m, file, read_with(reader.get()), objects...);
-    mark_saved(m.step);
-    return m.step;
+    finish_pending("checkpoint restore");
+    detail::CkptChoice<Format> c;
+    choose(c, &file);
+    detail::restore_objects(comm_, opt_, c.m, file, source_of(c), objects...);
+    mark_saved(c.m.step);
+    return c.m.step;
   }
 
   /// Collective, blocking: waits for a background write and throws its error on every rank.
@@ -315,20 +279,88 @@ class Checkpointer {
   const CheckpointOptions& options() const noexcept { return opt_; }
   /// The strategy in use after resolving `automatic`.
   CheckpointStrategy strategy() const noexcept { return strategy_; }
+  /// Who reads a checkpoint at restore, after resolving `automatic`.
+  RestoreStrategy restore_strategy() const noexcept { return restore_; }
   /// Step of the last save or restore of this object, if any.
   std::optional<std::int64_t> last_step() const noexcept { return last_saved_step_; }
 
  private:
-  // Rank 0: the verified `file` open for the reads of a restore.
-  static std::unique_ptr<typename Format::Reader> open_for_restore(const std::string& file) {
-    auto reader = std::make_unique<typename Format::Reader>(file);
-    if (const auto& hook = detail::ckpt_restore_hook()) hook(file);
-    return reader;
+  // Collective: the file to restore, verified, its metadata and reader (on rank 0, or with the
+  // plan on every rank when distributed): `only`, or the newest valid file of the run directory
+  // (false when there is none). Throws on every rank when it finds none valid, or `only` is not.
+  bool choose(detail::CkptChoice<Format>& c, const std::string* only) {
+    const char* op = "checkpoint restore";
+    const bool distributed = restore_ == RestoreStrategy::distributed;
+    std::vector<std::string> candidates;  // distributed: rank 0's list, newest first
+    std::exception_ptr err;
+    if (comm_.rank() == 0) {
+      try {
+        if (only && distributed) {
+          candidates.push_back(*only);
+        } else if (only) {
+          c.m = Format::verify(*only);
+          c.file = *only;
+        } else {
+          const auto files = detail::list_checkpoint_files(dir_, opt_.prefix, Format::extension);
+          std::string tried;
+          for (const auto& f : files) {
+            if (distributed) {
+              candidates.push_back(f.path);
+              continue;
+            }
+            try {
+              c.m = Format::verify(f.path);
+              c.file = f.path;
+              break;
+            } catch (const IoError& e) {
+              DTRAIN_LOG(warn, "skipping damaged checkpoint " << f.path << ": " << e.what());
+              tried += "\n  " + f.path + ": " + e.what();
+              c.skipped.push_back(f.path);
+            }
+          }
+          if (!distributed && !files.empty() && c.file.empty())
+            raise<IoError>(op, "no valid checkpoint in " + dir_ + "; tried:" + tried);
+        }
+        if (!c.file.empty()) c.reader = std::make_unique<typename Format::Reader>(c.file);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    detail::ckpt_agree(comm_, err, op);
+    if (distributed) {
+      if (!detail::choose_distributed<Format>(comm_, candidates, only == nullptr, dir_, c))
+        return false;
+    } else {
+      std::vector<std::int64_t> found{c.file.empty() ? 0 : 1};
+      detail::ckpt_bcast_i64(comm_, found, 0);
+      if (!found[0]) return false;
+    }
+    // Test knob: rank 0 may change the verified file before the reads (the others wait for it
+    // in the restore's next collective).
+    if (comm_.rank() == 0)
+      if (const auto& hook = detail::ckpt_restore_hook()) hook(c.file);
+    return true;
   }
-  // Rank 0's reads of a verified file's tensors during a restore (nothing elsewhere).
-  static detail::CkptReadData read_with(const typename Format::Reader* reader) {
-    if (!reader) return {};
-    return [reader](const detail::CkptEntry& e, void* dst) { reader->read(e, dst); };
+
+  // Where the restore of a chosen file reads its tensors: rank 0's reader, or every rank's runs.
+  detail::CkptSource source_of(const detail::CkptChoice<Format>& c) const {
+    detail::CkptSource s;
+    const typename Format::Reader* reader = c.reader.get();  // null where nothing is read
+    if (restore_ == RestoreStrategy::distributed) {
+      s.plan = &c.plan;  // read_run is called for this rank's own runs only
+      s.read_run = [reader](const detail::CkptEntry& e, const detail::CkptRun& run, void* dst) {
+        reader->check_since_verified(e, reader->read_run(e, run.first, run.count, dst), run.crc);
+      };
+    } else if (reader) {
+      s.read = [reader](const detail::CkptEntry& e, void* dst) { reader->read(e, dst); };
+    }
+    return s;
+  }
+
+  RestoreStrategy resolve_restore() const {
+    if (opt_.restore != RestoreStrategy::automatic) return opt_.restore;
+    return strategy_ == CheckpointStrategy::rank0 ? RestoreStrategy::rank0
+                                                  : RestoreStrategy::distributed;
   }
 
   CheckpointStrategy resolve_strategy() const {
@@ -392,6 +424,7 @@ class Checkpointer {
   std::string dir_;
   CheckpointOptions opt_;
   CheckpointStrategy strategy_ = CheckpointStrategy::rank0;
+  RestoreStrategy restore_ = RestoreStrategy::rank0;
   std::optional<std::int64_t> last_saved_step_;
   double last_save_time_ = now_seconds();
   std::future<void> pending_;

@@ -350,12 +350,19 @@ inline H5Handle h5_file_access(bool for_write) {
   return fapl;
 }
 
+/// What a read of a whole file does with each dataset's elements.
+enum class H5ReadMode {
+  data,      // keeps them in the entry, checks the crc32c (Hdf5Format::read)
+  checksum,  // checks the crc32c reading them in pieces, keeps none (Hdf5Format::verify)
+  metadata,  // reads none: dtype, shape and stored crc32c only (Hdf5Format::describe)
+};
+
 struct H5ReadState {
   hid_t file;
   CkptManifest* m;
   std::string file_name;
-  bool with_data = true;               // keep each tensor's bytes in its entry
-  std::vector<unsigned char> scratch;  // without: the piece being checked
+  H5ReadMode mode = H5ReadMode::data;
+  std::vector<unsigned char> scratch;  // checksum: the piece being checked
 };
 
 /// Bytes read at a time when a dataset is checked without being kept (Hdf5Format::verify):
@@ -366,33 +373,53 @@ inline std::size_t& read_piece_bytes() {
   return bytes;
 }
 
-/// The crc32c of dataset `d` (file space `fspace`, entry `e` for its dtype and shape), its
-/// elements read in row-major order in pieces of at most read_piece_bytes() through `scratch`.
-inline std::uint32_t h5_dataset_crc(hid_t d, hid_t fspace, hid_t mtype, const CkptEntry& e,
-                                    std::vector<unsigned char>& scratch, const std::string& ctx) {
-  const char* op = "checkpoint read";
-  const std::size_t n = element_count(e.shape), es = size_of(e.dtype);
-  if (n == 0) return 0;
-  if (e.shape.empty()) {  // 0-d: one element
-    scratch.resize(es);
-    DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, scratch.data()), op, ctx);
-    return crc32c(scratch.data(), es);
-  }
-  const std::size_t piece = std::max<std::size_t>(1, read_piece_bytes() / es);
-  scratch.resize(std::min(n, piece) * es);
-  const std::vector<std::uint64_t> dims(e.shape.begin(), e.shape.end());
-  std::uint32_t crc = 0;
-  for (std::size_t first = 0; first < n; first += piece) {
-    const std::size_t count = std::min(piece, n - first);
-    H5Handle fsel(DTRAIN_H5_CALL(H5Scopy(fspace), op, ctx), H5Sclose);
+/// Selects in `fsel` (a copy of a dataset's file space, dims `dims`) and `msel` (created here)
+/// the elements [first, first + count) in row-major order; a 0-d dataset's one element whole.
+inline std::pair<H5Handle, H5Handle> h5_run_selection(hid_t fspace, const Shape& shape,
+                                                      std::uint64_t first, std::uint64_t count,
+                                                      const char* op, const std::string& ctx) {
+  H5Handle fsel(DTRAIN_H5_CALL(H5Scopy(fspace), op, ctx), H5Sclose);
+  if (!shape.empty()) {
+    const std::vector<std::uint64_t> dims(shape.begin(), shape.end());
     bool fresh = true;
     h5_select_run(fsel, dims, first, count, fresh, op, ctx);
-    const hsize_t m = static_cast<hsize_t>(count);
-    H5Handle msel(DTRAIN_H5_CALL(H5Screate_simple(1, &m, nullptr), op, ctx), H5Sclose);
-    DTRAIN_H5_CALL(H5Dread(d, mtype, msel, fsel, H5P_DEFAULT, scratch.data()), op, ctx);
-    crc = crc32c(scratch.data(), count * es, crc);
+  }
+  const hsize_t m = static_cast<hsize_t>(count);
+  H5Handle msel(DTRAIN_H5_CALL(H5Screate_simple(1, &m, nullptr), op, ctx), H5Sclose);
+  return {std::move(fsel), std::move(msel)};
+}
+
+/// Reads the elements [first, first + count) of dataset `d` (file space `fspace`, entry `e` for
+/// its dtype and shape) in row-major order into `dst`.
+inline void h5_read_run(hid_t d, hid_t fspace, hid_t mtype, const CkptEntry& e, std::uint64_t first,
+                        std::uint64_t count, void* dst, const std::string& ctx) {
+  const char* op = "checkpoint read";
+  if (count == 0) return;
+  auto [fsel, msel] = h5_run_selection(fspace, e.shape, first, count, op, ctx);
+  DTRAIN_H5_CALL(H5Dread(d, mtype, msel, fsel, H5P_DEFAULT, dst), op, ctx);
+}
+
+/// The crc32c of the elements [first, first + count) of dataset `d` (as h5_read_run), read in
+/// pieces of at most read_piece_bytes() through `scratch`.
+inline std::uint32_t h5_run_crc(hid_t d, hid_t fspace, hid_t mtype, const CkptEntry& e,
+                                std::uint64_t first, std::uint64_t count,
+                                std::vector<unsigned char>& scratch, const std::string& ctx) {
+  const std::size_t es = size_of(e.dtype);
+  const std::uint64_t piece = std::max<std::size_t>(1, read_piece_bytes() / es);
+  scratch.resize(static_cast<std::size_t>(std::min(count, piece)) * es);
+  std::uint32_t crc = 0;
+  for (std::uint64_t at = first; at < first + count; at += piece) {
+    const std::uint64_t n = std::min(piece, first + count - at);
+    h5_read_run(d, fspace, mtype, e, at, n, scratch.data(), ctx);
+    crc = crc32c(scratch.data(), static_cast<std::size_t>(n) * es, crc);
   }
   return crc;
+}
+
+/// The crc32c of dataset `d`'s every element (as h5_run_crc).
+inline std::uint32_t h5_dataset_crc(hid_t d, hid_t fspace, hid_t mtype, const CkptEntry& e,
+                                    std::vector<unsigned char>& scratch, const std::string& ctx) {
+  return h5_run_crc(d, fspace, mtype, e, 0, element_count(e.shape), scratch, ctx);
 }
 
 /// The extent of dataspace `sp` as a Shape (empty for a scalar dataspace).
@@ -436,8 +463,13 @@ inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
   if (H5Tget_size(ftype) != size_of(e.dtype))
     raise<IoError>(op, ctx + ": stored element size does not match dtype " + dname);
   H5Handle mtype = h5_type_for(e.dtype, false);
+  e.crc = static_cast<std::uint32_t>(crc.i64);
+  if (st.mode == H5ReadMode::metadata) {  // e.data stays null, the crc unchecked
+    st.m->entries.push_back(std::move(e));
+    return;
+  }
   std::uint32_t actual = 0;
-  if (st.with_data) {
+  if (st.mode == H5ReadMode::data) {
     e.storage.resize(e.bytes());
     if (!e.storage.empty())
       DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.storage.data()), op, ctx);
@@ -446,7 +478,6 @@ inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
   } else {
     actual = h5_dataset_crc(d, sp, mtype, e, st.scratch, ctx);  // e.data stays null
   }
-  e.crc = static_cast<std::uint32_t>(crc.i64);
   if (actual != e.crc) {
     char buf[96];
     std::snprintf(buf, sizeof buf, ": checksum mismatch (stored crc32c %08x, data gives %08x)",
@@ -573,15 +604,28 @@ struct Hdf5Format {
   /// Reads and verifies a whole checkpoint: every dataset's crc32c is checked. Local, blocking.
   /// Throws IoError for a damaged, truncated or foreign file and InvalidArgument for a
   /// dtrain checkpoint of an unknown format version.
-  static detail::CkptManifest read(const std::string& path) { return read_file(path, true); }
+  static detail::CkptManifest read(const std::string& path) {
+    return read_file(path, detail::ckpt_h5::H5ReadMode::data);
+  }
 
   /// Verifies a whole checkpoint as read() does (every dataset's crc32c checked, the same
   /// errors) but keeps no tensor bytes: each dataset is read in pieces of at most 16 MiB and
   /// dropped, and its entry carries dtype, shape and checksum only (data null), for a Reader to
   /// fetch later. Memory: one piece, whatever the file's size. Local, blocking.
-  static detail::CkptManifest verify(const std::string& path) { return read_file(path, false); }
+  static detail::CkptManifest verify(const std::string& path) {
+    return read_file(path, detail::ckpt_h5::H5ReadMode::checksum);
+  }
 
-  /// A checkpoint file open for reading tensors on demand, as verify() described them. Local.
+  /// Reads a checkpoint's metadata as verify() does (header, scalars, each tensor's dtype, shape
+  /// and stored checksum, the same errors for a damaged header or structure) but no tensor
+  /// elements: their checksums are left for Readers to check (a distributed restore has every
+  /// rank check its share). Local, blocking.
+  static detail::CkptManifest describe(const std::string& path) {
+    return read_file(path, detail::ckpt_h5::H5ReadMode::metadata);
+  }
+
+  /// A checkpoint file open for reading tensors on demand, as verify() or describe() described
+  /// them: whole, or a run of elements in row-major order. Local.
   class Reader {
    public:
     /// Opens `path` read-only; IoError when it cannot.
@@ -596,38 +640,71 @@ struct Hdf5Format {
     /// IoError naming the file and dataset when the dataset no longer has the verified shape,
     /// dtype size or checksum (the file changed since it was verified).
     void read(const detail::CkptEntry& e, void* dst) const {
+      check_since_verified(e, read_run(e, 0, element_count(e.shape), dst), e.crc);
+    }
+    /// Reads the elements [first, first + count) of tensor entry `e` in row-major order into
+    /// `dst` (host memory, count elements) and returns their crc32c. IoError as read() when the
+    /// dataset's shape or element size changed.
+    std::uint32_t read_run(const detail::CkptEntry& e, std::uint64_t first, std::uint64_t count,
+                           void* dst) const {
       detail::ckpt_h5::H5Session session;
-      using detail::ckpt_h5::H5Handle;
-      const char* op = "checkpoint read";
-      const std::string ctx = path_ + ":" + e.path;
-      H5Handle d(DTRAIN_H5_CALL(H5Dopen2(file_, e.path.c_str(), H5P_DEFAULT), op, ctx), H5Dclose);
-      H5Handle sp(DTRAIN_H5_CALL(H5Dget_space(d), op, ctx), H5Sclose);
-      H5Handle ftype(DTRAIN_H5_CALL(H5Dget_type(d), op, ctx), H5Tclose);
-      if (detail::ckpt_h5::h5_shape_of(sp, op, ctx) != e.shape ||
-          H5Tget_size(ftype) != size_of(e.dtype))
-        raise<IoError>(op, ctx +
-                               ": the dataset's shape or element size changed since the file "
-                               "was verified");
-      H5Handle mtype = detail::ckpt_h5::h5_type_for(e.dtype, false);
-      if (e.bytes()) DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, dst), op, ctx);
-      const std::uint32_t actual = crc32c(dst, e.bytes());
-      if (actual != e.crc) {
-        char buf[128];
-        std::snprintf(buf, sizeof buf,
-                      ": checksum mismatch (stored crc32c %08x, data gives %08x) since the file "
-                      "was verified",
-                      e.crc, actual);
-        raise<IoError>(op, ctx + buf);
-      }
+      Open d = open(e);
+      detail::ckpt_h5::h5_read_run(d.dataset, d.space, d.mtype, e, first, count, dst, d.ctx);
+      return crc32c(dst, static_cast<std::size_t>(count) * size_of(e.dtype));
+    }
+    /// The crc32c of the elements [first, first + count) of tensor entry `e`, read in pieces
+    /// of at most 16 MiB (the memory it takes). IoError as read_run().
+    std::uint32_t run_crc(const detail::CkptEntry& e, std::uint64_t first,
+                          std::uint64_t count) const {
+      detail::ckpt_h5::H5Session session;
+      Open d = open(e);
+      std::vector<unsigned char> scratch;
+      return detail::ckpt_h5::h5_run_crc(d.dataset, d.space, d.mtype, e, first, count, scratch,
+                                         d.ctx);
+    }
+    /// IoError naming the file and `e`'s dataset when `actual` (the crc32c of what was read)
+    /// is not `expected` (what the verification found).
+    void check_since_verified(const detail::CkptEntry& e, std::uint32_t actual,
+                              std::uint32_t expected) const {
+      if (actual == expected) return;
+      char buf[128];
+      std::snprintf(buf, sizeof buf,
+                    ": checksum mismatch (stored crc32c %08x, data gives %08x) since the file "
+                    "was verified",
+                    expected, actual);
+      raise<IoError>("checkpoint read", path_ + ":" + e.path + buf);
     }
 
    private:
+    struct Open {
+      std::string ctx;
+      detail::ckpt_h5::H5Handle dataset, space, mtype;
+    };
+    // Entry `e`'s dataset, checked to still have the described shape and element size.
+    Open open(const detail::CkptEntry& e) const {
+      using detail::ckpt_h5::H5Handle;
+      const char* op = "checkpoint read";
+      Open o;
+      o.ctx = path_ + ":" + e.path;
+      o.dataset = H5Handle(DTRAIN_H5_CALL(H5Dopen2(file_, e.path.c_str(), H5P_DEFAULT), op, o.ctx),
+                           H5Dclose);
+      o.space = H5Handle(DTRAIN_H5_CALL(H5Dget_space(o.dataset), op, o.ctx), H5Sclose);
+      H5Handle ftype(DTRAIN_H5_CALL(H5Dget_type(o.dataset), op, o.ctx), H5Tclose);
+      if (detail::ckpt_h5::h5_shape_of(o.space, op, o.ctx) != e.shape ||
+          H5Tget_size(ftype) != size_of(e.dtype))
+        raise<IoError>(op, o.ctx +
+                               ": the dataset's shape or element size changed since the file "
+                               "was verified");
+      o.mtype = detail::ckpt_h5::h5_type_for(e.dtype, false);
+      return o;
+    }
+
     std::string path_;
     detail::ckpt_h5::H5Handle file_;
   };
 
  private:
-  static detail::CkptManifest read_file(const std::string& path, bool with_data) {
+  static detail::CkptManifest read_file(const std::string& path, detail::ckpt_h5::H5ReadMode mode) {
     detail::ckpt_h5::H5Session session;
     const char* op = "checkpoint read";
     detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(false);
@@ -665,7 +742,7 @@ struct Hdf5Format {
         raise<IoError>(op, path + ":/config: checksum mismatch");
       m.config = std::move(buf);
     }
-    detail::ckpt_h5::H5ReadState st{file, &m, path, with_data, {}};
+    detail::ckpt_h5::H5ReadState st{file, &m, path, mode, {}};
     detail::ckpt_h5::h5_read_group(st, "/");
     if (static_cast<std::int64_t>(m.entries.size()) != expected)
       raise<IoError>(op, path + ": holds " + std::to_string(m.entries.size()) +

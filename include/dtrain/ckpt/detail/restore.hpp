@@ -1,9 +1,12 @@
-// dtrain: the restore path. Rank 0 has verified the file; this distributes its content:
-// metadata to every rank, a check pass on every rank (nothing is modified until all agree that
-// the objects match the file), then replicated tensors by broadcast and per-rank state to its
-// owner. Rank 0 takes each tensor's bytes from its entry, or, where the entry carries none (a
-// file verified without keeping its data), reads them from the file just then, into the object's
-// own memory where it can: it never holds the whole checkpoint.
+// dtrain: the restore path. The file has been verified (by rank 0, or by every rank for its
+// share: restore_distributed.hpp); this distributes its content: metadata to every rank, a check
+// pass on every rank (nothing is modified until all agree that the objects match the file), then
+// the tensors. From rank 0: replicated tensors by broadcast and per-rank state sent to its owner;
+// rank 0 takes each tensor's bytes from its entry, or, where the entry carries none (a file
+// verified without keeping its data), reads them from the file just then, into the object's own
+// memory where it can: it never holds the whole checkpoint. Distributed: every rank reads its
+// runs of each replicated tensor into the object's memory and broadcasts them, and reads its own
+// per-rank state.
 #pragma once
 
 #include <cstring>
@@ -18,6 +21,7 @@
 #include <dtrain/ckpt/detail/collectives.hpp>
 #include <dtrain/ckpt/detail/manifest.hpp>
 #include <dtrain/ckpt/detail/objects.hpp>
+#include <dtrain/ckpt/detail/restore_distributed.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/log.hpp>
 
@@ -59,6 +63,18 @@ inline void ckpt_entry_bytes(const CkptEntry& e, void* dst, const CkptReadData& 
   std::memset(dst, 0, n);
 }
 
+/// A distributed restore's read of one of this rank's runs of a tensor entry into `dst` (host
+/// memory, run.count elements), checked against the run's verified crc32c; throws IoError.
+using CkptReadRun = std::function<void(const CkptEntry&, const CkptRun&, void*)>;
+
+/// Where a restore's tensor bytes come from: rank 0 (entries' data, or `read` on rank 0), or,
+/// with `plan`, every rank's runs through `read_run` (every rank holds the metadata already).
+struct CkptSource {
+  CkptReadData read;
+  const CkptReadPlan* plan = nullptr;
+  CkptReadRun read_run;
+};
+
 template <class Comm>
 struct CkptFetch {
   Comm* comm;
@@ -75,36 +91,57 @@ void ckpt_fetch_entry(void* ctx, const CkptEntry& e, BufferView dst) {
   if (c->broadcast && dst.count) c->comm->broadcast(dst, 0);
 }
 
-/// Collective. `m` holds the file's content on rank 0 (anything elsewhere): metadata, and each
-/// tensor's bytes or, where an entry has none, `read` (rank 0) fetches them from the file; fills
-/// the objects on every rank. Throws (on every rank) InvalidArgument when the objects do not
+template <class Comm>
+struct CkptRunFetch {
+  Comm* comm;
+  int rank;
+  bool broadcast;  // each run goes from its reader to every rank
+  const CkptReadPlan* plan;
+  const CkptReadRun* read;
+  std::exception_ptr* failed;
+};
+
+// Entry `e`'s runs into `dst`: this rank reads its own (a failed read is kept in `failed`, the
+// first, and the run zero-filled, as ckpt_entry_bytes does), and each is broadcast from its reader.
+template <class Comm>
+void ckpt_fetch_runs(void* ctx, const CkptEntry& e, BufferView dst) {
+  auto* c = static_cast<CkptRunFetch<Comm>*>(ctx);
+  const auto it = c->plan->runs.find(e.path);
+  if (it == c->plan->runs.end()) return;  // no elements
+  for (const CkptRun& run : it->second) {
+    BufferView part =
+        dst.slice(static_cast<std::size_t>(run.first), static_cast<std::size_t>(run.count));
+    if (run.reader == c->rank) {
+      bool done = false;
+      if (!*c->failed) {
+        try {
+          (*c->read)(e, run, part.data);
+          done = true;
+        } catch (...) {
+          *c->failed = std::current_exception();
+        }
+      }
+      if (!done) std::memset(part.data, 0, part.bytes());
+    }
+    if (c->broadcast) c->comm->broadcast(part, run.reader);
+  }
+}
+
+/// Collective. From rank 0 (`src.plan` null): `m` holds the file's content on rank 0 (anything
+/// elsewhere): metadata, and each tensor's bytes or, where an entry has none, `src.read` (rank 0)
+/// fetches them from the file. Distributed (`src.plan`): `m` holds the metadata on every rank and
+/// each rank reads the plan's runs it is the reader of through `src.read_run`. Fills the objects
+/// on every rank. Throws (on every rank) InvalidArgument when the objects do not
 /// match, before modifying any; and, after filling them, the error of a read that failed (the
 /// objects then hold zeros where that tensor and the ones after it would be: restore again).
 template <class Comm, class... Ts>
 void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
-                     const std::string& file, const CkptReadData& read,
-                     const Named<Ts>&... objects) {
+                     const std::string& file, const CkptSource& src, const Named<Ts>&... objects) {
   const char* op = "checkpoint restore";
   const int rank = comm.rank(), p = comm.size();
+  const CkptReadData& read = src.read;
   // Everyone gets the file's metadata (names, shapes, scalars) from rank 0.
-  {
-    BlobWriter w;
-    if (rank == 0) {
-      encode_header(w, m);
-      w.put_i64(static_cast<std::int64_t>(m.entries.size()));
-      for (const auto& e : m.entries) encode_entry(w, e, false);
-    }
-    if (p > 1) {
-      ckpt_bcast_bytes(comm, w.bytes(), 0);
-      if (rank != 0) {
-        BlobReader r(w.bytes().data(), w.bytes().size());
-        decode_header(r, m);
-        const auto n = r.get_i64();
-        m.entries.clear();
-        for (std::int64_t i = 0; i < n; ++i) m.entries.push_back(decode_entry(r));
-      }
-    }
-  }
+  if (!src.plan) ckpt_bcast_metadata(comm, m);
   LoadVisitor::Index index;
   for (const auto& e : m.entries) index[e.path] = &e;
   const bool resized = m.world_size != p;
@@ -154,18 +191,32 @@ void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
                  "replicated objects differ in structure between ranks; pass rank-specific "
                  "state with dtrain::per_rank");
 
-  // Replicated state: rank 0 fills its objects from the file and broadcasts tensor by tensor.
-  std::exception_ptr failed;  // rank 0's first failed read
+  // Replicated state: rank 0 fills its objects from the file and broadcasts tensor by tensor;
+  // distributed, every rank reads its runs of each tensor and broadcasts them.
+  std::exception_ptr failed;  // this rank's first failed read
   CkptFetch<Comm> bc{&comm, rank, p > 1, &read, &failed};
+  CkptRunFetch<Comm> runs{&comm, rank, p > 1, src.plan, &src.read_run, &failed};
+  const LoadVisitor::Fetch fetch = src.plan ? &ckpt_fetch_runs<Comm> : &ckpt_fetch_entry<Comm>;
+  void* const fetch_ctx = src.plan ? static_cast<void*>(&runs) : static_cast<void*>(&bc);
   auto apply_replicated = [&](const auto& n) {
     if (n.placement != Placement::replicated) return;
-    LoadVisitor v(index, "/" + n.name, LoadVisitor::Mode::apply, &ckpt_fetch_entry<Comm>, &bc);
+    LoadVisitor v(index, "/" + n.name, LoadVisitor::Mode::apply, fetch, fetch_ctx);
     visit_object(v, *n.object);
   };
   (apply_replicated(objects), ...);
 
-  // Per-rank state: rank 0 sends each rank its own entries.
-  if (!resized) {
+  // Per-rank state: distributed, each rank reads its own; otherwise rank 0 sends each rank its
+  // own entries.
+  if (!resized && src.plan) {
+    CkptRunFetch<Comm> own{&comm, rank, false, src.plan, &src.read_run, &failed};
+    auto apply_own = [&](const auto& n) {
+      if (n.placement != Placement::per_rank) return;
+      LoadVisitor v(index, "/ranks/" + std::to_string(rank) + "/" + n.name,
+                    LoadVisitor::Mode::apply, &ckpt_fetch_runs<Comm>, &own);
+      visit_object(v, *n.object);
+    };
+    (apply_own(objects), ...);
+  } else if (!resized) {
     for (int s = 0; s < p; ++s) {
       std::vector<CkptEntry> own;
       if (s == 0) {
@@ -220,7 +271,7 @@ void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
 template <class Comm, class... Ts>
 void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
                      const std::string& file, const Named<Ts>&... objects) {
-  restore_objects(comm, opt, m, file, CkptReadData{}, objects...);
+  restore_objects(comm, opt, m, file, CkptSource{}, objects...);
 }
 
 }  // namespace dtrain::detail
