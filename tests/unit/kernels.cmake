@@ -1,7 +1,7 @@
 # Kernel-layer checks that are not tied to one kernel: one definition per host/device function,
 # and translation units built with and without BLAS keeping their own documented GEMM.
 dtrain_add_unit_test(NAME unit_kernels_single_source
-  SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_single_source_test.cpp TIMEOUT 60)
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_single_source_test.cpp TIMEOUT 60 OPTIMIZED)
 target_compile_definitions(unit_kernels_single_source PRIVATE
   DTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 
@@ -13,5 +13,5 @@ if(DTRAIN_HAVE_BLAS)
   dtrain_add_unit_test(NAME unit_kernels_odr
     SOURCES "${_odr}/odr_test.cpp" "${_odr}/with_blas.cpp"
             $<TARGET_OBJECTS:unit_kernels_odr_without_blas>
-    LINK dtrain::blas TIMEOUT 60)
+    LINK dtrain::blas TIMEOUT 60 OPTIMIZED)
 endif()

@@ -8,7 +8,7 @@ endif()
 dtrain_add_unit_test(NAME unit_kernels_host
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_host_test.cpp
   LINK ${_dtrain_model_blas}
-  TIMEOUT 120)
+  TIMEOUT 120 OPTIMIZED)
 # The same tests compiled for this machine's own instruction set (FMA where the CPU has it): the
 # optimizer paths promise the scalar order's bits whatever the flags, and a compiler that fused a
 # multiply and an add in one path and not in another (GCC's default with FMA in the target) broke
@@ -20,16 +20,16 @@ if(DTRAIN_CXX_HAS_MARCH_NATIVE)
   dtrain_add_unit_test(NAME unit_kernels_host_native
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_host_test.cpp
     LINK ${_dtrain_model_blas}
-    TIMEOUT 120)
+    TIMEOUT 120 OPTIMIZED)
   target_compile_options(unit_kernels_host_native PRIVATE -march=native)
 endif()
 
 dtrain_add_unit_test(NAME unit_model
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_test.cpp
   LINK ${_dtrain_model_blas}
-  TIMEOUT 120)
+  TIMEOUT 120 OPTIMIZED)
 
 dtrain_add_unit_test(NAME unit_optim
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/optim_test.cpp
   LINK ${_dtrain_model_blas}
-  TIMEOUT 120)
+  TIMEOUT 120 OPTIMIZED)
