@@ -336,7 +336,7 @@ class Checkpointer {
       if (!found[0]) return false;
     }
     // Test knob: rank 0 may change the verified file before the reads (the others wait for it
-    // in the restore's next collective).
+    // in the restore's next collective). The hook must not throw: nothing agrees on it.
     if (comm_.rank() == 0)
       if (const auto& hook = detail::ckpt_restore_hook()) hook(c.file);
     return true;

@@ -373,8 +373,9 @@ inline std::size_t& read_piece_bytes() {
   return bytes;
 }
 
-/// Selects in `fsel` (a copy of a dataset's file space, dims `dims`) and `msel` (created here)
-/// the elements [first, first + count) in row-major order; a 0-d dataset's one element whole.
+/// The selections that read the elements [first, first + count) in row-major order of a dataset
+/// of shape `shape` (file space `fspace`; a 0-d dataset's one element whole): the file's, a copy
+/// of `fspace` selecting their blocks, and the memory's, `count` elements back to back.
 inline std::pair<H5Handle, H5Handle> h5_run_selection(hid_t fspace, const Shape& shape,
                                                       std::uint64_t first, std::uint64_t count,
                                                       const char* op, const std::string& ctx) {

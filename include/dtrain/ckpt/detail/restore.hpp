@@ -28,7 +28,8 @@
 namespace dtrain::detail {
 
 /// Test knob: called on rank 0 with the chosen file once it is verified and open for the reads
-/// that follow (tests change the file there). Set it before the restore, clear it after.
+/// that follow (tests change the file there; it must not throw). Set it before the restore,
+/// clear it after.
 inline std::function<void(const std::string&)>& ckpt_restore_hook() {
   static std::function<void(const std::string&)> hook;
   return hook;

@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
-#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
