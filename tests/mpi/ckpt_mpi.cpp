@@ -1,12 +1,14 @@
 // Checkpointer on real MPI (1-4 ranks): bit-exact resume with every write strategy and either
 // restore strategy, identical file contents across strategies, fallback from a damaged file, and
-// restore on fewer ranks. Distributed restores read in runs of 12 bytes or more here, so that every
+// restore on fewer ranks, and (through tests/mpi/ckpt_private_dir.sh) a run directory only rank
+// 0 sees. Distributed restores read in runs of 12 bytes or more here, so that every
 // tensor is read by several ranks.
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -301,4 +303,40 @@ TEST_CASE("restore on fewer ranks: replicated state restored, per-rank state ref
     MPI_Comm_free(&sub);
   }
   cleanup(dir);
+}
+
+TEST_CASE("a run directory only rank 0 sees: a distributed restore says so, rank0 restores") {
+  // Run by tests/mpi/ckpt_private_dir.sh only (2 ranks, rank 1 with an empty tmpfs over the
+  // directory), as rank 0's node-local /tmp would be on a cluster.
+  const char* env = std::getenv("DTRAIN_TEST_PRIVATE_DIR");
+  if (!env) return;
+  MpiTestComm comm(MPI_COMM_WORLD);
+  REQUIRE(comm.size() == 2);
+  const std::string dir = env;
+  FakeRun at1(comm.rank());
+  {
+    Ckpt ckpt(comm, dir, opts(CheckpointStrategy::rank0, false));
+    FakeRun run(comm.rank());
+    run.step(comm);
+    at1.step(comm);
+    save_run(ckpt, 1, run);
+  }
+  const std::string file = dir + "/ckpt-000000000001.h5";
+  CHECK(fs::exists(file) == (comm.rank() == 0));  // the setup: rank 1 does not see it
+  CheckpointOptions ro = opts(CheckpointStrategy::rank0, false);
+  ro.restore = dtrain::RestoreStrategy::distributed;
+  Ckpt distributed(comm, dir, ro);
+  FakeRun b(comm.rank());
+  CHECK_THROWS_WITH_AS(restore_run(distributed, b),
+                       doctest::Contains("on a filesystem every rank sees"), dtrain::Error);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm.rank() == 0) {  // not taken for damage: nothing renamed
+    CHECK(fs::exists(file));
+    CHECK_FALSE(fs::exists(file + ".damaged"));
+  }
+  Ckpt rank0(comm, dir, opts(CheckpointStrategy::rank0, false));
+  CHECK(rank0.restore_strategy() == dtrain::RestoreStrategy::rank0);
+  FakeRun c(comm.rank());
+  CHECK(restore_run(rank0, c) == std::optional<std::int64_t>(1));
+  CHECK(dtrain::test::first_difference(at1, c) == "");
 }

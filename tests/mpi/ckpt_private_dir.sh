@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Runs ckpt_mpi_test's "run directory only rank 0 sees" case on 2 ranks, rank 1 in its own mount
+# namespace with an empty tmpfs over the run directory: the directory is node-local to rank 0, as
+# /tmp of rank 0's node is on a cluster. Exit 77 (skipped) with the reason when mount namespaces
+# are not available here (they need root).
+# usage: ckpt_private_dir.sh MPIEXEC TEST_BINARY
+set -uo pipefail
+mpiexec=${1:?mpiexec}
+binary=${2:?ckpt_mpi_test binary}
+
+skip() {
+  echo "SKIPPED: $*"
+  exit 77
+}
+[ "$(id -u)" -eq 0 ] || skip "a private mount namespace (unshare -m, mount -t tmpfs) needs root"
+command -v unshare >/dev/null || skip "unshare not found (Debian: util-linux)"
+probe=$(mktemp -d /tmp/dtrain-ns-probe.XXXXXX)
+unshare -m --propagation private sh -c "mount -t tmpfs none '$probe'" 2>/dev/null ||
+  { rmdir "$probe"; skip "mount namespaces are not permitted here (unshare -m failed)"; }
+rmdir "$probe"
+
+dir=$(mktemp -d /tmp/dtrain-private-dir.XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+export DTRAIN_TEST_PRIVATE_DIR="$dir"
+case_arg="--test-case=*only rank 0 sees*"
+"$mpiexec" -n 1 "$binary" "$case_arg" : \
+  -n 1 unshare -m --propagation private sh -c \
+  'mount -t tmpfs none "$DTRAIN_TEST_PRIVATE_DIR" && exec "$0" "$1"' "$binary" "$case_arg"
