@@ -61,67 +61,69 @@ class AnyTransport {
   template <class T>
   struct Impl final : Iface {
     using Req = typename T::Request;
-    explicit Impl(T& t) : t_(&t), nodes_(node_map_of(t)) {}
+    explicit Impl(T& t) : transport_(&t), nodes_(node_map_of(t)) {}
     static Req& req(void* r) noexcept { return *static_cast<Req*>(r); }
-    int rank() const override { return t_->rank(); }
-    int size() const override { return t_->size(); }
+    int rank() const override { return transport_->rank(); }
+    int size() const override { return transport_->size(); }
     void* new_request() override { return new Req(); }
     void delete_request(void* r) noexcept override { delete static_cast<Req*>(r); }
     void isend(void* r, int peer, int tag, const void* data, std::size_t bytes) override {
-      t_->isend(req(r), peer, tag, data, bytes);
+      transport_->isend(req(r), peer, tag, data, bytes);
     }
     void irecv(void* r, int peer, int tag, void* data, std::size_t bytes) override {
-      t_->irecv(req(r), peer, tag, data, bytes);
+      transport_->irecv(req(r), peer, tag, data, bytes);
     }
-    bool test(void* r) override { return t_->test(req(r)); }
-    bool wait_until(void* r, const Deadline& d) override { return t_->wait_until(req(r), d); }
-    void cancel(void* r) noexcept override { t_->cancel(req(r)); }
+    bool test(void* r) override { return transport_->test(req(r)); }
+    bool wait_until(void* r, const Deadline& d) override {
+      return transport_->wait_until(req(r), d);
+    }
+    void cancel(void* r) noexcept override { transport_->cancel(req(r)); }
     MemoryRegion register_memory(void* p, std::size_t bytes, Space s) override {
-      return t_->register_memory(p, bytes, s);
+      return transport_->register_memory(p, bytes, s);
     }
-    void deregister_memory(MemoryRegion& m) noexcept override { t_->deregister_memory(m); }
-    SharedSegments* shared_segments() noexcept override { return shared_segments_of(*t_); }
-    SharedSegments* node_segments() noexcept override { return node_segments_of(*t_); }
+    void deregister_memory(MemoryRegion& m) noexcept override { transport_->deregister_memory(m); }
+    SharedSegments* shared_segments() noexcept override { return shared_segments_of(*transport_); }
+    SharedSegments* node_segments() noexcept override { return node_segments_of(*transport_); }
     const NodeMap& node_map() const override { return nodes_; }
     bool allows_progress_thread() const override {
-      return detail::transport_allows_progress_thread(*t_);
+      return detail::transport_allows_progress_thread(*transport_);
     }
-    TransportCapabilities capabilities() const override { return capabilities_of(*t_); }
-    bool supports_channels() const override { return channels_available(*t_); }
+    TransportCapabilities capabilities() const override { return capabilities_of(*transport_); }
+    bool supports_channels() const override { return channels_available(*transport_); }
     void* bind(bool send, int peer, int id, const MemoryRegion& m, std::size_t offset,
                std::size_t bytes) override {
       if constexpr (detail::has_channels<T>::value) {
         using C = typename T::Channel;
-        return new C(send ? t_->bind_send(peer, id, m, offset, bytes)
-                          : t_->bind_recv(peer, id, m, offset, bytes));
+        return new C(send ? transport_->bind_send(peer, id, m, offset, bytes)
+                          : transport_->bind_recv(peer, id, m, offset, bytes));
       } else {
         raise<InvalidArgument>("AnyTransport::bind", "the wrapped transport has no channels");
       }
     }
     void start(void* r, void* channel) override {
       if constexpr (detail::has_channels<T>::value)
-        t_->start(req(r), *static_cast<typename T::Channel*>(channel));
+        transport_->start(req(r), *static_cast<typename T::Channel*>(channel));
     }
     void unbind(void* channel) noexcept override {
       if constexpr (detail::has_channels<T>::value) {
         auto* c = static_cast<typename T::Channel*>(channel);
-        t_->unbind(*c);
+        transport_->unbind(*c);
         delete c;
       }
     }
     std::size_t abandoned() const noexcept override {
       if constexpr (has_abandoned<T>::value)
-        return t_->abandoned();
+        return transport_->abandoned();
       else
         return 0;
     }
     detail::PeerStatus peer_status(int peer) const noexcept override {
       if constexpr (detail::has_peer_status<T>::value)
-        return t_->peer_status(peer);
+        return transport_->peer_status(peer);
       else
         return {};
     }
-    T* t_;
+    T* transport_;
     NodeMap nodes_;  // taken once (node_map_of may build it)
   };
 

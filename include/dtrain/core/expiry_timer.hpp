@@ -22,10 +22,10 @@ class ExpiryTimer {
  public:
   ExpiryTimer(double seconds, std::function<void()> on_expiry) {
     if (!(seconds > 0)) return;
-    std::unique_lock<std::mutex> started(m_);
+    std::unique_lock<std::mutex> started(mutex_);
     thread_ = std::thread([this, seconds, on_expiry = std::move(on_expiry)] {
       {
-        std::unique_lock<std::mutex> lock(m_);
+        std::unique_lock<std::mutex> lock(mutex_);
         started_ = true;
         cv_.notify_all();
         const auto until = std::chrono::steady_clock::now() +
@@ -43,7 +43,7 @@ class ExpiryTimer {
   ~ExpiryTimer() {
     if (!thread_.joinable()) return;
     {
-      std::lock_guard<std::mutex> lock(m_);
+      std::lock_guard<std::mutex> lock(mutex_);
       off_ = true;
     }
     cv_.notify_all();
@@ -51,7 +51,7 @@ class ExpiryTimer {
   }
 
  private:
-  std::mutex m_;
+  std::mutex mutex_;
   std::condition_variable cv_;
   bool off_ = false;
   bool started_ = false;

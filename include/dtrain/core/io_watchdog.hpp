@@ -70,7 +70,7 @@ class IoWatchdogThread {
   ~IoWatchdogThread() {
     if (!thread_.joinable()) return;
     {
-      std::lock_guard<std::mutex> lock(m_);
+      std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
     }
     cv_.notify_all();
@@ -81,7 +81,7 @@ class IoWatchdogThread {
 
   void arm(std::string message) {
     if (!(seconds_ > 0)) return;
-    std::lock_guard<std::mutex> lock(m_);
+    std::lock_guard<std::mutex> lock(mutex_);
     message_ = std::move(message);
     deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                    std::chrono::duration<double>(seconds_));
@@ -91,7 +91,7 @@ class IoWatchdogThread {
 
   void disarm() noexcept {
     if (!(seconds_ > 0)) return;
-    std::lock_guard<std::mutex> lock(m_);
+    std::lock_guard<std::mutex> lock(mutex_);
     armed_ = false;
   }
 
@@ -101,7 +101,7 @@ class IoWatchdogThread {
   void watch() {
     const auto period = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(std::min(seconds_ / 10, 1.0)));
-    std::unique_lock<std::mutex> lock(m_);
+    std::unique_lock<std::mutex> lock(mutex_);
     while (!stop_) {
       if (cv_.wait_for(lock, period, [this] { return stop_; })) return;
       if (!armed_ || Clock::now() < deadline_) continue;
@@ -114,7 +114,7 @@ class IoWatchdogThread {
   }
 
   double seconds_;
-  std::mutex m_;
+  std::mutex mutex_;
   std::condition_variable cv_;
   bool stop_ = false;
   bool armed_ = false;

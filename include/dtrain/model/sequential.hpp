@@ -51,18 +51,18 @@ template <class P>
 class MovablePtr {
  public:
   MovablePtr() = default;
-  MovablePtr(P* p) noexcept : p_(p) {}  // NOLINT: stands in for the raw pointer
-  MovablePtr(MovablePtr&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  MovablePtr(P* p) noexcept : ptr_(p) {}  // NOLINT: stands in for the raw pointer
+  MovablePtr(MovablePtr&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)) {}
   MovablePtr& operator=(MovablePtr&& o) noexcept {
-    p_ = std::exchange(o.p_, nullptr);
+    ptr_ = std::exchange(o.ptr_, nullptr);
     return *this;
   }
-  P* operator->() const noexcept { return p_; }
-  P& operator*() const noexcept { return *p_; }
-  operator P*() const noexcept { return p_; }  // NOLINT
+  P* operator->() const noexcept { return ptr_; }
+  P& operator*() const noexcept { return *ptr_; }
+  operator P*() const noexcept { return ptr_; }  // NOLINT
 
  private:
-  P* p_ = nullptr;
+  P* ptr_ = nullptr;
 };
 }  // namespace detail
 
@@ -110,18 +110,18 @@ class GradSink {
   GradSink(S&& sink) {  // NOLINT: implicit, so that a sync or a lambda is passed as it is
     if constexpr (detail::is_grad_sink<std::decay_t<S>>::value) {
       auto* obj = &sink;
-      fn_ = [obj](std::size_t o, std::size_t c) { obj->ready(o, c); };
+      callback_ = [obj](std::size_t o, std::size_t c) { obj->ready(o, c); };
     } else {
-      fn_ = GradReadyCallback(std::forward<S>(sink));
+      callback_ = GradReadyCallback(std::forward<S>(sink));
     }
   }
-  explicit operator bool() const noexcept { return static_cast<bool>(fn_); }
+  explicit operator bool() const noexcept { return static_cast<bool>(callback_); }
   void operator()(std::size_t offset, std::size_t count) const {
-    if (fn_) fn_(offset, count);
+    if (callback_) callback_(offset, count);
   }
 
  private:
-  GradReadyCallback fn_;
+  GradReadyCallback callback_;
 };
 
 /// A feed-forward stack of layers over rows of features (row-major [batch, features]) in scalar

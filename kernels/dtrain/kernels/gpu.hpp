@@ -430,26 +430,31 @@ template <class T>
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
-  explicit DeviceBuffer(std::size_t n) : n_(n), p_(static_cast<T*>(gpu::malloc(n * sizeof(T)))) {}
-  ~DeviceBuffer() { gpu::free(p_); }
+  explicit DeviceBuffer(std::size_t n)
+      : size_(n), data_(static_cast<T*>(gpu::malloc(n * sizeof(T)))) {}
+  ~DeviceBuffer() { gpu::free(data_); }
   DeviceBuffer(DeviceBuffer&& o) noexcept
-      : n_(std::exchange(o.n_, 0)), p_(std::exchange(o.p_, nullptr)) {}
+      : size_(std::exchange(o.size_, 0)), data_(std::exchange(o.data_, nullptr)) {}
   DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
-    std::swap(n_, o.n_);
-    std::swap(p_, o.p_);
+    std::swap(size_, o.size_);
+    std::swap(data_, o.data_);
     return *this;
   }
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  T* data() const noexcept { return p_; }
-  std::size_t size() const noexcept { return n_; }
+  T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
   /// Blocking copies from and to host memory of size() elements.
-  void upload(const T* host) { gpu::memcpy(p_, host, n_ * sizeof(T), CopyKind::host_to_device); }
-  void download(T* host) const { gpu::memcpy(host, p_, n_ * sizeof(T), CopyKind::device_to_host); }
+  void upload(const T* host) {
+    gpu::memcpy(data_, host, size_ * sizeof(T), CopyKind::host_to_device);
+  }
+  void download(T* host) const {
+    gpu::memcpy(host, data_, size_ * sizeof(T), CopyKind::device_to_host);
+  }
 
  private:
-  std::size_t n_ = 0;
-  T* p_ = nullptr;
+  std::size_t size_ = 0;
+  T* data_ = nullptr;
 };
 
 // ---- Vendor BLAS (row-major wrappers over the column-major libraries) ----

@@ -448,7 +448,7 @@ class BlobWriter {
 
 class BlobReader {
  public:
-  BlobReader(const unsigned char* p, std::size_t n) : p_(p), n_(n) {}
+  BlobReader(const unsigned char* p, std::size_t n) : data_(p), size_(n) {}
   std::int64_t get_i64() {
     std::int64_t v;
     get_raw(&v, 8);
@@ -462,24 +462,24 @@ class BlobReader {
   std::string get_str() {
     const auto n = get_i64();
     need(static_cast<std::size_t>(n));
-    std::string s(reinterpret_cast<const char*>(p_ + off_), static_cast<std::size_t>(n));
+    std::string s(reinterpret_cast<const char*>(data_ + off_), static_cast<std::size_t>(n));
     off_ += static_cast<std::size_t>(n);
     return s;
   }
   void get_raw(void* dst, std::size_t n) {
     need(n);
-    if (n) std::memcpy(dst, p_ + off_, n);
+    if (n) std::memcpy(dst, data_ + off_, n);
     off_ += n;
   }
-  bool done() const { return off_ == n_; }
-  std::size_t left() const { return n_ - off_; }
+  bool done() const { return off_ == size_; }
+  std::size_t left() const { return size_ - off_; }
 
  private:
   void need(std::size_t n) {
-    if (n > n_ - off_) raise<Error>("checkpoint exchange", "truncated message between ranks");
+    if (n > size_ - off_) raise<Error>("checkpoint exchange", "truncated message between ranks");
   }
-  const unsigned char* p_;
-  std::size_t n_;
+  const unsigned char* data_;
+  std::size_t size_;
   std::size_t off_ = 0;
 };
 

@@ -32,7 +32,7 @@ class ScratchPool {
   using Block = std::shared_ptr<std::vector<unsigned char>>;
   /// A block of at least `bytes` (zeroed when new). Thread-safe.
   Block acquire(std::size_t bytes) {
-    std::lock_guard<std::mutex> lock(m_);
+    std::lock_guard<std::mutex> lock(mutex_);
     if (!block_ || block_->size() < bytes) {
       block_ = std::make_shared<std::vector<unsigned char>>(bytes);
       ++blocks_made_;
@@ -41,17 +41,17 @@ class ScratchPool {
   }
   /// Bytes of the current block (what a new plan shares), 0 before the first plan.
   std::size_t bytes() const {
-    std::lock_guard<std::mutex> lock(m_);
+    std::lock_guard<std::mutex> lock(mutex_);
     return block_ ? block_->size() : 0;
   }
   /// Blocks allocated so far (for tests and diagnostics).
   std::size_t blocks_made() const {
-    std::lock_guard<std::mutex> lock(m_);
+    std::lock_guard<std::mutex> lock(mutex_);
     return blocks_made_;
   }
 
  private:
-  mutable std::mutex m_;
+  mutable std::mutex mutex_;
   Block block_;
   std::size_t blocks_made_ = 0;
 };

@@ -108,7 +108,7 @@ class ProgressEngine {
                    "started again before the previous start completed");
     j.error = nullptr;
     j.engine = this;
-    std::unique_lock<std::mutex> lock(m_);
+    std::unique_lock<std::mutex> lock(mutex_);
     cv_space_.wait(lock, [&] { return tail_ - head_ < capacity; });
     j.ticket = tail_;
     j.status.store(Job::queued, std::memory_order_release);
@@ -135,7 +135,7 @@ class ProgressEngine {
     if (!threaded_) {
       run_until(j);
     } else if (j.status.load(std::memory_order_acquire) != Job::done) {
-      std::unique_lock<std::mutex> lock(m_);
+      std::unique_lock<std::mutex> lock(mutex_);
       const std::uint64_t ahead = j.ticket >= done_count_ ? j.ticket - done_count_ : 0;
       // Polled (checked every 0.5 s at most): if this process is stopped, the collectives'
       // own deadlines move back by the lost time, and so must this outer bound.
@@ -157,14 +157,14 @@ class ProgressEngine {
       for (;;) {
         Job* j = nullptr;
         {
-          std::lock_guard<std::mutex> lock(m_);
+          std::lock_guard<std::mutex> lock(mutex_);
           if (head_ == tail_) return;
           j = ring_[(tail_ - 1) % capacity];
         }
         run_until(*j);
       }
     }
-    std::unique_lock<std::mutex> lock(m_);
+    std::unique_lock<std::mutex> lock(mutex_);
     cv_done_.wait(lock, [&] { return head_ == tail_ && !running_; });
   }
 
@@ -191,13 +191,13 @@ class ProgressEngine {
     while (target.status.load(std::memory_order_acquire) == Job::queued) {
       Job* j = nullptr;
       {
-        std::lock_guard<std::mutex> lock(m_);
+        std::lock_guard<std::mutex> lock(mutex_);
         if (head_ == tail_) break;
         j = ring_[head_ % capacity];
       }
       execute(*j);
       {
-        std::lock_guard<std::mutex> lock(m_);
+        std::lock_guard<std::mutex> lock(mutex_);
         ++head_;
         ++done_count_;
         j->status.store(Job::done, std::memory_order_release);
@@ -210,7 +210,7 @@ class ProgressEngine {
   void worker_loop() {
     RankScope scope(rank_);
     wait_history().progress_thread = true;
-    std::unique_lock<std::mutex> lock(m_);
+    std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
       cv_work_.wait(lock, [&] { return stop_ || head_ != tail_; });
       if (head_ == tail_ && stop_) return;
@@ -232,7 +232,7 @@ class ProgressEngine {
   void stop() noexcept {
     drain();
     {
-      std::lock_guard<std::mutex> lock(m_);
+      std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
     }
     cv_work_.notify_all();
@@ -242,7 +242,7 @@ class ProgressEngine {
   const bool threaded_;
   const int rank_;
   double timeout_s_;
-  std::mutex m_;
+  std::mutex mutex_;
   std::condition_variable cv_work_, cv_done_, cv_space_;
   Job* ring_[capacity] = {};
   std::uint64_t head_ = 0, tail_ = 0, done_count_ = 0;

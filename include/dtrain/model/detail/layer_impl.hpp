@@ -89,10 +89,10 @@ class LinearImpl final : public LayerImpl<T, Exec> {
   }
   void bind(Exec& exec, T* p, T* g) noexcept override {
     this->exec_ = &exec;
-    w_ = p;
-    b_ = p ? p + weight_count() : nullptr;
-    dw_ = g;
-    db_ = g ? g + weight_count() : nullptr;
+    weight_ = p;
+    bias_ = p ? p + weight_count() : nullptr;
+    weight_grad_ = g;
+    bias_grad_ = g ? g + weight_count() : nullptr;
   }
   void init(std::uint64_t seed, std::uint64_t index, T* w) override {
     RngStream rng(seed, index);
@@ -123,15 +123,16 @@ class LinearImpl final : public LayerImpl<T, Exec> {
   void forward(stream_type s, const T* x, T* y, std::int64_t rows, std::int64_t in,
                const PassContext&) override {
     const std::int64_t out = spec_.out_features;
-    this->exec_->gemm(s, false, true, rows, out, in, T(1), x, in, w_, in, T(0), y, out);
-    this->exec_->bias_add(s, y, static_cast<const T*>(b_), rows, out);
+    this->exec_->gemm(s, false, true, rows, out, in, T(1), x, in, weight_, in, T(0), y, out);
+    this->exec_->bias_add(s, y, static_cast<const T*>(bias_), rows, out);
   }
   void backward(stream_type s, const T* x, const T*, const T* dy, T* dx, std::int64_t rows,
                 std::int64_t in, const PassContext&) override {
     const std::int64_t out = spec_.out_features;
-    this->exec_->gemm(s, true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw_, in);
-    this->exec_->bias_grad(s, dy, db_, rows, out);
-    if (dx) this->exec_->gemm(s, false, false, rows, in, out, T(1), dy, out, w_, in, T(0), dx, in);
+    this->exec_->gemm(s, true, false, out, in, rows, T(1), dy, out, x, in, T(1), weight_grad_, in);
+    this->exec_->bias_grad(s, dy, bias_grad_, rows, out);
+    if (dx)
+      this->exec_->gemm(s, false, false, rows, in, out, T(1), dy, out, weight_, in, T(0), dx, in);
   }
 
  private:
@@ -139,31 +140,32 @@ class LinearImpl final : public LayerImpl<T, Exec> {
     return static_cast<std::size_t>(spec_.out_features * spec_.in_features);
   }
   Linear spec_;
-  const T* w_ = nullptr;
-  T* b_ = nullptr;
-  T* dw_ = nullptr;
-  T* db_ = nullptr;
+  const T* weight_ = nullptr;
+  T* bias_ = nullptr;
+  T* weight_grad_ = nullptr;
+  T* bias_grad_ = nullptr;
 };
 
 template <class T, class Exec>
 class ActivationImpl final : public LayerImpl<T, Exec> {
  public:
   using typename LayerImpl<T, Exec>::stream_type;
-  explicit ActivationImpl(host::Activation f) : f_(f) {}
-  const char* kind() const noexcept override { return host::name_of(f_); }
+  explicit ActivationImpl(host::Activation f) : activation_(f) {}
+  const char* kind() const noexcept override { return host::name_of(activation_); }
   std::int64_t in_features() const noexcept override { return 0; }
   void forward(stream_type s, const T* x, T* y, std::int64_t rows, std::int64_t in,
                const PassContext&) override {
-    this->exec_->activation_forward(s, f_, x, y, static_cast<std::size_t>(rows * in));
+    this->exec_->activation_forward(s, activation_, x, y, static_cast<std::size_t>(rows * in));
   }
   void backward(stream_type s, const T* x, const T* y, const T* dy, T* dx, std::int64_t rows,
                 std::int64_t in, const PassContext&) override {
     if (dx)
-      this->exec_->activation_backward(s, f_, x, y, dy, dx, static_cast<std::size_t>(rows * in));
+      this->exec_->activation_backward(s, activation_, x, y, dy, dx,
+                                       static_cast<std::size_t>(rows * in));
   }
 
  private:
-  host::Activation f_;
+  host::Activation activation_;
 };
 
 template <class T, class Exec>

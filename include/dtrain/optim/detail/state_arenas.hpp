@@ -30,13 +30,13 @@ class StateArenas {
   using Parts = StateShards::Parts;
 
   StateArenas(std::array<const char*, N> names, std::size_t n, DType dtype, bool used)
-      : names_(names), n_(n), dtype_(dtype), used_(used) {}
+      : names_(names), arena_elements_(n), dtype_(dtype), used_(used) {}
 
   /// Makes the arenas (zeros; whole-sized, or of the parts while sharded) unless made already.
   void make(Exec& exec) const {
     if (made_) return;
     if (used_)
-      for (Tensor& t : arenas_) t = zero_state(exec, shards_.held(n_), dtype_);
+      for (Tensor& t : arenas_) t = zero_state(exec, shards_.held(arena_elements_), dtype_);
     made_ = true;
   }
   /// Arena i's first element (made if not yet); null when not used.
@@ -70,7 +70,7 @@ class StateArenas {
   void shard(Exec& exec, const Parts& parts, const char* op) {
     if (shards_.keeps(parts, op)) return;
     StateShards s;
-    s.assign(parts, n_, op);
+    s.assign(parts, arena_elements_, op);
     if (made_ && used_) {
       std::array<Tensor, N> compact;
       for (std::size_t i = 0; i < N; ++i) compact[i] = s.compact(exec, arenas_[i], op);
@@ -85,14 +85,15 @@ class StateArenas {
     if (!shards_.sharded()) return;
     if (made_ && used_) {
       std::array<Tensor, N> whole;
-      for (std::size_t i = 0; i < N; ++i) whole[i] = shards_.expand(exec, arenas_[i], n_, op);
+      for (std::size_t i = 0; i < N; ++i)
+        whole[i] = shards_.expand(exec, arenas_[i], arena_elements_, op);
       arenas_ = std::move(whole);
     }
     shards_.clear();
   }
   bool sharded() const noexcept { return shards_.sharded(); }
   /// Elements per arena in memory: n, or while sharded the parts' total; 0 when not used.
-  std::size_t elements() const noexcept { return used_ ? shards_.held(n_) : 0; }
+  std::size_t elements() const noexcept { return used_ ? shards_.held(arena_elements_) : 0; }
   /// Marks the whole-sized state current everywhere (after a gather) or partial.
   void set_partial(bool partial) noexcept { partial_ = partial; }
   /// Whether the state is current only in this rank's parts (sharded, or not yet gathered).
@@ -105,7 +106,7 @@ class StateArenas {
   /// tensor whole only while it loads). Blocking.
   template <class V>
   void visit(Exec& exec, V& v, const char* op) {
-    const Shape shape{static_cast<std::int64_t>(n_)};
+    const Shape shape{static_cast<std::int64_t>(arena_elements_)};
     if (visits_parts(v, shards_.sharded())) {
       if constexpr (visitor_takes_parts<V>::value)
         if (used_) {
@@ -118,7 +119,8 @@ class StateArenas {
       // and one new compact arena at a time.
       if (used_)
         for (std::size_t i = 0; i < N; ++i)
-          arenas_[i] = shards_.load_compact(exec, v, mirrors_[i], names_[i], dtype_, n_, op);
+          arenas_[i] =
+              shards_.load_compact(exec, v, mirrors_[i], names_[i], dtype_, arena_elements_, op);
       made_ = true;
     } else {
       if (v.loading())
@@ -134,7 +136,7 @@ class StateArenas {
 
  private:
   std::array<const char*, N> names_;
-  std::size_t n_ = 0;
+  std::size_t arena_elements_ = 0;
   DType dtype_ = DType::f32;
   bool used_ = true;
   mutable std::array<Tensor, N> arenas_;  // made on first use (make)

@@ -131,7 +131,7 @@ class IbverbsBackend {
     cq_ = ibv_create_cq(ctx_, static_cast<int>(p * (rq_depth_ + sq_depth_)), nullptr, nullptr, 0);
     DTRAIN_CHECK_VERBS(cq_ != nullptr, "ibverbs open: ibv_create_cq");
     qps_.assign(p, nullptr);
-    sq_.assign(p, SendQueue{});
+    send_queues_.assign(p, SendQueue{});
     struct Info {
       std::uint32_t qpn, psn;
       std::uint16_t lid, pad;
@@ -250,7 +250,7 @@ class IbverbsBackend {
              const std::uint32_t* imm) {
     constexpr std::size_t kChunk = std::size_t{1} << 30;
     const std::size_t nwr = bytes == 0 ? 1 : (bytes + kChunk - 1) / kChunk;
-    SendQueue& sq = sq_[static_cast<std::size_t>(peer)];
+    SendQueue& sq = send_queues_[static_cast<std::size_t>(peer)];
     if (sq.posted - sq.completed + nwr > sq_depth_) return false;
     std::vector<ibv_sge>& sges = sge_scratch_;
     std::vector<ibv_send_wr>& wrs = wr_scratch_;
@@ -283,7 +283,7 @@ class IbverbsBackend {
 
   bool write_word(int peer, std::uint64_t value, one_sided::RemoteAddr dst, std::uint64_t wr_id,
                   bool signaled) {
-    SendQueue& sq = sq_[static_cast<std::size_t>(peer)];
+    SendQueue& sq = send_queues_[static_cast<std::size_t>(peer)];
     if (sq.posted - sq.completed + 1 > sq_depth_) return false;
     // Inline copies the word at post time; otherwise a per-peer registered word is the source
     // (a later return may overwrite it before the NIC reads it: the count only grows, so the
@@ -342,7 +342,7 @@ class IbverbsBackend {
         post_recv(peer);
       } else if (peer >= 0) {
         // A signaled send completion: it and every earlier request on this QP are done.
-        SendQueue& sq = sq_[static_cast<std::size_t>(peer)];
+        SendQueue& sq = send_queues_[static_cast<std::size_t>(peer)];
         const std::uint64_t id = c.wr_id & ~kFlagMask;
         while (!sq.signaled.empty() && sq.signaled.front().first != id) sq.signaled.pop_front();
         if (!sq.signaled.empty()) {
@@ -373,7 +373,7 @@ class IbverbsBackend {
     try {
       for (int q = 0; q < size_; ++q) {
         if (q == rank_) continue;
-        SendQueue& sq = sq_[static_cast<std::size_t>(q)];
+        SendQueue& sq = send_queues_[static_cast<std::size_t>(q)];
         if (sq.posted == sq.completed) continue;
         ibv_send_wr w{};
         w.wr_id = kFlushBit | (static_cast<std::uint64_t>(q) << 40) | ((1ull << 40) - 1);
@@ -388,8 +388,8 @@ class IbverbsBackend {
       for (;;) {
         bool busy = false;
         for (int q = 0; q < size_; ++q)
-          if (q != rank_ &&
-              sq_[static_cast<std::size_t>(q)].posted != sq_[static_cast<std::size_t>(q)].completed)
+          if (q != rank_ && send_queues_[static_cast<std::size_t>(q)].posted !=
+                                send_queues_[static_cast<std::size_t>(q)].completed)
             busy = true;
         if (!busy || failed_ || d.expired()) break;
         poll(ev, 32);
@@ -412,7 +412,7 @@ class IbverbsBackend {
   };
 
   void post(int peer, ibv_send_wr* first, std::size_t nwr, bool signaled, std::uint64_t id) {
-    SendQueue& sq = sq_[static_cast<std::size_t>(peer)];
+    SendQueue& sq = send_queues_[static_cast<std::size_t>(peer)];
     ibv_send_wr* bad = nullptr;
     const int rc = ibv_post_send(qps_[static_cast<std::size_t>(peer)], first, &bad);
     if (rc)
@@ -541,7 +541,7 @@ class IbverbsBackend {
   ibv_cq* cq_ = nullptr;
   std::vector<ibv_qp*> qps_;
   std::unordered_map<std::uint32_t, int> qp_peer_;
-  std::vector<SendQueue> sq_;
+  std::vector<SendQueue> send_queues_;
   std::vector<ibv_sge> sge_scratch_;
   std::vector<ibv_send_wr> wr_scratch_;
   std::vector<std::uint64_t> credit_src_;

@@ -71,7 +71,7 @@ class LoopbackRmaWorld {
 
   /// Marks the world failed (a rank's thread threw): every wait then throws RemoteError.
   void abort(int failed_rank, const std::string& why) {
-    std::lock_guard<std::mutex> lock(m_);
+    std::lock_guard<std::mutex> lock(mutex_);
     if (aborted_.load()) return;
     abort_message_ = "rank " + std::to_string(failed_rank) + " failed: " + why;
     aborted_.store(true, std::memory_order_release);
@@ -79,7 +79,7 @@ class LoopbackRmaWorld {
   }
   bool aborted() const noexcept { return aborted_.load(std::memory_order_acquire); }
   std::string abort_message() const {
-    std::lock_guard<std::mutex> lock(m_);
+    std::lock_guard<std::mutex> lock(mutex_);
     return abort_message_;
   }
 
@@ -93,7 +93,7 @@ class LoopbackRmaWorld {
 
   // Generation barrier of the bootstrap; throws RemoteError when a rank failed meanwhile.
   void barrier() {
-    std::unique_lock<std::mutex> lock(m_);
+    std::unique_lock<std::mutex> lock(mutex_);
     const unsigned gen = gen_;
     if (++arrived_ == size_) {
       arrived_ = 0;
@@ -108,13 +108,13 @@ class LoopbackRmaWorld {
   }
   void exchange(int rank, const void* mine, std::size_t bytes, void* all) {
     {
-      std::lock_guard<std::mutex> lock(m_);
+      std::lock_guard<std::mutex> lock(mutex_);
       if (xbuf_.size() < bytes * size_) xbuf_.resize(bytes * size_);
       std::memcpy(xbuf_.data() + bytes * rank, mine, bytes);
     }
     barrier();
     {
-      std::lock_guard<std::mutex> lock(m_);
+      std::lock_guard<std::mutex> lock(mutex_);
       std::memcpy(all, xbuf_.data(), bytes * size_);
     }
     barrier();
@@ -122,7 +122,7 @@ class LoopbackRmaWorld {
 
   int size_;
   std::vector<LoopbackRmaFault> faults_;
-  mutable std::mutex m_;
+  mutable std::mutex mutex_;
   std::condition_variable cv_;
   int arrived_ = 0;
   unsigned gen_ = 0;
@@ -172,7 +172,7 @@ class one_sided_loopback_access {
   static std::uint64_t ring_size(const LoopbackRmaWorld& w) noexcept { return w.ring_size_; }
   static void open(LoopbackRmaWorld& w, int rank, int notifications) {
     {
-      std::lock_guard<std::mutex> lock(w.m_);
+      std::lock_guard<std::mutex> lock(w.mutex_);
       w.ring_size_ = static_cast<std::uint64_t>(notifications);
       for (int src = 0; src < w.size_; ++src) {
         auto& ring = w.rings_[static_cast<std::size_t>(rank) * w.size_ + src];
@@ -199,12 +199,12 @@ class LoopbackRmaBackend {
  public:
   static constexpr const char* name = "loopback-rma";
 
-  LoopbackRmaBackend(LoopbackRmaWorld& world, int rank) : w_(&world), rank_(rank) {
+  LoopbackRmaBackend(LoopbackRmaWorld& world, int rank) : world_(&world), rank_(rank) {
     DTRAIN_REQUIRE(rank >= 0 && rank < world.size(), "LoopbackRmaTransport",
                    "rank " << rank << " outside world of " << world.size());
     const auto n = static_cast<std::size_t>(world.size());
-    tx_.assign(n, 0);
-    rx_.assign(n, 0);
+    notifications_sent_.assign(n, 0);
+    notifications_read_.assign(n, 0);
     notified_.assign(n, 0);
     credit_stores_.assign(n, 0);
     reported_.assign(n, 0);
@@ -213,26 +213,26 @@ class LoopbackRmaBackend {
   LoopbackRmaBackend& operator=(const LoopbackRmaBackend&) = delete;
 
   int rank() const noexcept { return rank_; }
-  int size() const noexcept { return w_->size(); }
-  LoopbackRmaWorld& world() noexcept { return *w_; }
+  int size() const noexcept { return world_->size(); }
+  LoopbackRmaWorld& world() noexcept { return *world_; }
   bool allows_progress_thread() const noexcept { return true; }
   /// Registrations this rank has made so far (tests check that the hot path makes none).
   std::size_t registrations() const noexcept { return registrations_; }
 
   void exchange(const void* mine, std::size_t bytes, void* all) {
-    A::exchange(*w_, rank_, mine, bytes, all);
+    A::exchange(*world_, rank_, mine, bytes, all);
   }
-  void open(int notifications) { A::open(*w_, rank_, notifications); }
+  void open(int notifications) { A::open(*world_, rank_, notifications); }
 
   one_sided::Region register_memory(void* data, std::size_t bytes, one_sided::Access access) {
     const auto a = reinterpret_cast<std::uintptr_t>(data);
     ++registrations_;
     const std::uint64_t key =
-        A::add(*w_, rank_, A::Reg{a, bytes, access == one_sided::Access::remote_write});
+        A::add(*world_, rank_, A::Reg{a, bytes, access == one_sided::Access::remote_write});
     return one_sided::Region{data, bytes, a, key, key, nullptr};
   }
   void deregister_memory(one_sided::Region& g) noexcept {
-    if (g.rkey) A::remove(*w_, rank_, g.rkey);
+    if (g.rkey) A::remove(*world_, rank_, g.rkey);
     g = one_sided::Region{};
   }
 
@@ -240,14 +240,14 @@ class LoopbackRmaBackend {
              one_sided::RemoteAddr dst, std::uint64_t wr_id, bool signaled,
              const std::uint32_t* imm) {
     const char* opcode = imm ? "RDMA_WRITE_WITH_IMM" : "RDMA_WRITE";
-    if (A::broken(*w_, rank_, peer).load(std::memory_order_acquire)) {
+    if (A::broken(*world_, rank_, peer).load(std::memory_order_acquire)) {
       events_.failed(peer, wr_id, "work request flushed error", 5, opcode);
       return true;
     }
     bool lose = false;
     if (imm) {
       const std::uint64_t n = ++notified_[static_cast<std::size_t>(peer)];
-      for (const auto& f : A::faults(*w_)) {
+      for (const auto& f : A::faults(*world_)) {
         if (f.rank != rank_ || f.peer != peer || f.after != n) continue;
         if (f.kind == LoopbackRmaFault::Kind::remote_access_error) {
           break_connection(peer);
@@ -276,13 +276,13 @@ class LoopbackRmaBackend {
         }))
       return true;
     if (imm && !lose) {
-      std::uint64_t& n = tx_[static_cast<std::size_t>(peer)];
-      std::uint64_t* ring = A::ring(*w_, peer, rank_);
-      __atomic_store_n(&ring[n % A::ring_size(*w_)], detail::rma::ring_entry(n, *imm),
+      std::uint64_t& n = notifications_sent_[static_cast<std::size_t>(peer)];
+      std::uint64_t* ring = A::ring(*world_, peer, rank_);
+      __atomic_store_n(&ring[n % A::ring_size(*world_)], detail::rma::ring_entry(n, *imm),
                        __ATOMIC_RELEASE);
       ++n;
     } else if (imm) {
-      ++tx_[static_cast<std::size_t>(peer)];
+      ++notifications_sent_[static_cast<std::size_t>(peer)];
     }
     if (signaled) events_.done(peer, wr_id);
     return true;
@@ -290,12 +290,12 @@ class LoopbackRmaBackend {
 
   bool write_word(int peer, std::uint64_t value, one_sided::RemoteAddr dst, std::uint64_t wr_id,
                   bool signaled) {
-    if (A::broken(*w_, rank_, peer).load(std::memory_order_acquire)) {
+    if (A::broken(*world_, rank_, peer).load(std::memory_order_acquire)) {
       events_.failed(peer, wr_id, "work request flushed error", 5, "RDMA_WRITE");
       return true;
     }
     const std::uint64_t n = ++credit_stores_[static_cast<std::size_t>(peer)];
-    for (const auto& f : A::faults(*w_))
+    for (const auto& f : A::faults(*world_))
       if (f.kind == LoopbackRmaFault::Kind::stop_credits && f.rank == rank_ && f.peer == peer &&
           n > f.after) {
         if (signaled) events_.done(peer, wr_id);
@@ -319,7 +319,7 @@ class LoopbackRmaBackend {
     for (int q = 0; q < p && n < max; ++q) {
       if (q == rank_) continue;
       if (!reported_[static_cast<std::size_t>(q)] &&
-          A::broken(*w_, rank_, q).load(std::memory_order_acquire)) {
+          A::broken(*world_, rank_, q).load(std::memory_order_acquire)) {
         reported_[static_cast<std::size_t>(q)] = 1;
         Event e;
         e.kind = Event::failed;
@@ -330,22 +330,22 @@ class LoopbackRmaBackend {
         out[n++] = e;
         continue;
       }
-      n = rma::ring_events(A::ring(*w_, rank_, q), A::ring_size(*w_),
-                           rx_[static_cast<std::size_t>(q)], q, out, n, max);
+      n = rma::ring_events(A::ring(*world_, rank_, q), A::ring_size(*world_),
+                           notifications_read_[static_cast<std::size_t>(q)], q, out, n, max);
     }
     return n;
   }
 
   void close(bool failing) noexcept {
-    if (failing || w_->aborted()) return;
+    if (failing || world_->aborted()) return;
     try {
-      A::barrier(*w_);
+      A::barrier(*world_);
     } catch (...) {  // another rank failed meanwhile: nothing to wait for
     }
   }
 
   void check_alive() const {
-    if (w_->aborted()) raise<RemoteError>("loopback-rma transport", w_->abort_message());
+    if (world_->aborted()) raise<RemoteError>("loopback-rma transport", world_->abort_message());
   }
 
  private:
@@ -357,8 +357,8 @@ class LoopbackRmaBackend {
   bool store_remote(int peer, one_sided::RemoteAddr dst, std::size_t bytes, std::uint64_t wr_id,
                     const char* opcode, Store&& store) {
     {
-      std::shared_lock<std::shared_mutex> lock(A::reg_mutex(*w_));
-      const A::Reg* g = A::find(*w_, peer, dst.rkey);
+      std::shared_lock<std::shared_mutex> lock(A::reg_mutex(*world_));
+      const A::Reg* g = A::find(*world_, peer, dst.rkey);
       if (g && g->remote_write && dst.addr >= g->addr && dst.addr + bytes <= g->addr + g->bytes) {
         store();
         return true;
@@ -369,13 +369,13 @@ class LoopbackRmaBackend {
     return false;
   }
   void break_connection(int peer) noexcept {
-    A::broken(*w_, rank_, peer).store(1, std::memory_order_release);
-    A::broken(*w_, peer, rank_).store(1, std::memory_order_release);
+    A::broken(*world_, rank_, peer).store(1, std::memory_order_release);
+    A::broken(*world_, peer, rank_).store(1, std::memory_order_release);
     reported_[static_cast<std::size_t>(peer)] = 1;  // this side reports the write's own error
   }
-  LoopbackRmaWorld* w_;
+  LoopbackRmaWorld* world_;
   int rank_;
-  std::vector<std::uint64_t> tx_, rx_, notified_, credit_stores_;
+  std::vector<std::uint64_t> notifications_sent_, notifications_read_, notified_, credit_stores_;
   std::vector<unsigned char> reported_;
   rma::EventQueue events_;
   std::size_t registrations_ = 0;

@@ -106,8 +106,8 @@ class MpiRmaBackend {
                             "this MPI offers only the separate RMA memory model; the one-sided "
                             "transport needs MPI_WIN_UNIFIED (use the mpi transport instead)");
     DTRAIN_CHECK_MPI(MPI_Win_lock_all(MPI_MODE_NOCHECK, win_), "MpiRmaTransport: lock_all");
-    tx_.assign(static_cast<std::size_t>(size_), 0);
-    rx_.assign(static_cast<std::size_t>(size_), 0);
+    notifications_sent_.assign(static_cast<std::size_t>(size_), 0);
+    notifications_read_.assign(static_cast<std::size_t>(size_), 0);
     if (size_ > 1 && thread_multiple_) {
       writer_ = std::make_shared<Writer>();
       writer_->win = win_;
@@ -216,14 +216,14 @@ class MpiRmaBackend {
     op.wr_id = wr_id;
     op.signaled = signaled;
     if (imm) {
-      const std::uint64_t n = tx_[static_cast<std::size_t>(peer)];
+      const std::uint64_t n = notifications_sent_[static_cast<std::size_t>(peer)];
       op.word = true;
       op.value = rma::ring_entry(n, *imm);
       op.value_at = ring_addr_[static_cast<std::size_t>(peer)] +
                     static_cast<MPI_Aint>((rank_ * ring_size_ + n % ring_size_) * 8);
     }
     if (!submit(op)) return false;
-    if (imm) ++tx_[static_cast<std::size_t>(peer)];
+    if (imm) ++notifications_sent_[static_cast<std::size_t>(peer)];
     return true;
   }
 
@@ -255,7 +255,7 @@ class MpiRmaBackend {
     for (int q = 0; q < size_ && n < max; ++q)
       if (q != rank_)
         n = rma::ring_events(ring_.get() + static_cast<std::size_t>(q) * ring_size_, ring_size_,
-                             rx_[static_cast<std::size_t>(q)], q, out, n, max);
+                             notifications_read_[static_cast<std::size_t>(q)], q, out, n, max);
     return n;
   }
 
@@ -460,7 +460,7 @@ class MpiRmaBackend {
   std::unique_ptr<std::uint64_t, FreeDeleter> ring_;
   std::uint64_t ring_size_ = 0;
   std::vector<MPI_Aint> ring_addr_;
-  std::vector<std::uint64_t> tx_, rx_;
+  std::vector<std::uint64_t> notifications_sent_, notifications_read_;
   std::vector<ProcessId> peers_;  // same-node peers' processes; pid 0 elsewhere
   NodeMap node_map_;
   rma::EventQueue events_;  // synchronous path

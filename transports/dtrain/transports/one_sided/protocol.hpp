@@ -149,50 +149,51 @@ class OneSidedTransport {
   /// Collective: as above with explicit protocol settings (the same on every rank).
   template <class... A>
   explicit OneSidedTransport(const OneSidedConfig& cfg, A&&... backend_args)
-      : b_(std::forward<A>(backend_args)...), cfg_(cfg) {
+      : backend_(std::forward<A>(backend_args)...), cfg_(cfg) {
     DTRAIN_REQUIRE(cfg.slots >= 4 && cfg.slots <= 4096, op_name("setup"),
                    "slots " << cfg.slots << " outside 4..4096");
     DTRAIN_REQUIRE(cfg.slot_bytes >= 128 && cfg.slot_bytes % 64 == 0, op_name("setup"),
                    "slot_bytes " << cfg.slot_bytes << " must be >= 128 and a multiple of 64");
-    p_ = b_.size();
-    r_ = b_.rank();
-    C_ = static_cast<std::size_t>(cfg.slots);
+    size_ = backend_.size();
+    rank_ = backend_.rank();
+    slots_ = static_cast<std::size_t>(cfg.slots);
     eager_limit_ = cfg.slot_bytes - sizeof(detail::rma::SlotHeader);
-    const std::size_t block = C_ * cfg.slot_bytes;
-    const std::size_t all = block * static_cast<std::size_t>(p_);
+    const std::size_t block = slots_ * cfg.slot_bytes;
+    const std::size_t all = block * static_cast<std::size_t>(size_);
     inbox_mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(4096, round_up(all))));
     staging_mem_.reset(static_cast<unsigned char*>(std::aligned_alloc(4096, round_up(all))));
     credit_mem_.reset(static_cast<unsigned char*>(
-        std::aligned_alloc(4096, round_up(p_ * detail::rma::kCreditStride))));
+        std::aligned_alloc(4096, round_up(size_ * detail::rma::kCreditStride))));
     if (!inbox_mem_ || !staging_mem_ || !credit_mem_)
       raise<TransportError>(op_name("setup"), "out of memory for slots");
     std::memset(inbox_mem_.get(), 0, all);
-    std::memset(credit_mem_.get(), 0, round_up(p_ * detail::rma::kCreditStride));
-    inbox_reg_ = b_.register_memory(inbox_mem_.get(), all, one_sided::Access::remote_write);
-    staging_reg_ = b_.register_memory(staging_mem_.get(), all, one_sided::Access::local);
-    credit_reg_ = b_.register_memory(credit_mem_.get(), p_ * detail::rma::kCreditStride,
-                                     one_sided::Access::remote_write);
+    std::memset(credit_mem_.get(), 0, round_up(size_ * detail::rma::kCreditStride));
+    inbox_reg_ = backend_.register_memory(inbox_mem_.get(), all, one_sided::Access::remote_write);
+    staging_reg_ = backend_.register_memory(staging_mem_.get(), all, one_sided::Access::local);
+    credit_reg_ = backend_.register_memory(credit_mem_.get(), size_ * detail::rma::kCreditStride,
+                                           one_sided::Access::remote_write);
     const detail::rma::Bootstrap mine{inbox_reg_.addr, inbox_reg_.rkey, credit_reg_.addr,
                                       credit_reg_.rkey};
-    std::vector<detail::rma::Bootstrap> boot(static_cast<std::size_t>(p_));
-    b_.exchange(&mine, sizeof mine, boot.data());
-    peers_.resize(static_cast<std::size_t>(p_));
-    for (int q = 0; q < p_; ++q) {
+    std::vector<detail::rma::Bootstrap> boot(static_cast<std::size_t>(size_));
+    backend_.exchange(&mine, sizeof mine, boot.data());
+    peers_.resize(static_cast<std::size_t>(size_));
+    for (int q = 0; q < size_; ++q) {
       Peer& P = peers_[static_cast<std::size_t>(q)];
       const auto& bq = boot[static_cast<std::size_t>(q)];
-      P.slots = RemoteAddr{bq.inbox_addr + static_cast<std::uint64_t>(r_) * block, bq.inbox_rkey};
-      P.credit = RemoteAddr{bq.credit_addr + r_ * detail::rma::kCreditStride, bq.credit_rkey};
+      P.slots =
+          RemoteAddr{bq.inbox_addr + static_cast<std::uint64_t>(rank_) * block, bq.inbox_rkey};
+      P.credit = RemoteAddr{bq.credit_addr + rank_ * detail::rma::kCreditStride, bq.credit_rkey};
       P.staging = staging_mem_.get() + static_cast<std::size_t>(q) * block;
       P.inbox = inbox_mem_.get() + static_cast<std::size_t>(q) * block;
       P.credit_word = reinterpret_cast<const std::uint64_t*>(
           credit_mem_.get() + static_cast<std::size_t>(q) * detail::rma::kCreditStride);
-      P.staging_post.assign(C_, 0);
+      P.staging_post.assign(slots_, 0);
       P.outq.id = kOutq;
       P.rndv_sends.id = kRndvSends;
       P.inflight.id = kInflight;
       P.eager_recvs.id = kEagerRecvs;
     }
-    b_.open(cfg.slots);
+    backend_.open(cfg.slots);
   }
 
   /// Collective unless failing (an exception propagating, a transport error, an operation
@@ -203,42 +204,42 @@ class OneSidedTransport {
   /// staging and credit memory (handed to the backend's keep) and every registration are kept
   /// for the rest of the process.
   ~OneSidedTransport() {
-    b_.close(unwind_.failing() || error_ != nullptr || cancelled_);
+    backend_.close(unwind_.failing() || error_ != nullptr || cancelled_);
     if constexpr (has_keeps_memory<B>::value) {
-      if (b_.keeps_memory()) {
-        b_.keep(inbox_mem_.release());
-        b_.keep(staging_mem_.release());
-        b_.keep(credit_mem_.release());
+      if (backend_.keeps_memory()) {
+        backend_.keep(inbox_mem_.release());
+        backend_.keep(staging_mem_.release());
+        backend_.keep(credit_mem_.release());
         return;
       }
     }
     for (auto& e : cache_) release(e.second);
-    b_.deregister_memory(credit_reg_);
-    b_.deregister_memory(staging_reg_);
-    b_.deregister_memory(inbox_reg_);
+    backend_.deregister_memory(credit_reg_);
+    backend_.deregister_memory(staging_reg_);
+    backend_.deregister_memory(inbox_reg_);
   }
   OneSidedTransport(const OneSidedTransport&) = delete;
   OneSidedTransport& operator=(const OneSidedTransport&) = delete;
 
-  int rank() const noexcept { return r_; }
-  int size() const noexcept { return p_; }
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
   /// The backend (for its own queries, e.g. the MPI communicator); local.
-  B& backend() noexcept { return b_; }
+  B& backend() noexcept { return backend_; }
   /// The node of every rank, where the backend knows it (MPI-RMA: MPI_COMM_TYPE_SHARED groups,
   /// cut as DTRAIN_RANKS_PER_NODE says); the hierarchical all-reduce groups by it. Local.
   template <class BB = B, class = decltype(std::declval<const BB&>().node_map())>
   const NodeMap& node_map() const noexcept {
-    return b_.node_map();
+    return backend_.node_map();
   }
   /// Messages up to this many bytes go eager through the slots.
   std::size_t eager_limit() const noexcept { return eager_limit_; }
-  bool allows_progress_thread() const { return b_.allows_progress_thread(); }
+  bool allows_progress_thread() const { return backend_.allows_progress_thread(); }
   /// Local, never throws; only where the backend knows its peers' processes (MPI-RMA): what
   /// Linux reports about `peer`'s process when it runs on this node (detail/peer_liveness.hpp).
   /// Timeout messages use it to name a stopped or exited rank.
   template <class BB = B, class = decltype(std::declval<const BB&>().peer_status(0))>
   detail::PeerStatus peer_status(int peer) const noexcept {
-    return b_.peer_status(peer);
+    return backend_.peer_status(peer);
   }
 
   /// Non-blocking send of `bytes` bytes to `peer`; the buffer must stay valid and unchanged
@@ -375,7 +376,7 @@ class OneSidedTransport {
     for (unsigned i = 1;; ++i) {
       if (test(r)) return true;
       if ((i & 15u) == 0) {
-        b_.check_alive();
+        backend_.check_alive();
         if (deadline.expired()) return false;
         const double waited = now_seconds() - start;
         if (waited > 2e-3)
@@ -429,7 +430,7 @@ class OneSidedTransport {
     auto it = cache_.find(key);
     if (it == cache_.end()) {
       it = cache_.emplace(key, CacheEntry{}).first;
-      it->second.local = b_.register_memory(data, bytes, one_sided::Access::local);
+      it->second.local = backend_.register_memory(data, bytes, one_sided::Access::local);
       it->second.has_local = true;
     }
     ++it->second.refs;
@@ -453,7 +454,7 @@ class OneSidedTransport {
   Channel bind(int peer, int id, const MemoryRegion& region, std::size_t offset, std::size_t bytes,
                bool send) {
     DTRAIN_REQUIRE(
-        peer >= 0 && peer < p_ && peer != r_ && id >= 0 && offset + bytes <= region.bytes,
+        peer >= 0 && peer < size_ && peer != rank_ && id >= 0 && offset + bytes <= region.bytes,
         op_name(send ? "bind_send" : "bind_recv"),
         "peer " << peer << ", channel " << id << ", " << bytes << " B at offset " << offset
                 << " of a " << region.bytes << " B region");
@@ -470,13 +471,13 @@ class OneSidedTransport {
       void* base = region.data;
       if (send) {
         if (!e.has_local) {
-          e.local = b_.register_memory(base, region.bytes, one_sided::Access::local);
+          e.local = backend_.register_memory(base, region.bytes, one_sided::Access::local);
           e.has_local = true;
         }
         c.reg = e.local;
       } else {
         if (!e.has_remote) {
-          e.remote = b_.register_memory(base, region.bytes, one_sided::Access::remote_write);
+          e.remote = backend_.register_memory(base, region.bytes, one_sided::Access::remote_write);
           e.has_remote = true;
         }
         c.reg = e.remote;
@@ -560,8 +561,8 @@ class OneSidedTransport {
 
   void begin_op(Request& r, int peer, int tag, bool recv, std::size_t bytes, const char* what) {
     if (error_) std::rethrow_exception(error_);
-    DTRAIN_REQUIRE(peer >= 0 && peer < p_ && peer != r_, op_name(what),
-                   "peer " << peer << " invalid for rank " << r_ << " of " << p_);
+    DTRAIN_REQUIRE(peer >= 0 && peer < size_ && peer != rank_, op_name(what),
+                   "peer " << peer << " invalid for rank " << rank_ << " of " << size_);
     DTRAIN_ASSERT(r.st == Request::St::idle || r.st == Request::St::done);
     r.recv = recv;
     r.peer = peer;
@@ -593,29 +594,29 @@ class OneSidedTransport {
       void* base = reinterpret_cast<void*>(it->first.first);
       if (access == one_sided::Access::local) {
         if (!e.has_local) {
-          e.local = b_.register_memory(base, it->first.second, access);
+          e.local = backend_.register_memory(base, it->first.second, access);
           e.has_local = true;
         }
         r.reg = e.local;
       } else {
         if (!e.has_remote) {
-          e.remote = b_.register_memory(base, it->first.second, access);
+          e.remote = backend_.register_memory(base, it->first.second, access);
           e.has_remote = true;
         }
         r.reg = e.remote;
       }
       return;
     }
-    r.reg = b_.register_memory(const_cast<void*>(data), bytes, access);
+    r.reg = backend_.register_memory(const_cast<void*>(data), bytes, access);
     r.temp = true;
   }
   void drop_temp(Request& r) noexcept {
-    if (r.temp) b_.deregister_memory(r.reg);
+    if (r.temp) backend_.deregister_memory(r.reg);
     r.temp = false;
   }
   void release(CacheEntry& e) noexcept {
-    if (e.has_local) b_.deregister_memory(e.local);
-    if (e.has_remote) b_.deregister_memory(e.remote);
+    if (e.has_local) backend_.deregister_memory(e.local);
+    if (e.has_remote) backend_.deregister_memory(e.remote);
     e.has_local = e.has_remote = false;
   }
 
@@ -633,14 +634,16 @@ class OneSidedTransport {
     std::rethrow_exception(error_);
   }
 
-  bool has_credit(Peer& P) { return P.sent - b_.load_word(P.credit_word) < C_; }
-  bool signal_now(std::uint64_t post) const noexcept { return post % (C_ / 2) == C_ / 2 - 1; }
+  bool has_credit(Peer& P) { return P.sent - backend_.load_word(P.credit_word) < slots_; }
+  bool signal_now(std::uint64_t post) const noexcept {
+    return post % (slots_ / 2) == slots_ / 2 - 1;
+  }
 
   // Posts an eager message or a CTS into the peer's next slot; false when it must wait.
   bool post_slot(Peer& P, int peer, Request& r) {
     if (!has_credit(P)) return false;
     const std::uint64_t k = P.sent;
-    const std::size_t s = static_cast<std::size_t>(k % C_);
+    const std::size_t s = static_cast<std::size_t>(k % slots_);
     if (P.staging_post[s] > P.completed) return false;  // the slot's last write still reads it
     unsigned char* st = P.staging + s * cfg_.slot_bytes;
     detail::rma::SlotHeader h{};
@@ -662,8 +665,8 @@ class OneSidedTransport {
     std::memcpy(st, &h, sizeof h);
     const std::uint32_t imm = detail::rma::encode_imm(detail::rma::kSlot, k, 0);
     const std::uint64_t post = P.posts;
-    if (!b_.write(peer, st, staging_reg_, len, P.slots.offset(s * cfg_.slot_bytes),
-                  wr_id(peer, post), signal_now(post), &imm))
+    if (!backend_.write(peer, st, staging_reg_, len, P.slots.offset(s * cfg_.slot_bytes),
+                        wr_id(peer, post), signal_now(post), &imm))
       return false;
     ++P.posts;
     ++P.sent;
@@ -676,7 +679,7 @@ class OneSidedTransport {
     if (!has_credit(P)) return false;
     const std::uint32_t imm = detail::rma::encode_imm(detail::rma::kData, P.sent, r.token);
     const std::uint64_t post = P.posts;
-    if (!b_.write(peer, r.src, r.reg, r.bytes, r.remote, wr_id(peer, post), true, &imm))
+    if (!backend_.write(peer, r.src, r.reg, r.bytes, r.remote, wr_id(peer, post), true, &imm))
       return false;
     ++P.posts;
     ++P.sent;
@@ -711,9 +714,10 @@ class OneSidedTransport {
   }
 
   void return_credits(Peer& P, int peer) {
-    if (P.consumed - P.returned < std::max<std::size_t>(1, C_ / 2)) return;
+    if (P.consumed - P.returned < std::max<std::size_t>(1, slots_ / 2)) return;
     const std::uint64_t post = P.posts;
-    if (!b_.write_word(peer, P.consumed, P.credit, wr_id(peer, post), signal_now(post))) return;
+    if (!backend_.write_word(peer, P.consumed, P.credit, wr_id(peer, post), signal_now(post)))
+      return;
     ++P.posts;
     P.returned = P.consumed;
   }
@@ -737,13 +741,13 @@ class OneSidedTransport {
           concat("notification out of sequence: expected #", k & 0x3fffu, " (mod 2^14), got #", got,
                  ": a notification was lost, duplicated or is stale"));
     if (kind == kSlot) {
-      const unsigned char* slot = P.inbox + static_cast<std::size_t>(k % C_) * cfg_.slot_bytes;
+      const unsigned char* slot = P.inbox + static_cast<std::size_t>(k % slots_) * cfg_.slot_bytes;
       SlotHeader h;
       std::memcpy(&h, slot, sizeof h);
       if (h.seq != k)
         raise_sticky<TransportError>(op_name("receive from", peer),
-                                     concat("slot ", k % C_, " holds message #", h.seq, " where #",
-                                            k, " was notified (stale slot)"));
+                                     concat("slot ", k % slots_, " holds message #", h.seq,
+                                            " where #", k, " was notified (stale slot)"));
       if (h.kind == kEager) {
         on_eager(P, h, slot + sizeof h);
       } else if (h.kind == kCts) {
@@ -808,7 +812,7 @@ class OneSidedTransport {
     Event ev[32];
     int n = 0;
     do {
-      n = b_.poll(ev, 32);
+      n = backend_.poll(ev, 32);
       for (int i = 0; i < n; ++i) {
         const Event& e = ev[i];
         switch (e.kind) {
@@ -822,8 +826,8 @@ class OneSidedTransport {
         }
       }
     } while (n == 32);
-    for (int q = 0; q < p_; ++q) {
-      if (q == r_) continue;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
       Peer& P = peer_of(q);
       while (Request* r = P.inflight.head) {
         if (r->post >= P.completed) break;
@@ -845,10 +849,11 @@ class OneSidedTransport {
       : std::true_type {};
 
   UnwindGuard unwind_;  // first member: counts the exceptions in flight at construction
-  B b_;
+  B backend_;
   OneSidedConfig cfg_;
-  int p_ = 1, r_ = 0;
-  std::size_t C_ = 16, eager_limit_ = 0;
+  int size_ = 1, rank_ = 0;
+  std::size_t slots_ = 16;  // cfg_.slots: slots (credits) per peer
+  std::size_t eager_limit_ = 0;
   std::size_t abandoned_ = 0;  // see cancel()
   bool cancelled_ = false;     // an active request was abandoned: close as failing
   std::unique_ptr<unsigned char, FreeDeleter> inbox_mem_, staging_mem_, credit_mem_;

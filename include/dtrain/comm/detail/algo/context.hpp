@@ -92,8 +92,8 @@ class PlanContext {
   PlanContext(CommState<Transport>& comm, const PlanSpec& s)
       : comm_(&comm),
         spec_(s),
-        p_(comm.transport->size()),
-        r_(comm.transport->rank()),
+        size_(comm.transport->size()),
+        rank_(comm.transport->rank()),
         caps_(capabilities_of(*comm.transport)),
         use_channels_(comm.config.persistent_channels && channels_available(*comm.transport)),
         segments_(shared_segments_of(*comm.transport)) {
@@ -101,9 +101,9 @@ class PlanContext {
         (s.dtype == DType::f16 || s.dtype == DType::bf16) &&
         (s.kind == CollectiveKind::allreduce || s.kind == CollectiveKind::reduce_scatter);
     wdtype_ = widen ? DType::f32 : s.dtype;
-    es_ = size_of(wdtype_);
+    elem_bytes_ = size_of(wdtype_);
     const std::size_t seg_bytes = comm.config.segment_bytes < 64 ? 64 : comm.config.segment_bytes;
-    seg_elems_ = seg_bytes / es_ ? seg_bytes / es_ : 1;
+    seg_elems_ = seg_bytes / elem_bytes_ ? seg_bytes / elem_bytes_ : 1;
   }
   /// A group view of `parent` for an algorithm run on a subset of the ranks (the hierarchical
   /// all-reduce runs the flat algorithms this way): `members` maps group rank -> transport rank
@@ -118,8 +118,8 @@ class PlanContext {
               int id_offset, int id_span, SharedSegments* segments = nullptr)
       : comm_(parent.comm_),
         spec_(parent.spec_),
-        p_(static_cast<int>(members.size())),
-        r_(-1),
+        size_(static_cast<int>(members.size())),
+        rank_(-1),
         caps_(parent.caps_),
         use_channels_(parent.use_channels_),
         root_(parent.root_ ? parent.root_ : &parent),
@@ -127,15 +127,15 @@ class PlanContext {
         group_(std::move(members)),
         id_offset_(id_offset),
         id_span_(id_span) {
-    for (int g = 0; g < p_; ++g)
-      if (group_[static_cast<std::size_t>(g)] == parent.transport().rank()) r_ = g;
-    DTRAIN_ASSERT(r_ >= 0);
+    for (int g = 0; g < size_; ++g)
+      if (group_[static_cast<std::size_t>(g)] == parent.transport().rank()) rank_ = g;
+    DTRAIN_ASSERT(rank_ >= 0);
     spec_.count = count;
     spec_.op = op;
     spec_.dtype = parent.wdtype_;
     spec_.in = spec_.out = nullptr;
     wdtype_ = parent.wdtype_;
-    es_ = parent.es_;
+    elem_bytes_ = parent.elem_bytes_;
     seg_elems_ = parent.seg_elems_;
   }
   ~PlanContext() {
@@ -155,8 +155,8 @@ class PlanContext {
   const PlanSpec& spec() const noexcept { return spec_; }
   CommState<Transport>& comm() noexcept { return *comm_; }
   Transport& transport() noexcept { return *comm_->transport; }
-  int size() const noexcept { return p_; }
-  int rank() const noexcept { return r_; }
+  int size() const noexcept { return size_; }
+  int rank() const noexcept { return rank_; }
   /// Segments shared by exactly this context's ranks, indexed by its rank: the transport's
   /// whole-group segments for a plan's own context, what the view was given for a group view;
   /// null when there are none.
@@ -164,11 +164,11 @@ class PlanContext {
   /// Element type the algorithms move and reduce (f32 for 16-bit floats, which are widened once).
   DType wdtype() const noexcept { return wdtype_; }
   bool widened() const noexcept { return wdtype_ != spec_.dtype; }
-  std::size_t elem_bytes() const noexcept { return es_; }
+  std::size_t elem_bytes() const noexcept { return elem_bytes_; }
   /// Elements per pipelining segment.
   std::size_t segment_elems() const noexcept { return seg_elems_; }
   int mod_p(long x) const noexcept {
-    const long p = p_;
+    const long p = size_;
     return static_cast<int>(((x % p) + p) % p);
   }
 
@@ -298,14 +298,16 @@ class PlanContext {
 
   // ---- one execution -------------------------------------------------------------------------
   void begin(std::uint64_t seq) {
-    fp_ = make_fingerprint(spec_.kind, seq, spec_.count, spec_.dtype, spec_.op, spec_.algo,
-                           spec_.root);
+    fingerprint_ = make_fingerprint(spec_.kind, seq, spec_.count, spec_.dtype, spec_.op, spec_.algo,
+                                    spec_.root);
     // Polled: the waits of a collective check it often, so a long gap between two checks means
     // this rank was descheduled (the timeout says so); it ends at once when the communicator is
     // abandoned (a failed collective, a handle dropped while an error unwinds the stack).
     deadline_ = Deadline::polled(comm_->config.timeout_s, &comm_->engine.abandon_flag());
   }
-  const Fingerprint& fingerprint() const noexcept { return root_ ? root_->fp_ : fp_; }
+  const Fingerprint& fingerprint() const noexcept {
+    return root_ ? root_->fingerprint_ : fingerprint_;
+  }
   const Deadline& deadline() const noexcept { return root_ ? root_->deadline_ : deadline_; }
   /// The error for a wait on transport rank `peer` that ended unsuccessfully: RemoteError when
   /// the communicator was abandoned (the wait was cut short on purpose), else TimeoutError
@@ -314,11 +316,12 @@ class PlanContext {
   [[noreturn]] void timeout(int peer) const {
     if (root_) root_->timeout(peer);
     if (deadline_.abandoned())
-      raise<RemoteError>(plan_label(fp_, spec_),
+      raise<RemoteError>(plan_label(fingerprint_, spec_),
                          concat("wait for rank ", peer,
                                 " abandoned: an earlier collective of this communicator failed "
                                 "or an error is unwinding this rank"));
-    raise<TimeoutError>(plan_label(fp_, spec_), timeout_detail(*comm_->transport, peer, deadline_));
+    raise<TimeoutError>(plan_label(fingerprint_, spec_),
+                        timeout_detail(*comm_->transport, peer, deadline_));
   }
   /// The transport rank of this context's rank `g` (the identity outside a group view).
   int transport_rank(int g) const noexcept {
@@ -332,13 +335,13 @@ class PlanContext {
   }
   /// Finishes an avg on n reduced elements (divides by the number of ranks).
   void finish_avg(void* data, std::size_t n) const {
-    if (spec_.op == ReduceOp::avg) host::scale_avg(wdtype_, data, n, p_);
+    if (spec_.op == ReduceOp::avg) host::scale_avg(wdtype_, data, n, size_);
   }
   /// out0 = out1 = a op b, finished as finish_avg does, in one pass: the bits of reduce,
   /// finish_avg and a copy. out0 may alias a and out1 b (or the reverse).
   void reduce_finish_twice(void* out0, void* out1, const void* a, const void* b,
                            std::size_t n) const {
-    host::reduce_store2(spec_.op, wdtype_, a, b, out0, out1, n, p_);
+    host::reduce_store2(spec_.op, wdtype_, a, b, out0, out1, n, size_);
   }
 
  private:
@@ -429,9 +432,9 @@ class PlanContext {
 
   CommState<Transport>* comm_;
   PlanSpec spec_;
-  int p_, r_;
+  int size_, rank_;
   DType wdtype_ = DType::f32;
-  std::size_t es_ = 4;
+  std::size_t elem_bytes_ = 4;
   std::size_t seg_elems_ = 1;
   TransportCapabilities caps_;
   bool use_channels_;
@@ -442,7 +445,7 @@ class PlanContext {
   std::vector<ScratchPool::Block> pool_blocks_;  // the pool blocks this plan's scratch lies in
   std::size_t pool_used_ = 0;                    // end of this plan's last piece in the pool
   std::vector<Range> regions_;
-  Fingerprint fp_{};
+  Fingerprint fingerprint_{};
   Deadline deadline_{-1};
   PlanContext* root_ = nullptr;  // the plan's own context, for a group view
   SharedSegments* segments_ = nullptr;

@@ -76,25 +76,25 @@ class HierBase : public Algorithm {
         in_(static_cast<const uchar*>(in)),
         out_(static_cast<uchar*>(out)),
         nodes_(node_map_of(ctx.transport())),
-        n_(ctx.spec().count),
-        es_(ctx.elem_bytes()) {
+        count_(ctx.spec().count),
+        elem_bytes_(ctx.elem_bytes()) {
     DTRAIN_REQUIRE(
         nodes_.size() == ctx.size(), "allreduce",
         name << ": the transport's node map has " << nodes_.size() << " ranks, not " << ctx.size());
     const int me = ctx.rank();
     node_ = nodes_.node_of(me);
-    L_ = nodes_.node_size(node_);
-    l_ = nodes_.local_rank(me);
-    if (L_ > 1) seg_ = node_segments_of(ctx.transport());
+    node_size_ = nodes_.node_size(node_);
+    local_rank_ = nodes_.local_rank(me);
+    if (node_size_ > 1) seg_ = node_segments_of(ctx.transport());
     // As in shm.hpp, counting every rank on this machine (other fake nodes share its cores).
     if (seg_)
       spin_ = segment_spin_seconds(nodes_.machine_ranks(me), std::thread::hardware_concurrency(),
                                    seg_->slot_bytes);
     if (seg_)
-      DTRAIN_REQUIRE(seg_->size == L_ && seg_->rank == l_, "allreduce",
+      DTRAIN_REQUIRE(seg_->size == node_size_ && seg_->rank == local_rank_, "allreduce",
                      name << ": node segments of " << seg_->size << " ranks (this is rank "
-                          << seg_->rank << ") but the node map has " << L_ << " (rank " << l_
-                          << ")");
+                          << seg_->rank << ") but the node map has " << node_size_ << " (rank "
+                          << local_rank_ << ")");
     if (seg_) {
       chunk_bytes_ = shm_chunk_bytes(seg_->slot_bytes);
       lendable_ = chunk_bytes_ != seg_->slot_bytes;
@@ -112,7 +112,7 @@ class HierBase : public Algorithm {
     if (hier_inter_algorithm() != AllreduceAlgorithm::automatic) return hier_inter_algorithm();
     const CostModel& cm = ctx_.comm().cost;
     if (!cm.valid() || N <= 1) return fallback;
-    return cm.at_size(n_ * es_).between_nodes().best_inter(count * es_, N);
+    return cm.at_size(count_ * elem_bytes_).between_nodes().best_inter(count * elem_bytes_, N);
   }
   /// That algorithm on `view`, in place on `data`.
   static std::unique_ptr<Algorithm> make_inter(AllreduceAlgorithm a, PlanContext<Transport>& view,
@@ -141,7 +141,7 @@ class HierBase : public Algorithm {
     const long long first = kFirstAlgorithmChannel + next_id_;
     DTRAIN_REQUIRE(first + span < INT_MAX, "allreduce",
                    "too many channel ids for the hierarchical schedule of "
-                       << n_ << " elements; raise DTRAIN_COMM_SEGMENT_BYTES");
+                       << count_ << " elements; raise DTRAIN_COMM_SEGMENT_BYTES");
     next_id_ += span;
     return static_cast<int>(first);
   }
@@ -160,11 +160,11 @@ class HierBase : public Algorithm {
     const std::uint64_t S = static_cast<std::uint64_t>(seg_->slots);
     if (g < S) return;
     const int slot = static_cast<int>(g % S);
-    for (int q = 0; q < L_; ++q) wait_counter(q, 2, slot, g - S + 1);
+    for (int q = 0; q < node_size_; ++q) wait_counter(q, 2, slot, g - S + 1);
   }
   void raise_counter(int kind, std::uint64_t g) const {
     const int slot = static_cast<int>(g % static_cast<std::uint64_t>(seg_->slots));
-    counter_publish(seg_->flag(l_, kind, slot), g + 1);
+    counter_publish(seg_->flag(local_rank_, kind, slot), g + 1);
   }
   /// Runs body(g, slot, c0, c1) for each slot-sized chunk [c0, c1) of the vector, chunk number
   /// g, then counts the chunks as used; with `finish` every counter of each chunk is raised after
@@ -172,12 +172,12 @@ class HierBase : public Algorithm {
   template <class F>
   void for_each_chunk(bool finish, F&& body) {
     SharedSegments& w = *seg_;
-    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / es_);
-    const std::size_t nchunks = ceil_div(n_, chunk);
+    const std::size_t chunk = std::max<std::size_t>(1, chunk_bytes_ / elem_bytes_);
+    const std::size_t nchunks = ceil_div(count_, chunk);
     for (std::size_t k = 0; k < nchunks; ++k) {
       const std::uint64_t g = w.next_chunk + k;
       body(g, static_cast<int>(g % static_cast<std::uint64_t>(w.slots)), k * chunk,
-           std::min(n_, k * chunk + chunk));
+           std::min(count_, k * chunk + chunk));
       if (finish)
         for (int kind = 0; kind < 3; ++kind) raise_counter(kind, g);
     }
@@ -185,7 +185,7 @@ class HierBase : public Algorithm {
   }
   /// The whole vector from the input to the output (a node of one rank).
   void copy_input() {
-    if (in_ != out_) std::memcpy(out_, in_, n_ * es_);
+    if (in_ != out_) std::memcpy(out_, in_, count_ * elem_bytes_);
   }
 
   // ---- buffers read in place (see the top) ----------------------------------------------------
@@ -204,7 +204,7 @@ class HierBase : public Algorithm {
       lent_ = true;
       ++seg_->direct_chunks;
     }
-    std::memcpy(seg_->slot(l_, slot) + seg_->slot_bytes - kLine, &d, sizeof(d));
+    std::memcpy(seg_->slot(local_rank_, slot) + seg_->slot_bytes - kLine, &d, sizeof(d));
     return d.direct != 0;
   }
   /// Local rank q's chunk in `slot` (once its counter 0 for the chunk was seen): in its heap
@@ -225,15 +225,16 @@ class HierBase : public Algorithm {
     lent_ = false;
     const std::uint64_t last = seg_->next_chunk - 1;
     const int slot = static_cast<int>(last % static_cast<std::uint64_t>(seg_->slots));
-    for (int i = 1; i < L_; ++i) wait_counter((l_ + i) % L_, 2, slot, last + 1);
+    for (int i = 1; i < node_size_; ++i)
+      wait_counter((local_rank_ + i) % node_size_, 2, slot, last + 1);
   }
 
   PlanContext<Transport>& ctx_;
   const uchar* in_;
   uchar* out_;
   NodeMap nodes_;
-  std::size_t n_, es_;
-  int node_ = 0, L_ = 1, l_ = 0;
+  std::size_t count_, elem_bytes_;                 // elements of the vector, bytes of one
+  int node_ = 0, node_size_ = 1, local_rank_ = 0;  // this rank's node, its ranks, rank in it
   SharedSegments* seg_ = nullptr;
   double spin_ = Backoff::kSpinSeconds;
   std::size_t chunk_bytes_ = 0;  // of the user's vector per chunk (shm_chunk_bytes)
@@ -266,15 +267,15 @@ class HierAlgorithm : public HierBase<Transport> {
     const NodeMap& nm = this->nodes_;
     const int N = nm.nodes();
     lmax_ = nm.shape().max_ranks_per_node;
-    if (this->n_ == 0) return;
-    own0_ = range_begin(this->l_, this->L_);
-    own1_ = range_begin(this->l_ + 1, this->L_);
+    if (this->count_ == 0) return;
+    own0_ = range_begin(this->local_rank_, this->node_size_);
+    own1_ = range_begin(this->local_rank_ + 1, this->node_size_);
     // (2) one group per part, numbered by part; ids reserved for every part on every rank.
     for (int j = 0; j < lmax_; ++j) {
       const std::size_t c0 = part_begin(j), c1 = part_begin(j + 1);
       const long long span = this->id_span(N, c1 - c0);
       const int ids = this->take_ids(span);
-      if (N == 1 || j < first_part() || j >= first_part(this->l_ + 1)) continue;
+      if (N == 1 || j < first_part() || j >= first_part(this->local_rank_ + 1)) continue;
       std::vector<int> members;
       for (int k = 0; k < N; ++k) {
         const int Lk = nm.node_size(k);
@@ -285,20 +286,20 @@ class HierAlgorithm : public HierBase<Transport> {
       auto g = std::make_unique<Group>();
       g->view = std::make_unique<PlanContext<Transport>>(
           ctx, std::move(members), c1 - c0, this->group_op_, ids, static_cast<int>(span));
-      uchar* part = this->out_ + c0 * this->es_;
+      uchar* part = this->out_ + c0 * this->elem_bytes_;
       // Every owner of part j computes the same choice: same model, count and node count.
       g->algo = Base::make_inter(this->inter_choice(c1 - c0, N, AllreduceAlgorithm::ring), *g->view,
                                  part);
       groups_.push_back(std::move(g));
     }
-    if (this->L_ > 1 && !this->seg_) plan_direct();
+    if (this->node_size_ > 1 && !this->seg_) plan_direct();
   }
 
   void run() override {
-    const std::size_t n = this->n_, es = this->es_;
+    const std::size_t n = this->count_, es = this->elem_bytes_;
     if (n == 0) return;
     auto& ctx = this->ctx_;
-    if (this->L_ == 1) {
+    if (this->node_size_ == 1) {
       this->copy_input();
     } else if (this->seg_) {
       shm_reduce_scatter();
@@ -307,7 +308,7 @@ class HierAlgorithm : public HierBase<Transport> {
     }
     for (auto& g : groups_) g->algo->run();
     if (own1_ > own0_) ctx.finish_avg(this->out_ + own0_ * es, own1_ - own0_);
-    if (this->L_ == 1) return;
+    if (this->node_size_ == 1) return;
     if (this->seg_)
       shm_allgather();
     else
@@ -321,11 +322,13 @@ class HierAlgorithm : public HierBase<Transport> {
   };
 
   std::size_t part_begin(int j) const noexcept {
-    return block_begin(this->n_, static_cast<std::size_t>(lmax_), static_cast<std::size_t>(j));
+    return block_begin(this->count_, static_cast<std::size_t>(lmax_), static_cast<std::size_t>(j));
   }
   /// First part of local rank q (of L) on this node.
-  int first_part(int q) const noexcept { return static_cast<int>(block_begin(lmax_, this->L_, q)); }
-  int first_part() const noexcept { return first_part(this->l_); }
+  int first_part(int q) const noexcept {
+    return static_cast<int>(block_begin(lmax_, this->node_size_, q));
+  }
+  int first_part() const noexcept { return first_part(this->local_rank_); }
   /// First element of local rank q of a node of L ranks.
   std::size_t range_begin(int q, int L) const noexcept {
     return part_begin(static_cast<int>(block_begin(lmax_, L, q)));
@@ -335,8 +338,8 @@ class HierAlgorithm : public HierBase<Transport> {
   void shm_reduce_scatter() {
     SharedSegments& w = *this->seg_;
     auto& ctx = this->ctx_;
-    const std::size_t es = this->es_;
-    const int L = this->L_, l = this->l_;
+    const std::size_t es = this->elem_bytes_;
+    const int L = this->node_size_, l = this->local_rank_;
     this->for_each_chunk(true, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
       const std::size_t m0 = std::clamp(own0_, c0, c1), m1 = std::clamp(own1_, c0, c1);
       uchar* mine = w.slot(l, slot);
@@ -360,8 +363,8 @@ class HierAlgorithm : public HierBase<Transport> {
 
   void shm_allgather() {
     SharedSegments& w = *this->seg_;
-    const std::size_t es = this->es_;
-    const int L = this->L_, l = this->l_;
+    const std::size_t es = this->elem_bytes_;
+    const int L = this->node_size_, l = this->local_rank_;
     this->for_each_chunk(false, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
       const std::size_t m0 = std::clamp(own0_, c0, c1), m1 = std::clamp(own1_, c0, c1);
       this->wait_slot_free(g);
@@ -386,8 +389,8 @@ class HierAlgorithm : public HierBase<Transport> {
   // ---- by messages inside the node ------------------------------------------------------------
   void plan_direct() {
     auto& ctx = this->ctx_;
-    const int L = this->L_, l = this->l_;
-    const std::size_t es = this->es_, mine = own1_ - own0_;
+    const int L = this->node_size_, l = this->local_rank_;
+    const std::size_t es = this->elem_bytes_, mine = own1_ - own0_;
     const int rs_id = kFirstAlgorithmChannel, ag_id = kFirstAlgorithmChannel + 1;
     if (mine) recv_buf_ = ctx.scratch(static_cast<std::size_t>(L - 1) * mine * es);
     first_ = ctx.channel_count();
@@ -407,8 +410,8 @@ class HierAlgorithm : public HierBase<Transport> {
 
   void direct_reduce_scatter() {
     auto& ctx = this->ctx_;
-    const int L = this->L_;
-    const std::size_t es = this->es_, mine = own1_ - own0_;
+    const int L = this->node_size_;
+    const std::size_t es = this->elem_bytes_, mine = own1_ - own0_;
     for (int i = 1; i < L; ++i) ctx.start(chan(i, 0));
     for (int i = 1; i < L; ++i) ctx.start(chan(i, 1));
     uchar* dst = this->out_ + own0_ * es;
@@ -423,7 +426,7 @@ class HierAlgorithm : public HierBase<Transport> {
 
   void direct_allgather() {
     auto& ctx = this->ctx_;
-    const int L = this->L_;
+    const int L = this->node_size_;
     for (int i = 1; i < L; ++i) ctx.start(chan(i, 2));
     for (int i = 1; i < L; ++i) ctx.start(chan(i, 3));
     for (int i = 1; i < L; ++i) ctx.wait(chan(i, 2));
@@ -449,11 +452,11 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
       : Base(ctx, in, out, "hier_leader") {
     const NodeMap& nm = this->nodes_;
     const int N = nm.nodes();
-    const std::size_t n = this->n_, es = this->es_;
+    const std::size_t n = this->count_, es = this->elem_bytes_;
     if (n == 0) return;
     const long long span = this->id_span(N, n);
     const int ids = this->take_ids(span);
-    if (N > 1 && this->l_ == 0) {
+    if (N > 1 && this->local_rank_ == 0) {
       std::vector<int> leaders;
       for (int k = 0; k < N; ++k) leaders.push_back(nm.members(k)[0]);
       view_ = std::make_unique<PlanContext<Transport>>(ctx, std::move(leaders), n, this->group_op_,
@@ -461,11 +464,11 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
       inter_ =
           Base::make_inter(this->inter_choice(n, N, AllreduceAlgorithm::rd), *view_, this->out_);
     }
-    if (this->L_ == 1 || this->seg_) return;
-    const int L = this->L_;
+    if (this->node_size_ == 1 || this->seg_) return;
+    const int L = this->node_size_;
     const int up = kFirstAlgorithmChannel, down = kFirstAlgorithmChannel + 1;
     first_ = ctx.channel_count();
-    if (this->l_ == 0) {
+    if (this->local_rank_ == 0) {
       recv_buf_ = ctx.scratch(static_cast<std::size_t>(L - 1) * n * es);
       for (int q = 1; q < L; ++q) {
         ctx.add_recv(this->member(q), up, recv_buf_ + static_cast<std::size_t>(q - 1) * n * es,
@@ -479,17 +482,17 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
   }
 
   void run() override {
-    const std::size_t n = this->n_, es = this->es_;
+    const std::size_t n = this->count_, es = this->elem_bytes_;
     if (n == 0) return;
     auto& ctx = this->ctx_;
-    const bool leader = this->l_ == 0;
-    if (this->L_ == 1) {
+    const bool leader = this->local_rank_ == 0;
+    if (this->node_size_ == 1) {
       this->copy_input();
     } else if (this->seg_) {
       shm_reduce();
     } else if (leader) {
-      for (int q = 1; q < this->L_; ++q) ctx.start(first_ + 2 * (q - 1));
-      for (int q = 1; q < this->L_; ++q) {
+      for (int q = 1; q < this->node_size_; ++q) ctx.start(first_ + 2 * (q - 1));
+      for (int q = 1; q < this->node_size_; ++q) {
         ctx.wait(first_ + 2 * (q - 1));
         ctx.reduce(this->out_, q == 1 ? this->in_ : this->out_,
                    recv_buf_ + static_cast<std::size_t>(q - 1) * n * es, n);
@@ -503,12 +506,12 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
       if (inter_) inter_->run();
       ctx.finish_avg(this->out_, n);
     }
-    if (this->L_ == 1) return;
+    if (this->node_size_ == 1) return;
     if (this->seg_) {
       shm_broadcast();
     } else if (leader) {
-      for (int q = 1; q < this->L_; ++q) ctx.start(first_ + 2 * (q - 1) + 1);
-      for (int q = 1; q < this->L_; ++q) ctx.wait(first_ + 2 * (q - 1) + 1);
+      for (int q = 1; q < this->node_size_; ++q) ctx.start(first_ + 2 * (q - 1) + 1);
+      for (int q = 1; q < this->node_size_; ++q) ctx.wait(first_ + 2 * (q - 1) + 1);
     } else {
       ctx.wait(first_ + 1);
     }
@@ -520,16 +523,16 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
   void shm_reduce() {
     SharedSegments& w = *this->seg_;
     auto& ctx = this->ctx_;
-    const std::size_t es = this->es_;
+    const std::size_t es = this->elem_bytes_;
     this->for_each_chunk(true, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
       const std::size_t cl = c1 - c0;
       this->wait_slot_free(g);
-      if (this->l_ != 0) {
+      if (this->local_rank_ != 0) {
         if (!this->lend(slot, this->in_ + c0 * es, cl * es, this->in_ != this->out_))
-          std::memcpy(w.slot(this->l_, slot), this->in_ + c0 * es, cl * es);
+          std::memcpy(w.slot(this->local_rank_, slot), this->in_ + c0 * es, cl * es);
       } else {
         uchar* dst = this->out_ + c0 * es;
-        for (int q = 1; q < this->L_; ++q) {
+        for (int q = 1; q < this->node_size_; ++q) {
           this->wait_counter(q, 0, slot, g + 1);
           ctx.reduce(dst, q == 1 ? this->in_ + c0 * es : dst, this->chunk_of(q, slot), cl);
         }
@@ -542,10 +545,10 @@ class HierLeaderAlgorithm : public HierBase<Transport> {
 
   void shm_broadcast() {
     SharedSegments& w = *this->seg_;
-    const std::size_t es = this->es_;
+    const std::size_t es = this->elem_bytes_;
     this->for_each_chunk(true, [&](std::uint64_t g, int slot, std::size_t c0, std::size_t c1) {
       const std::size_t cl = c1 - c0;
-      if (this->l_ == 0) {
+      if (this->local_rank_ == 0) {
         this->wait_slot_free(g);
         if (!this->lend(slot, this->out_ + c0 * es, cl * es))
           std::memcpy(w.slot(0, slot), this->out_ + c0 * es, cl * es);

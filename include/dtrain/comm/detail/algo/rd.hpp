@@ -18,16 +18,16 @@ class RdAlgorithm : public ButterflyAlgorithm<Transport> {
 
  public:
   RdAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out) : Base(ctx, in, out) {
-    if (this->n_ == 0 || this->folded_out_) return;
+    if (this->count_ == 0 || this->folded_out_) return;
     int e = 0;
-    for (int m = 1; m < this->pp_; m <<= 1, ++e)
-      steps_.push_back(this->add_exchange(e, this->real(this->v_ ^ m), this->out_, 0, this->n_,
-                                          this->tmp_, 0, this->n_));
+    for (int m = 1; m < this->butterfly_size_; m <<= 1, ++e)
+      steps_.push_back(this->add_exchange(e, this->real(this->butterfly_rank_ ^ m), this->out_, 0,
+                                          this->count_, this->tmp_, 0, this->count_));
   }
 
   void run() override {
     auto& ctx = this->ctx_;
-    const std::size_t n = this->n_;
+    const std::size_t n = this->count_;
     if (n == 0) return;
     const unsigned char* src = nullptr;
     if (!this->fold(src)) return;

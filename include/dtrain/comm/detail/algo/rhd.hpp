@@ -34,30 +34,30 @@ class ButterflyAlgorithm : public Algorithm {
   ButterflyAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out)
       : ctx_(ctx), in_(static_cast<const uchar*>(in)), out_(static_cast<uchar*>(out)) {
     const int p = ctx.size(), r = ctx.rank();
-    n_ = ctx.spec().count;
-    pp_ = 1;
-    while (pp_ * 2 <= p) pp_ *= 2;
-    q_ = p - pp_;
-    folded_out_ = r < 2 * q_ && r % 2 == 0;
-    v_ = r < 2 * q_ ? (folded_out_ ? -1 : r / 2) : r - q_;
-    slots_ = ceil_div(n_, ctx.segment_elems()) + 1;
-    if (n_ == 0) return;
+    count_ = ctx.spec().count;
+    butterfly_size_ = 1;
+    while (butterfly_size_ * 2 <= p) butterfly_size_ *= 2;
+    folded_pairs_ = p - butterfly_size_;
+    folded_out_ = r < 2 * folded_pairs_ && r % 2 == 0;
+    butterfly_rank_ = r < 2 * folded_pairs_ ? (folded_out_ ? -1 : r / 2) : r - folded_pairs_;
+    slots_ = ceil_div(count_, ctx.segment_elems()) + 1;
+    if (count_ == 0) return;
     const std::size_t es = ctx.elem_bytes();
     const int fold_id = kFirstAlgorithmChannel;
-    if (r < 2 * q_) {
+    if (r < 2 * folded_pairs_) {
       const int partner = folded_out_ ? r + 1 : r - 1;
-      if (!folded_out_) tmp_ = ctx.scratch(n_ * es);
-      fold_in_ = folded_out_ ? ctx.add_send(partner, fold_id, in_, n_ * es)
-                             : ctx.add_recv(partner, fold_id, tmp_, n_ * es);
-      fold_back_ = folded_out_ ? ctx.add_recv(partner, fold_id + 1, out_, n_ * es)
-                               : ctx.add_send(partner, fold_id + 1, out_, n_ * es);
+      if (!folded_out_) tmp_ = ctx.scratch(count_ * es);
+      fold_in_ = folded_out_ ? ctx.add_send(partner, fold_id, in_, count_ * es)
+                             : ctx.add_recv(partner, fold_id, tmp_, count_ * es);
+      fold_back_ = folded_out_ ? ctx.add_recv(partner, fold_id + 1, out_, count_ * es)
+                               : ctx.add_send(partner, fold_id + 1, out_, count_ * es);
     } else {
-      tmp_ = ctx.scratch(n_ * es);
+      tmp_ = ctx.scratch(count_ * es);
     }
   }
 
   /// Rank of the butterfly's virtual rank `vr`.
-  int real(int vr) const noexcept { return vr < q_ ? 2 * vr + 1 : vr + q_; }
+  int real(int vr) const noexcept { return vr < folded_pairs_ ? 2 * vr + 1 : vr + folded_pairs_; }
 
   /// Declares exchange number `e` with `partner` (construction).
   Exchange add_exchange(int e, int partner, const uchar* src, std::size_t soff, std::size_t slen,
@@ -101,7 +101,7 @@ class ButterflyAlgorithm : public Algorithm {
   /// `src` (the input, or `out` holding the folded pair's reduction).
   bool fold(const uchar*& src) {
     src = in_;
-    if (ctx_.rank() >= 2 * q_) return true;
+    if (ctx_.rank() >= 2 * folded_pairs_) return true;
     if (folded_out_) {
       ctx_.start(fold_in_);
       ctx_.wait(fold_in_);
@@ -111,13 +111,13 @@ class ButterflyAlgorithm : public Algorithm {
     }
     ctx_.start(fold_in_);
     ctx_.wait(fold_in_);
-    ctx_.reduce(out_, in_, tmp_, n_);
+    ctx_.reduce(out_, in_, tmp_, count_);
     src = out_;
     return true;
   }
   /// Hands the result back to the folded-out partner.
   void unfold() {
-    if (ctx_.rank() >= 2 * q_) return;
+    if (ctx_.rank() >= 2 * folded_pairs_) return;
     ctx_.start(fold_back_);
     ctx_.wait(fold_back_);
   }
@@ -126,8 +126,10 @@ class ButterflyAlgorithm : public Algorithm {
   const uchar* in_;
   uchar* out_;
   uchar* tmp_ = nullptr;
-  std::size_t n_ = 0, slots_ = 1;
-  int pp_ = 1, q_ = 0, v_ = 0;  // v_: rank among the pp_ butterfly ranks; -1 if folded out
+  std::size_t count_ = 0, slots_ = 1;
+  int butterfly_size_ = 1;  // p', the largest power of two <= p
+  int folded_pairs_ = 0;    // p - p': ranks 0 .. 2 (p - p') - 1 fold in pairs
+  int butterfly_rank_ = 0;  // rank among the p' butterfly ranks; -1 if folded out
   bool folded_out_ = false;
   std::size_t fold_in_ = 0, fold_back_ = 0;
 };
@@ -140,13 +142,13 @@ class RhdAlgorithm : public ButterflyAlgorithm<Transport> {
 
  public:
   RhdAlgorithm(PlanContext<Transport>& ctx, const void* in, void* out) : Base(ctx, in, out) {
-    if (this->n_ == 0 || this->folded_out_) return;
-    const int v = this->v_;
+    if (this->count_ == 0 || this->folded_out_) return;
+    const int v = this->butterfly_rank_;
     // The halving steps read the input at first (or `out` after a fold), then `out`.
-    const uchar* src = ctx.rank() < 2 * this->q_ ? this->out_ : this->in_;
-    std::size_t lo = 0, hi = this->n_;
+    const uchar* src = ctx.rank() < 2 * this->folded_pairs_ ? this->out_ : this->in_;
+    std::size_t lo = 0, hi = this->count_;
     int e = 0;
-    for (int m = this->pp_ / 2; m >= 1; m /= 2, ++e) {
+    for (int m = this->butterfly_size_ / 2; m >= 1; m /= 2, ++e) {
       const std::size_t mid = lo + (hi - lo) / 2;
       const bool lower = (v & m) == 0;
       const std::size_t klo = lower ? lo : mid, khi = lower ? mid : hi;
@@ -162,7 +164,7 @@ class RhdAlgorithm : public ButterflyAlgorithm<Transport> {
     // Recursive doubling all-gather, the halving steps in reverse.
     for (std::size_t k = steps_.size(); k-- > 0; ++e) {
       Step& s = steps_[k];
-      const int m = this->pp_ / 2 >> k;
+      const int m = this->butterfly_size_ / 2 >> k;
       // This rank holds [lo, hi); the partner holds the rest of [s.lo, s.hi).
       const std::size_t olo = lo == s.lo ? hi : s.lo, ohi = lo == s.lo ? s.hi : lo;
       s.gather = this->add_exchange(e, this->real(v ^ m), this->out_, lo, hi - lo, this->out_, olo,
@@ -174,13 +176,13 @@ class RhdAlgorithm : public ButterflyAlgorithm<Transport> {
 
   void run() override {
     auto& ctx = this->ctx_;
-    if (this->n_ == 0) return;
+    if (this->count_ == 0) return;
     const uchar* src = nullptr;
     if (!this->fold(src)) return;
     const std::size_t es = ctx.elem_bytes();
     uchar* out = this->out_;
     uchar* tmp = this->tmp_;
-    std::size_t lo = 0, hi = this->n_;
+    std::size_t lo = 0, hi = this->count_;
     for (const Step& s : steps_) {
       this->run_exchange(s.scatter, [&](std::size_t off, std::size_t len) {
         ctx.reduce(out + off * es, src + off * es, tmp + off * es, len);
