@@ -14,4 +14,8 @@ if(DTRAIN_HAVE_BLAS)
     SOURCES "${_odr}/odr_test.cpp" "${_odr}/with_blas.cpp"
             $<TARGET_OBJECTS:unit_kernels_odr_without_blas>
     LINK dtrain::blas TIMEOUT 60 OPTIMIZED)
+  # BLAS threads per rank: the choice, strict DTRAIN_BLAS_THREADS, OpenBLAS's setter applied.
+  dtrain_add_unit_test(NAME unit_kernels_blas_threads
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_blas_threads_test.cpp
+    LINK dtrain::blas TIMEOUT 60 OPTIMIZED)
 endif()

@@ -4,6 +4,9 @@
 // This is a separate declaration, dtrain::blas::gemm, not a branch inside host::gemm: whether a
 // translation unit includes this header changes what it can call, never what host::gemm does, so
 // translation units built with and without BLAS cannot disagree about one inline function.
+//
+// The first call sets the BLAS library's threads for the process unless the user chose them
+// (blas_threads.hpp: DTRAIN_BLAS_THREADS, or the affinity mask shared by the node's ranks).
 #pragma once
 
 #include <cstdint>
@@ -11,14 +14,16 @@
 
 #include <cblas.h>
 
+#include <dtrain/kernels/host/blas_threads.hpp>
 #include <dtrain/kernels/host/gemm.hpp>
 
 namespace dtrain {
 namespace blas {
 
 /// CBLAS sgemm/dgemm, row-major C[m x n] = alpha op(A) op(B) + beta C (beta 0 ignores C's old
-/// contents). Local, blocking; threads as the BLAS library is configured; the caller owns all
-/// buffers. Throws InvalidArgument on bad extents or leading dimensions.
+/// contents). Local, blocking; threads as configure_threads() set them on the process's first
+/// call; the caller owns all buffers. Throws InvalidArgument on bad extents or leading
+/// dimensions, or (first call) on a malformed DTRAIN_BLAS_THREADS.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
@@ -26,6 +31,7 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "CBLAS gemm needs float or double");
   host::detail::check_gemm(trans_a, trans_b, m, n, k, lda, ldb, ldc);
+  configure_threads();
   if (m == 0 || n == 0) return;
   const auto ta = trans_a ? CblasTrans : CblasNoTrans;
   const auto tb = trans_b ? CblasTrans : CblasNoTrans;

@@ -16,8 +16,12 @@ namespace dtrain {
 /// policy object, thread-safe as HostExec; the allocator is borrowed and must outlive it.
 class HostBlasExec : public HostExec {
  public:
-  /// Local. Throws InvalidArgument when `alloc` does not hand out host memory.
-  explicit HostBlasExec(Allocator& alloc = default_allocator()) : HostExec(alloc) {}
+  /// Local. Sets the process's BLAS threads if no earlier call did (blas::configure_threads),
+  /// so the count is logged, and a malformed DTRAIN_BLAS_THREADS reported, before training.
+  /// Throws InvalidArgument when `alloc` does not hand out host memory, or for that variable.
+  explicit HostBlasExec(Allocator& alloc = default_allocator()) : HostExec(alloc) {
+    blas::configure_threads();
+  }
 
   /// The process-wide default instance (default allocator).
   static HostBlasExec& instance() {
