@@ -11,6 +11,7 @@
 #include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/detect.hpp>
 #include <dtrain/core/timer.hpp>
 
 namespace dtrain {
@@ -25,11 +26,10 @@ namespace dtrain {
 /// what is known of a peer's process (peer_status(), unknown where the wrapped transport cannot
 /// tell).
 class AnyTransport {
-  template <class T, class = void>
-  struct has_abandoned : std::false_type {};
   template <class T>
-  struct has_abandoned<T, std::void_t<decltype(std::size_t{std::declval<const T&>().abandoned()})>>
-      : std::true_type {};
+  using abandoned_call = decltype(std::size_t{std::declval<const T&>().abandoned()});
+  template <class T>
+  using has_abandoned = detail::is_detected<abandoned_call, T>;
 
   struct Iface {
     virtual ~Iface() = default;

@@ -22,6 +22,7 @@
 
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/detect.hpp>
 
 namespace dtrain {
 
@@ -161,21 +162,15 @@ class NodeMap {
 };
 
 namespace detail {
-template <class T, class = void>
-struct has_node_map : std::false_type {};
 template <class T>
-struct has_node_map<
-    T,
-    std::enable_if_t<std::is_same_v<const NodeMap&, decltype(std::declval<const T&>().node_map())>>>
-    : std::true_type {};
+using node_map_call = decltype(std::declval<const T&>().node_map());
+template <class T>
+using node_segments_call = decltype(std::declval<T&>().node_segments());
 
-template <class T, class = void>
-struct has_node_segments : std::false_type {};
 template <class T>
-struct has_node_segments<
-    T,
-    std::enable_if_t<std::is_same_v<SharedSegments*, decltype(std::declval<T&>().node_segments())>>>
-    : std::true_type {};
+using has_node_map = is_detected_exact<const NodeMap&, node_map_call, T>;
+template <class T>
+using has_node_segments = is_detected_exact<SharedSegments*, node_segments_call, T>;
 }  // namespace detail
 
 /// The node grouping of transport `t`: its own answer, else one node when it has whole-group

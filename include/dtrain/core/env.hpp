@@ -9,7 +9,8 @@
 // Who reads what (each in one function, called once where the object is configured):
 //   CommConfig::from_env (comm/comm_config.hpp)        DTRAIN_COMM_*, DTRAIN_ALLREDUCE_ALGO,
 //                                                       DTRAIN_TUNING_FILE
-//   SharedSegmentConfig::from_env (transport_traits)    DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, _SLOTS
+//   SharedSegmentConfig::from_env                      DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, _SLOTS
+//     (comm/shared_segment_config.hpp)
 //   the log threshold (core/log.hpp)                    DTRAIN_LOG_LEVEL
 #pragma once
 

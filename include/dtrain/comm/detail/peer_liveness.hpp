@@ -31,6 +31,7 @@
 #include <utility>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/detect.hpp>
 #include <dtrain/core/timer.hpp>
 
 #if defined(__linux__)
@@ -197,11 +198,10 @@ class RunGapWatch {
 
 /// Detects `PeerStatus t.peer_status(int rank)` (a transport that knows its same-node peers'
 /// processes: MpiTransport).
-template <class T, class = void>
-struct has_peer_status : std::false_type {};
 template <class T>
-struct has_peer_status<T, std::void_t<decltype(std::declval<T&>().peer_status(0))>>
-    : std::true_type {};
+using peer_status_call = decltype(std::declval<T&>().peer_status(0));
+template <class T>
+using has_peer_status = is_detected<peer_status_call, T>;
 
 /// "rank 2 (pid 4242 on this node) is stopped (state T: SIGSTOP, a debugger or job control)".
 inline std::string describe_peer(int rank, const PeerStatus& s) {

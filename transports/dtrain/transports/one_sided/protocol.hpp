@@ -45,6 +45,7 @@
 #include <dtrain/comm/transport_traits.hpp>
 #include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/detect.hpp>
 #include <dtrain/core/failure.hpp>
 #include <dtrain/core/timer.hpp>
 #include <dtrain/transports/one_sided/backend.hpp>
@@ -255,7 +256,7 @@ class OneSidedTransport {
     post_recv(r, peer, tag, data, bytes, nullptr);
   }
 
-  /// A persistent, plan-scoped message (transport_traits.hpp): its peer, bytes and registration
+  /// A persistent, plan-scoped message (transport_channels.hpp): its peer, bytes and registration
   /// are resolved once at bind time, so a start neither looks up nor registers memory. Each start
   /// still goes through the protocol (eager slot, or clear-to-send + zero-copy write), because
   /// the receiver's buffer is only known to be free once its channel was started again.
@@ -842,11 +843,10 @@ class OneSidedTransport {
 
   // A backend that may leave this rank's memory exposed after a failing close: bool
   // keeps_memory() and static void keep(void*) noexcept (see ~OneSidedTransport).
-  template <class BB, class = void>
-  struct has_keeps_memory : std::false_type {};
   template <class BB>
-  struct has_keeps_memory<BB, std::void_t<decltype(std::declval<const BB&>().keeps_memory())>>
-      : std::true_type {};
+  using keeps_memory_call = decltype(std::declval<const BB&>().keeps_memory());
+  template <class BB>
+  using has_keeps_memory = detail::is_detected<keeps_memory_call, BB>;
 
   UnwindGuard unwind_;  // first member: counts the exceptions in flight at construction
   B backend_;

@@ -80,7 +80,7 @@ inline std::size_t ceil_div(std::size_t a, std::size_t b) noexcept {
 
 /// Channel ids below this are the fingerprint exchange's (one per dissemination round, the same
 /// in every plan so that mismatched calls still meet); algorithms number theirs from here. The
-/// two-sided fallback sends each message with tag channel_tag(id) (transport_traits.hpp).
+/// two-sided fallback sends each message with tag channel_tag(id) (transport_channels.hpp).
 inline constexpr int kFirstAlgorithmChannel = 32;
 /// The plan-wide state the algorithms share. Lives inside its plan (never moves).
 template <class Transport>
