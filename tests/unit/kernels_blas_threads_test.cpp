@@ -155,10 +155,19 @@ TEST_CASE("choose_threads: the affinity mask shared by the node's ranks, at leas
   CHECK(blas::choose_threads(inputs(8, 8, 1)).rule == ThreadRule::only_rank);
   CHECK(blas::choose_threads(inputs(8, 8, 0)).threads == 8);
   CHECK(has(blas::choose_threads(inputs(8, 8, 0)).why, "no launcher variable"));
-  // A mask narrower than the online CPUs is this rank's own share, whatever the rank count.
+  // A mask narrower than the online CPUs is this rank's own share (srun --cpu-bind) ...
   CHECK(blas::choose_threads(inputs(4, 64, 16)).threads == 4);
   CHECK(blas::choose_threads(inputs(4, 64, 16)).rule == ThreadRule::bound_mask);
+  CHECK(blas::choose_threads(inputs(4, 64, 0)).threads == 4);
+  CHECK(blas::choose_threads(inputs(8, 64, 2)).threads == 8);
   CHECK(blas::choose_threads(inputs(1, 2, 2)).threads == 1);
+  CHECK(has(blas::choose_threads(inputs(4, 64, 16)).why, "holds 4 of the 64 online CPUs"));
+  // ... but never more than the node's CPUs over its ranks: 16 ranks bound to the 32 CPUs of
+  // their package on a 64-CPU node (Open MPI's binding for more than two ranks) get 4 each.
+  CHECK(blas::choose_threads(inputs(32, 64, 16)).threads == 4);
+  CHECK(blas::choose_threads(inputs(32, 64, 16)).rule == ThreadRule::bound_mask);
+  CHECK(has(blas::choose_threads(inputs(32, 64, 16)).why, "leave each 4"));
+  CHECK(blas::choose_threads(inputs(3, 4, 8)).threads == 1);
   // Degenerate inputs (a mask that could not be read) still give at least one thread.
   CHECK(blas::choose_threads(inputs(0, 0, 0)).threads == 1);
   // The reason names the inputs.

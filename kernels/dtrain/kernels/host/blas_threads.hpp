@@ -11,7 +11,9 @@
 //      load time; dtrain leaves it as it is.
 //   3. This process's affinity mask narrower than the machine's online CPUs: the launcher bound
 //      the rank (srun --cpu-bind, mpiexec -bind-to), so the mask is the rank's own share; one
-//      thread per CPU in it.
+//      thread per CPU in it, but no more than online CPUs / node ranks where the node's rank
+//      count is known (a launcher may bind several ranks to one mask: Open MPI binds each rank
+//      to its NUMA domain or package when it starts more than two).
 //   4. Otherwise the mask is shared by the ranks of the job on this node: mask / node ranks
 //      threads, at least 1. The node's rank count comes from the launcher's environment
 //      (node_ranks_from_env); where no launcher variable says it, the rank counts as the only one.
@@ -114,10 +116,16 @@ inline ThreadChoice choose_threads(const ThreadInputs& in) {
     c.rule = ThreadRule::library_variable;
     c.why = in.library_variable + " is set: the library keeps the count it read at load time";
   } else if (mask < online) {
-    c.threads = mask;
+    const int share = in.node_ranks > 1 ? std::max(1, online / in.node_ranks) : mask;
+    c.threads = std::min(mask, share);
     c.rule = ThreadRule::bound_mask;
-    c.why = concat(unset, "this rank's affinity mask holds ", mask, " of the ", online,
-                   " online CPUs (the launcher bound the rank): one thread per CPU of it");
+    c.why = mask <= share
+                ? concat(unset, "this rank's affinity mask holds ", mask, " of the ", online,
+                         " online CPUs (the launcher bound the rank): one thread per CPU of it")
+                : concat(unset, "this rank's affinity mask holds ", mask, " of the ", online,
+                         " online CPUs, but the ", in.node_ranks, " ranks on this node (",
+                         in.node_ranks_variable, "=", in.node_ranks, ") leave each ", share,
+                         " (the launcher bound several ranks to the same CPUs)");
   } else if (in.node_ranks > 1) {
     c.threads = std::max(1, mask / in.node_ranks);
     c.rule = ThreadRule::shared_mask;
@@ -284,8 +292,8 @@ inline int library_threads() noexcept {
 
 /// Sets OpenBLAS to `n` threads and returns the count it then reports (it caps `n` at its
 /// build's limit; a single-threaded build stays at 1); 0, and nothing set, with another CBLAS.
-/// Local; call it before GEMMs run on other threads (OpenBLAS's setter is not safe against
-/// concurrent BLAS calls).
+/// Process-wide (OpenBLAS keeps one count for all threads); configure_threads calls it once,
+/// before dtrain's first GEMM.
 inline int apply_threads(int n) noexcept {
 #if defined(__GNUC__)
   if (!openblas_linked() || n < 1) return 0;
