@@ -257,65 +257,60 @@ constexpr bool check_exec_policy() {
 }
 }  // namespace detail
 
-/// An event of policy E, destroyed with its owner. Move-only; as thread-safe as E's events.
+namespace detail {
+// What an ExecHandle owns, and how policy E makes and releases it.
 template <class E>
-class ExecEvent {
+struct EventOf {
+  using type = typename E::event_type;
+  static type make(E& exec) { return exec.create_event(); }
+  static void release(E& exec, type event) noexcept { exec.destroy_event(event); }
+};
+template <class E>
+struct StreamOf {
+  using type = typename E::stream_type;
+  static type make(E& exec) { return exec.create_stream(); }
+  static void release(E& exec, type stream) noexcept { exec.destroy_stream(stream); }
+};
+
+/// An event or stream of policy E (Kind: EventOf<E> or StreamOf<E>) made for its owner and
+/// released with it. Move-only; as thread-safe as E's events and streams.
+template <class E, class Kind>
+class ExecHandle {
  public:
-  ExecEvent() = default;
-  explicit ExecEvent(E& exec) : exec_(&exec), event_(exec.create_event()) {}
-  ExecEvent(ExecEvent&& o) noexcept
-      : exec_(std::exchange(o.exec_, nullptr)), event_(std::move(o.event_)) {}
-  ExecEvent& operator=(ExecEvent&& o) noexcept {
+  ExecHandle() = default;
+  explicit ExecHandle(E& exec) : exec_(&exec), handle_(Kind::make(exec)) {}
+  ExecHandle(ExecHandle&& o) noexcept
+      : exec_(std::exchange(o.exec_, nullptr)), handle_(std::move(o.handle_)) {}
+  ExecHandle& operator=(ExecHandle&& o) noexcept {
     if (this != &o) {
       reset();
       exec_ = std::exchange(o.exec_, nullptr);
-      event_ = std::move(o.event_);
+      handle_ = std::move(o.handle_);
     }
     return *this;
   }
-  ExecEvent(const ExecEvent&) = delete;
-  ExecEvent& operator=(const ExecEvent&) = delete;
-  ~ExecEvent() { reset(); }
-  typename E::event_type get() const noexcept { return event_; }
+  ExecHandle(const ExecHandle&) = delete;
+  ExecHandle& operator=(const ExecHandle&) = delete;
+  ~ExecHandle() { reset(); }
+  typename Kind::type get() const noexcept { return handle_; }
 
  private:
   void reset() noexcept {
-    if (exec_) exec_->destroy_event(event_);
+    if (exec_) Kind::release(*exec_, handle_);
     exec_ = nullptr;
   }
   E* exec_ = nullptr;
-  typename E::event_type event_{};
+  typename Kind::type handle_{};
 };
+}  // namespace detail
+
+/// An event of policy E, destroyed with its owner. Move-only; as thread-safe as E's events.
+template <class E>
+using ExecEvent = detail::ExecHandle<E, detail::EventOf<E>>;
 
 /// A stream of policy E created for its owner and destroyed (after its work) with it.
 template <class E>
-class ExecStream {
- public:
-  ExecStream() = default;
-  explicit ExecStream(E& exec) : exec_(&exec), stream_(exec.create_stream()) {}
-  ExecStream(ExecStream&& o) noexcept
-      : exec_(std::exchange(o.exec_, nullptr)), stream_(std::move(o.stream_)) {}
-  ExecStream& operator=(ExecStream&& o) noexcept {
-    if (this != &o) {
-      reset();
-      exec_ = std::exchange(o.exec_, nullptr);
-      stream_ = std::move(o.stream_);
-    }
-    return *this;
-  }
-  ExecStream(const ExecStream&) = delete;
-  ExecStream& operator=(const ExecStream&) = delete;
-  ~ExecStream() { reset(); }
-  typename E::stream_type get() const noexcept { return stream_; }
-
- private:
-  void reset() noexcept {
-    if (exec_) exec_->destroy_stream(stream_);
-    exec_ = nullptr;
-  }
-  E* exec_ = nullptr;
-  typename E::stream_type stream_{};
-};
+using ExecStream = detail::ExecHandle<E, detail::StreamOf<E>>;
 
 /// Host-blocking wait for `event` bounded by `seconds` (negative: no bound); throws TimeoutError
 /// naming `operation` when it expires. Thread-safe as E's events are.
