@@ -1,5 +1,5 @@
 // allreduce_bench: dtrain's all-reduce algorithms against the system MPI_Allreduce on the same
-// buffers, nccl-tests style (see shared/PERFORMANCE.md for the conventions).
+// buffers, nccl-tests style (benchmarks/RESULTS.md says how the figures are measured).
 //
 //   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench -b 4K -e 64M -f 4 --algo ring,tree,auto,mpi
 //   mpiexec.mpich -n 2 build/benchmarks/allreduce_bench --transport mpi,mpi-rma --rma-ceiling
