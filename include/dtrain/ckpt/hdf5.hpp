@@ -42,7 +42,7 @@ struct comm_has_mpi_comm : std::false_type {};
 inline H5Handle h5_type_for(DType t, bool file) {
   const char* op = "checkpoint HDF5 type";
   auto copy = [&](hid_t base) {
-    return H5Handle(DTRAIN_H5_CALL(H5Tcopy(base), op, name_of(t)), H5Tclose);
+    return H5Handle(DTRAIN_CHECK_H5(H5Tcopy(base), op, name_of(t)), H5Tclose);
   };
   switch (t) {
     case DType::f32: return copy(file ? H5T_IEEE_F32LE : H5T_NATIVE_FLOAT);
@@ -55,11 +55,11 @@ inline H5Handle h5_type_for(DType t, bool file) {
       // 16-bit floats so generic readers (h5py, h5dump) see floating-point values.
       H5Handle h = copy(file ? H5T_IEEE_F32LE : H5T_NATIVE_FLOAT);
       const bool half = t == DType::f16;
-      DTRAIN_H5_CALL(H5Tset_fields(h, 15, half ? 10 : 7, half ? 5 : 8, 0, half ? 10 : 7), op,
-                     name_of(t));
-      DTRAIN_H5_CALL(H5Tset_precision(h, 16), op, name_of(t));
-      DTRAIN_H5_CALL(H5Tset_size(h, 2), op, name_of(t));
-      DTRAIN_H5_CALL(H5Tset_ebias(h, half ? 15 : 127), op, name_of(t));
+      DTRAIN_CHECK_H5(H5Tset_fields(h, 15, half ? 10 : 7, half ? 5 : 8, 0, half ? 10 : 7), op,
+                      name_of(t));
+      DTRAIN_CHECK_H5(H5Tset_precision(h, 16), op, name_of(t));
+      DTRAIN_CHECK_H5(H5Tset_size(h, 2), op, name_of(t));
+      DTRAIN_CHECK_H5(H5Tset_ebias(h, half ? 15 : 127), op, name_of(t));
       return h;
     }
   }
@@ -68,20 +68,21 @@ inline H5Handle h5_type_for(DType t, bool file) {
 
 inline H5Handle h5_string_type(std::size_t len) {
   const char* op = "checkpoint HDF5 type";
-  H5Handle h(DTRAIN_H5_CALL(H5Tcopy(H5T_C_S1), op, "string"), H5Tclose);
-  DTRAIN_H5_CALL(H5Tset_size(h, std::max<std::size_t>(len, 1)), op, "string");
-  DTRAIN_H5_CALL(H5Tset_strpad(h, H5T_STR_NULLPAD), op, "string");
-  DTRAIN_H5_CALL(H5Tset_cset(h, H5T_CSET_UTF8), op, "string");
+  H5Handle h(DTRAIN_CHECK_H5(H5Tcopy(H5T_C_S1), op, "string"), H5Tclose);
+  DTRAIN_CHECK_H5(H5Tset_size(h, std::max<std::size_t>(len, 1)), op, "string");
+  DTRAIN_CHECK_H5(H5Tset_strpad(h, H5T_STR_NULLPAD), op, "string");
+  DTRAIN_CHECK_H5(H5Tset_cset(h, H5T_CSET_UTF8), op, "string");
   return h;
 }
 
 inline H5Handle h5_dataspace(const Shape& shape) {
   const char* op = "checkpoint HDF5 dataspace";
-  if (shape.empty()) return H5Handle(DTRAIN_H5_CALL(H5Screate(H5S_SCALAR), op, "scalar"), H5Sclose);
+  if (shape.empty())
+    return H5Handle(DTRAIN_CHECK_H5(H5Screate(H5S_SCALAR), op, "scalar"), H5Sclose);
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   return H5Handle(
-      DTRAIN_H5_CALL(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), op,
-                     to_string(shape)),
+      DTRAIN_CHECK_H5(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), op,
+                      to_string(shape)),
       H5Sclose);
 }
 
@@ -91,10 +92,10 @@ inline void h5_put_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_
                         const void* value, const std::string& where) {
   const char* op = "checkpoint write";
   H5Handle sp = h5_dataspace({});
-  H5Handle a(DTRAIN_H5_CALL(H5Acreate2(obj, name, file_type, sp, H5P_DEFAULT, H5P_DEFAULT), op,
-                            where + "@" + name),
+  H5Handle a(DTRAIN_CHECK_H5(H5Acreate2(obj, name, file_type, sp, H5P_DEFAULT, H5P_DEFAULT), op,
+                             where + "@" + name),
              H5Aclose);
-  DTRAIN_H5_CALL(H5Awrite(a, mem_type, value), op, where + "@" + name);
+  DTRAIN_CHECK_H5(H5Awrite(a, mem_type, value), op, where + "@" + name);
 }
 inline void h5_put_attr_i64(hid_t obj, const char* name, std::int64_t v, const std::string& where) {
   h5_put_attr(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, &v, where);
@@ -125,27 +126,27 @@ struct H5AttrValue {
 inline H5AttrValue h5_get_attr(hid_t obj, const char* name, const std::string& where) {
   const char* op = "checkpoint read";
   const std::string ctx = where + "@" + name;
-  H5Handle a(DTRAIN_H5_CALL(H5Aopen(obj, name, H5P_DEFAULT), op, ctx), H5Aclose);
-  H5Handle sp(DTRAIN_H5_CALL(H5Aget_space(a), op, ctx), H5Sclose);
+  H5Handle a(DTRAIN_CHECK_H5(H5Aopen(obj, name, H5P_DEFAULT), op, ctx), H5Aclose);
+  H5Handle sp(DTRAIN_CHECK_H5(H5Aget_space(a), op, ctx), H5Sclose);
   if (H5Sget_simple_extent_npoints(sp) != 1)
     raise<IoError>(op, ctx + ": attribute is not a single value");
-  H5Handle ty(DTRAIN_H5_CALL(H5Aget_type(a), op, ctx), H5Tclose);
+  H5Handle ty(DTRAIN_CHECK_H5(H5Aget_type(a), op, ctx), H5Tclose);
   H5AttrValue v;
   switch (H5Tget_class(ty)) {
     case H5T_INTEGER:
       v.kind = EntryKind::i64;
-      DTRAIN_H5_CALL(H5Aread(a, H5T_NATIVE_INT64, &v.i64), op, ctx);
+      DTRAIN_CHECK_H5(H5Aread(a, H5T_NATIVE_INT64, &v.i64), op, ctx);
       break;
     case H5T_FLOAT:
       v.kind = EntryKind::f64;
-      DTRAIN_H5_CALL(H5Aread(a, H5T_NATIVE_DOUBLE, &v.f64), op, ctx);
+      DTRAIN_CHECK_H5(H5Aread(a, H5T_NATIVE_DOUBLE, &v.f64), op, ctx);
       break;
     case H5T_STRING: {
       v.kind = EntryKind::str;
       if (H5Tis_variable_str(ty) > 0) raise<IoError>(op, ctx + ": variable-length string");
       const std::size_t n = H5Tget_size(ty);
       std::string buf(n, '\0');
-      DTRAIN_H5_CALL(H5Aread(a, ty, buf.data()), op, ctx);
+      DTRAIN_CHECK_H5(H5Aread(a, ty, buf.data()), op, ctx);
       while (!buf.empty() && buf.back() == '\0') buf.pop_back();
       v.str = std::move(buf);
       break;
@@ -176,9 +177,9 @@ inline void h5_ensure_group(hid_t file, const std::string& path) {
     auto end = path.find('/', pos);
     if (end == std::string::npos) end = path.size();
     const std::string sub = path.substr(0, end);
-    if (DTRAIN_H5_CALL(H5Lexists(file, sub.c_str(), H5P_DEFAULT), op, sub) == 0)
-      H5Handle(DTRAIN_H5_CALL(H5Gcreate2(file, sub.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                              op, sub),
+    if (DTRAIN_CHECK_H5(H5Lexists(file, sub.c_str(), H5P_DEFAULT), op, sub) == 0)
+      H5Handle(DTRAIN_CHECK_H5(H5Gcreate2(file, sub.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                               op, sub),
                H5Gclose);
     pos = end + 1;
   }
@@ -200,9 +201,9 @@ inline void h5_select_run(hid_t sel, const std::vector<std::uint64_t>& dims, std
   for (const FlatBlock& b : flat_range_blocks(dims, first, n)) {
     const std::vector<hsize_t> start(b.start.begin(), b.start.end());
     const std::vector<hsize_t> cnt(b.count.begin(), b.count.end());
-    DTRAIN_H5_CALL(H5Sselect_hyperslab(sel, fresh ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
-                                       nullptr, cnt.data(), nullptr),
-                   op, ctx);
+    DTRAIN_CHECK_H5(H5Sselect_hyperslab(sel, fresh ? H5S_SELECT_SET : H5S_SELECT_OR, start.data(),
+                                        nullptr, cnt.data(), nullptr),
+                    op, ctx);
     fresh = false;
   }
 }
@@ -215,19 +216,19 @@ inline void h5_write_parts(hid_t d, hid_t mtype, hid_t fspace, const CkptEntry& 
   const char* op = "checkpoint write";
   std::size_t held = 0;
   for (const auto& part : e.parts) held += part.second;
-  H5Handle fsel(DTRAIN_H5_CALL(H5Scopy(fspace), op, e.path), H5Sclose);
+  H5Handle fsel(DTRAIN_CHECK_H5(H5Scopy(fspace), op, e.path), H5Sclose);
   const hsize_t mdim = held ? static_cast<hsize_t>(held) : 1;
-  H5Handle msel(DTRAIN_H5_CALL(H5Screate_simple(1, &mdim, nullptr), op, e.path), H5Sclose);
+  H5Handle msel(DTRAIN_CHECK_H5(H5Screate_simple(1, &mdim, nullptr), op, e.path), H5Sclose);
   if (held == 0) {
-    DTRAIN_H5_CALL(H5Sselect_none(fsel), op, e.path);
-    DTRAIN_H5_CALL(H5Sselect_none(msel), op, e.path);
+    DTRAIN_CHECK_H5(H5Sselect_none(fsel), op, e.path);
+    DTRAIN_CHECK_H5(H5Sselect_none(msel), op, e.path);
   } else if (!e.whole.empty()) {  // a 0-d tensor's one element is selected whole already
     const std::vector<std::uint64_t> dims(e.whole.begin(), e.whole.end());
     bool fresh = true;
     for (const auto& [first, n] : e.parts) h5_select_run(fsel, dims, first, n, fresh, op, e.path);
   }
   static const unsigned char nothing = 0;  // HDF5 wants a buffer even for an empty selection
-  DTRAIN_H5_CALL(H5Dwrite(d, mtype, msel, fsel, xfer, held ? e.data : &nothing), op, e.path);
+  DTRAIN_CHECK_H5(H5Dwrite(d, mtype, msel, fsel, xfer, held ? e.data : &nothing), op, e.path);
 }
 
 inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRole& role) {
@@ -241,12 +242,12 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
   h5_put_attr_str(file, "write_strategy", m.strategy, "/");
   h5_put_attr_i64(file, "entry_count", static_cast<std::int64_t>(m.entries.size()), "/");
 
-  H5Handle indep(DTRAIN_H5_CALL(H5Pcreate(H5P_DATASET_XFER), op, "transfer list"), H5Pclose);
-  H5Handle coll(DTRAIN_H5_CALL(H5Pcreate(H5P_DATASET_XFER), op, "transfer list"), H5Pclose);
+  H5Handle indep(DTRAIN_CHECK_H5(H5Pcreate(H5P_DATASET_XFER), op, "transfer list"), H5Pclose);
+  H5Handle coll(DTRAIN_CHECK_H5(H5Pcreate(H5P_DATASET_XFER), op, "transfer list"), H5Pclose);
 #ifdef H5_HAVE_PARALLEL
   if (role.parallel) {
-    DTRAIN_H5_CALL(H5Pset_dxpl_mpio(indep, H5FD_MPIO_INDEPENDENT), op, "transfer list");
-    DTRAIN_H5_CALL(H5Pset_dxpl_mpio(coll, H5FD_MPIO_COLLECTIVE), op, "transfer list");
+    DTRAIN_CHECK_H5(H5Pset_dxpl_mpio(indep, H5FD_MPIO_INDEPENDENT), op, "transfer list");
+    DTRAIN_CHECK_H5(H5Pset_dxpl_mpio(coll, H5FD_MPIO_COLLECTIVE), op, "transfer list");
   }
 #endif
 
@@ -254,13 +255,13 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
     H5Handle sp = h5_dataspace({});
     H5Handle ty = h5_string_type(m.config.size());
     H5Handle d(
-        DTRAIN_H5_CALL(H5Dcreate2(file, "/config", ty, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
-                       op, "/config"),
+        DTRAIN_CHECK_H5(H5Dcreate2(file, "/config", ty, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                        op, "/config"),
         H5Dclose);
     std::string padded = m.config;
     if (padded.empty()) padded.push_back('\0');
     if (!role.parallel || role.rank == 0)
-      DTRAIN_H5_CALL(H5Dwrite(d, ty, H5S_ALL, H5S_ALL, indep, padded.data()), op, "/config");
+      DTRAIN_CHECK_H5(H5Dwrite(d, ty, H5S_ALL, H5S_ALL, indep, padded.data()), op, "/config");
     h5_put_attr_u32(d, "crc32c", crc32c(m.config.data(), m.config.size()), "/config");
   }
 
@@ -269,7 +270,8 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
     const std::string parent = parent_path(e.path);
     h5_ensure_group(file, parent);
     if (e.kind != EntryKind::tensor) {
-      H5Handle g(DTRAIN_H5_CALL(H5Gopen2(file, parent.c_str(), H5P_DEFAULT), op, parent), H5Gclose);
+      H5Handle g(DTRAIN_CHECK_H5(H5Gopen2(file, parent.c_str(), H5P_DEFAULT), op, parent),
+                 H5Gclose);
       const std::string leaf = leaf_name(e.path);
       if (e.kind == EntryKind::i64) h5_put_attr_i64(g, leaf.c_str(), e.i64, parent);
       if (e.kind == EntryKind::f64) h5_put_attr_f64(g, leaf.c_str(), e.f64, parent);
@@ -282,21 +284,21 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
     // entry's shape is already the whole one; in a parallel write each rank holds its parts).
     const Shape& dims = e.sharded ? e.whole : e.shape;
     H5Handle fspace = h5_dataspace(dims);
-    H5Handle d(DTRAIN_H5_CALL(H5Dcreate2(file, e.path.c_str(), ftype, fspace, H5P_DEFAULT,
-                                         H5P_DEFAULT, H5P_DEFAULT),
-                              op, e.path),
+    H5Handle d(DTRAIN_CHECK_H5(H5Dcreate2(file, e.path.c_str(), ftype, fspace, H5P_DEFAULT,
+                                          H5P_DEFAULT, H5P_DEFAULT),
+                               op, e.path),
                H5Dclose);
     const std::size_t count = element_count(dims);
     if (count > 0) {
       if (!role.parallel) {
-        DTRAIN_H5_CALL(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
+        DTRAIN_CHECK_H5(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
       } else if (e.sharded) {
         h5_write_parts(d, mtype, fspace, e, coll);
       } else if (e.owner >= 0 || !role.slices || e.shape.empty()) {
         // One writer: the owner of per-rank state, or rank 0 for replicated state.
         const int writer = e.owner >= 0 ? e.owner : 0;
         if (role.rank == writer)
-          DTRAIN_H5_CALL(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
+          DTRAIN_CHECK_H5(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
       } else {
         // Disjoint slices along axis 0, every rank in one collective write.
         const hsize_t rows = static_cast<hsize_t>(e.shape[0]);
@@ -306,24 +308,24 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
         std::vector<hsize_t> start(e.shape.size(), 0), cnt(e.shape.begin(), e.shape.end());
         start[0] = lo;
         cnt[0] = hi - lo;
-        H5Handle fsel(DTRAIN_H5_CALL(H5Scopy(fspace), op, e.path), H5Sclose);
+        H5Handle fsel(DTRAIN_CHECK_H5(H5Scopy(fspace), op, e.path), H5Sclose);
         std::vector<hsize_t> mdims(cnt);
         if (mdims[0] == 0) mdims[0] = 1;
         H5Handle msel(
-            DTRAIN_H5_CALL(H5Screate_simple(static_cast<int>(mdims.size()), mdims.data(), nullptr),
-                           op, e.path),
+            DTRAIN_CHECK_H5(H5Screate_simple(static_cast<int>(mdims.size()), mdims.data(), nullptr),
+                            op, e.path),
             H5Sclose);
         const char* src = static_cast<const char*>(e.data);
         if (hi > lo) {
-          DTRAIN_H5_CALL(
+          DTRAIN_CHECK_H5(
               H5Sselect_hyperslab(fsel, H5S_SELECT_SET, start.data(), nullptr, cnt.data(), nullptr),
               op, e.path);
           src += (e.bytes() / rows) * lo;
         } else {
-          DTRAIN_H5_CALL(H5Sselect_none(fsel), op, e.path);
-          DTRAIN_H5_CALL(H5Sselect_none(msel), op, e.path);
+          DTRAIN_CHECK_H5(H5Sselect_none(fsel), op, e.path);
+          DTRAIN_CHECK_H5(H5Sselect_none(msel), op, e.path);
         }
-        DTRAIN_H5_CALL(H5Dwrite(d, mtype, msel, fsel, coll, src), op, e.path);
+        DTRAIN_CHECK_H5(H5Dwrite(d, mtype, msel, fsel, coll, src), op, e.path);
       }
     }
     datasets.emplace_back(&e, std::move(d));
@@ -338,15 +340,15 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
 
 inline H5Handle h5_file_access(bool for_write) {
   const char* op = "checkpoint open";
-  H5Handle fapl(DTRAIN_H5_CALL(H5Pcreate(H5P_FILE_ACCESS), op, "file access list"), H5Pclose);
-  DTRAIN_H5_CALL(H5Pset_fapl_sec2(fapl), op, "file access list");
+  H5Handle fapl(DTRAIN_CHECK_H5(H5Pcreate(H5P_FILE_ACCESS), op, "file access list"), H5Pclose);
+  DTRAIN_CHECK_H5(H5Pset_fapl_sec2(fapl), op, "file access list");
   // Object headers version 2 and the version 2 superblock carry checksums, so a damaged byte
   // in the metadata (shapes, attributes) is detected by HDF5 itself.
   // A damaged file may fail half-way through a read; closing it must still release everything.
-  DTRAIN_H5_CALL(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), op, "file access list");
+  DTRAIN_CHECK_H5(H5Pset_fclose_degree(fapl, H5F_CLOSE_STRONG), op, "file access list");
   if (for_write)
-    DTRAIN_H5_CALL(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST), op,
-                   "file access list");
+    DTRAIN_CHECK_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST), op,
+                    "file access list");
   return fapl;
 }
 
@@ -379,14 +381,14 @@ inline std::size_t& read_piece_bytes() {
 inline std::pair<H5Handle, H5Handle> h5_run_selection(hid_t fspace, const Shape& shape,
                                                       std::uint64_t first, std::uint64_t count,
                                                       const char* op, const std::string& ctx) {
-  H5Handle fsel(DTRAIN_H5_CALL(H5Scopy(fspace), op, ctx), H5Sclose);
+  H5Handle fsel(DTRAIN_CHECK_H5(H5Scopy(fspace), op, ctx), H5Sclose);
   if (!shape.empty()) {
     const std::vector<std::uint64_t> dims(shape.begin(), shape.end());
     bool fresh = true;
     h5_select_run(fsel, dims, first, count, fresh, op, ctx);
   }
   const hsize_t m = static_cast<hsize_t>(count);
-  H5Handle msel(DTRAIN_H5_CALL(H5Screate_simple(1, &m, nullptr), op, ctx), H5Sclose);
+  H5Handle msel(DTRAIN_CHECK_H5(H5Screate_simple(1, &m, nullptr), op, ctx), H5Sclose);
   return {std::move(fsel), std::move(msel)};
 }
 
@@ -397,7 +399,7 @@ inline void h5_read_run(hid_t d, hid_t fspace, hid_t mtype, const CkptEntry& e, 
   const char* op = "checkpoint read";
   if (count == 0) return;
   auto [fsel, msel] = h5_run_selection(fspace, e.shape, first, count, op, ctx);
-  DTRAIN_H5_CALL(H5Dread(d, mtype, msel, fsel, H5P_DEFAULT, dst), op, ctx);
+  DTRAIN_CHECK_H5(H5Dread(d, mtype, msel, fsel, H5P_DEFAULT, dst), op, ctx);
 }
 
 /// The crc32c of the elements [first, first + count) of dataset `d` (as h5_read_run), read in
@@ -425,9 +427,9 @@ inline std::uint32_t h5_dataset_crc(hid_t d, hid_t fspace, hid_t mtype, const Ck
 
 /// The extent of dataspace `sp` as a Shape (empty for a scalar dataspace).
 inline Shape h5_shape_of(hid_t sp, const char* op, const std::string& ctx) {
-  const int nd = DTRAIN_H5_CALL(H5Sget_simple_extent_ndims(sp), op, ctx);
+  const int nd = DTRAIN_CHECK_H5(H5Sget_simple_extent_ndims(sp), op, ctx);
   std::vector<hsize_t> dims(static_cast<std::size_t>(nd));
-  if (nd > 0) DTRAIN_H5_CALL(H5Sget_simple_extent_dims(sp, dims.data(), nullptr), op, ctx);
+  if (nd > 0) DTRAIN_CHECK_H5(H5Sget_simple_extent_dims(sp, dims.data(), nullptr), op, ctx);
   return Shape(dims.begin(), dims.end());
 }
 
@@ -445,7 +447,7 @@ inline int owner_of_path(const std::string& path) {
 inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
   const char* op = "checkpoint read";
   const std::string ctx = st.file_name + ":" + path;
-  H5Handle d(DTRAIN_H5_CALL(H5Dopen2(st.file, path.c_str(), H5P_DEFAULT), op, ctx), H5Dclose);
+  H5Handle d(DTRAIN_CHECK_H5(H5Dopen2(st.file, path.c_str(), H5P_DEFAULT), op, ctx), H5Dclose);
   CkptEntry e;
   e.path = path;
   e.kind = EntryKind::tensor;
@@ -458,9 +460,9 @@ inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
   }
   const auto crc = h5_get_attr(d, "crc32c", ctx);
   if (crc.kind != EntryKind::i64) raise<IoError>(op, ctx + ": crc32c attribute is not an integer");
-  H5Handle sp(DTRAIN_H5_CALL(H5Dget_space(d), op, ctx), H5Sclose);
+  H5Handle sp(DTRAIN_CHECK_H5(H5Dget_space(d), op, ctx), H5Sclose);
   e.shape = h5_shape_of(sp, op, ctx);
-  H5Handle ftype(DTRAIN_H5_CALL(H5Dget_type(d), op, ctx), H5Tclose);
+  H5Handle ftype(DTRAIN_CHECK_H5(H5Dget_type(d), op, ctx), H5Tclose);
   if (H5Tget_size(ftype) != size_of(e.dtype))
     raise<IoError>(op, ctx + ": stored element size does not match dtype " + dname);
   H5Handle mtype = h5_type_for(e.dtype, false);
@@ -473,7 +475,7 @@ inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
   if (st.mode == H5ReadMode::data) {
     e.storage.resize(e.bytes());
     if (!e.storage.empty())
-      DTRAIN_H5_CALL(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.storage.data()), op, ctx);
+      DTRAIN_CHECK_H5(H5Dread(d, mtype, H5S_ALL, H5S_ALL, H5P_DEFAULT, e.storage.data()), op, ctx);
     e.data = e.storage.data();
     actual = crc32c(e.storage.data(), e.storage.size());
   } else {
@@ -491,14 +493,14 @@ inline void h5_read_dataset(H5ReadState& st, const std::string& path) {
 inline void h5_read_group(H5ReadState& st, const std::string& path) {
   const char* op = "checkpoint read";
   const std::string ctx = st.file_name + ":" + path;
-  H5Handle g(DTRAIN_H5_CALL(H5Gopen2(st.file, path.c_str(), H5P_DEFAULT), op, ctx), H5Gclose);
+  H5Handle g(DTRAIN_CHECK_H5(H5Gopen2(st.file, path.c_str(), H5P_DEFAULT), op, ctx), H5Gclose);
   if (path != "/") {
     std::vector<std::string> names;
     auto collect = [](hid_t, const char* name, const H5A_info_t*, void* data) -> herr_t {
       static_cast<std::vector<std::string>*>(data)->push_back(name);
       return 0;
     };
-    DTRAIN_H5_CALL(H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), op, ctx);
+    DTRAIN_CHECK_H5(H5Aiterate2(g, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect, &names), op, ctx);
     for (const auto& n : names) {
       auto v = h5_get_attr(g, n.c_str(), ctx);
       CkptEntry e;
@@ -512,19 +514,19 @@ inline void h5_read_group(H5ReadState& st, const std::string& path) {
     }
   }
   H5G_info_t info;
-  DTRAIN_H5_CALL(H5Gget_info(g, &info), op, ctx);
+  DTRAIN_CHECK_H5(H5Gget_info(g, &info), op, ctx);
   for (hsize_t i = 0; i < info.nlinks; ++i) {
-    const ssize_t len = DTRAIN_H5_CALL(
+    const ssize_t len = DTRAIN_CHECK_H5(
         H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT), op,
         ctx);
     std::string name(static_cast<std::size_t>(len) + 1, '\0');
-    DTRAIN_H5_CALL(H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(),
-                                      name.size(), H5P_DEFAULT),
-                   op, ctx);
+    DTRAIN_CHECK_H5(H5Lget_name_by_idx(g, ".", H5_INDEX_NAME, H5_ITER_INC, i, name.data(),
+                                       name.size(), H5P_DEFAULT),
+                    op, ctx);
     name.resize(static_cast<std::size_t>(len));
     const std::string child = path == "/" ? "/" + name : path + "/" + name;
     if (child == "/config") continue;
-    H5Handle obj(DTRAIN_H5_CALL(H5Oopen(g, name.c_str(), H5P_DEFAULT), op, child), H5Oclose);
+    H5Handle obj(DTRAIN_CHECK_H5(H5Oopen(g, name.c_str(), H5P_DEFAULT), op, child), H5Oclose);
     const H5I_type_t type = H5Iget_type(obj);
     obj.reset();
     if (type == H5I_GROUP)
@@ -551,11 +553,11 @@ struct Hdf5Format {
     const char* op = "checkpoint write";
     detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(true);
     detail::ckpt_h5::H5Handle file(
-        DTRAIN_H5_CALL(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), op, path),
+        DTRAIN_CHECK_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), op, path),
         H5Fclose);
     detail::ckpt_h5::h5_write_manifest(file, m, detail::ckpt_h5::H5WriteRole{});
-    DTRAIN_H5_CALL(H5Fflush(file, H5F_SCOPE_GLOBAL), op, path);
-    DTRAIN_H5_CALL(file.close(), op, path);
+    DTRAIN_CHECK_H5(H5Fflush(file, H5F_SCOPE_GLOBAL), op, path);
+    DTRAIN_CHECK_H5(file.close(), op, path);
     detail::fsync_path(path, false, op);
   }
 
@@ -577,13 +579,13 @@ struct Hdf5Format {
       detail::ckpt_h5::H5Session session;
       const char* op = "checkpoint write";
       MPI_Comm mc = comm.transport().mpi_comm();
-      detail::ckpt_h5::H5Handle fapl(DTRAIN_H5_CALL(H5Pcreate(H5P_FILE_ACCESS), op, path),
+      detail::ckpt_h5::H5Handle fapl(DTRAIN_CHECK_H5(H5Pcreate(H5P_FILE_ACCESS), op, path),
                                      H5Pclose);
-      DTRAIN_H5_CALL(H5Pset_fapl_mpio(fapl, mc, MPI_INFO_NULL), op, path);
-      DTRAIN_H5_CALL(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST), op, path);
-      DTRAIN_H5_CALL(H5Pset_coll_metadata_write(fapl, true), op, path);
+      DTRAIN_CHECK_H5(H5Pset_fapl_mpio(fapl, mc, MPI_INFO_NULL), op, path);
+      DTRAIN_CHECK_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V18, H5F_LIBVER_LATEST), op, path);
+      DTRAIN_CHECK_H5(H5Pset_coll_metadata_write(fapl, true), op, path);
       detail::ckpt_h5::H5Handle file(
-          DTRAIN_H5_CALL(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), op, path),
+          DTRAIN_CHECK_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), op, path),
           H5Fclose);
       detail::ckpt_h5::H5WriteRole role;
       role.parallel = true;
@@ -591,8 +593,8 @@ struct Hdf5Format {
       role.rank = comm.rank();
       role.size = comm.size();
       detail::ckpt_h5::h5_write_manifest(file, m, role);
-      DTRAIN_H5_CALL(H5Fflush(file, H5F_SCOPE_GLOBAL), op, path);
-      DTRAIN_H5_CALL(file.close(), op, path);
+      DTRAIN_CHECK_H5(H5Fflush(file, H5F_SCOPE_GLOBAL), op, path);
+      DTRAIN_CHECK_H5(file.close(), op, path);
       if (role.rank == 0) detail::fsync_path(path, false, op);
       return;
     }
@@ -634,7 +636,7 @@ struct Hdf5Format {
       detail::ckpt_h5::H5Session session;
       detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(false);
       file_ = detail::ckpt_h5::H5Handle(
-          DTRAIN_H5_CALL(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl), "checkpoint read", path_),
+          DTRAIN_CHECK_H5(H5Fopen(path_.c_str(), H5F_ACC_RDONLY, fapl), "checkpoint read", path_),
           H5Fclose);
     }
     /// Reads tensor entry `e` into `dst` (host memory, e.bytes()) and checks its crc32c again:
@@ -687,10 +689,10 @@ struct Hdf5Format {
       const char* op = "checkpoint read";
       Open o;
       o.ctx = path_ + ":" + e.path;
-      o.dataset = H5Handle(DTRAIN_H5_CALL(H5Dopen2(file_, e.path.c_str(), H5P_DEFAULT), op, o.ctx),
+      o.dataset = H5Handle(DTRAIN_CHECK_H5(H5Dopen2(file_, e.path.c_str(), H5P_DEFAULT), op, o.ctx),
                            H5Dclose);
-      o.space = H5Handle(DTRAIN_H5_CALL(H5Dget_space(o.dataset), op, o.ctx), H5Sclose);
-      H5Handle ftype(DTRAIN_H5_CALL(H5Dget_type(o.dataset), op, o.ctx), H5Tclose);
+      o.space = H5Handle(DTRAIN_CHECK_H5(H5Dget_space(o.dataset), op, o.ctx), H5Sclose);
+      H5Handle ftype(DTRAIN_CHECK_H5(H5Dget_type(o.dataset), op, o.ctx), H5Tclose);
       if (detail::ckpt_h5::h5_shape_of(o.space, op, o.ctx) != e.shape ||
           H5Tget_size(ftype) != size_of(e.dtype))
         raise<IoError>(op, o.ctx +
@@ -710,7 +712,7 @@ struct Hdf5Format {
     const char* op = "checkpoint read";
     detail::ckpt_h5::H5Handle fapl = detail::ckpt_h5::h5_file_access(false);
     detail::ckpt_h5::H5Handle file(
-        DTRAIN_H5_CALL(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), op, path), H5Fclose);
+        DTRAIN_CHECK_H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), op, path), H5Fclose);
     detail::CkptManifest m;
     const std::string where = path + ":/";
     if (detail::ckpt_h5::h5_get_str(file, "format", where) != detail::checkpoint_format_name)
@@ -732,11 +734,12 @@ struct Hdf5Format {
     const std::int64_t expected = detail::ckpt_h5::h5_get_i64(file, "entry_count", where);
     {
       detail::ckpt_h5::H5Handle d(
-          DTRAIN_H5_CALL(H5Dopen2(file, "/config", H5P_DEFAULT), op, path + ":/config"), H5Dclose);
-      detail::ckpt_h5::H5Handle ty(DTRAIN_H5_CALL(H5Dget_type(d), op, path + ":/config"), H5Tclose);
+          DTRAIN_CHECK_H5(H5Dopen2(file, "/config", H5P_DEFAULT), op, path + ":/config"), H5Dclose);
+      detail::ckpt_h5::H5Handle ty(DTRAIN_CHECK_H5(H5Dget_type(d), op, path + ":/config"),
+                                   H5Tclose);
       std::string buf(H5Tget_size(ty), '\0');
-      DTRAIN_H5_CALL(H5Dread(d, ty, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), op,
-                     path + ":/config");
+      DTRAIN_CHECK_H5(H5Dread(d, ty, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()), op,
+                      path + ":/config");
       while (!buf.empty() && buf.back() == '\0') buf.pop_back();
       const auto crc = detail::ckpt_h5::h5_get_i64(d, "crc32c", path + ":/config");
       if (static_cast<std::uint32_t>(crc) != crc32c(buf.data(), buf.size()))
@@ -748,7 +751,7 @@ struct Hdf5Format {
     if (static_cast<std::int64_t>(m.entries.size()) != expected)
       raise<IoError>(op, path + ": holds " + std::to_string(m.entries.size()) +
                              " entries, its header says " + std::to_string(expected));
-    DTRAIN_H5_CALL(file.close(), op, path);
+    DTRAIN_CHECK_H5(file.close(), op, path);
     return m;
   }
 };

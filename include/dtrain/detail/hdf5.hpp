@@ -111,31 +111,30 @@ class H5Handle {
   Closer close_ = nullptr;
 };
 
-/// Throws dtrain::IoError naming `operation`, `context`, the call and HDF5's error stack when `rc`
-/// (an hid_t, herr_t or htri_t) is negative; returns rc otherwise. Call with h5_mutex held.
-template <class R>
-R h5_check(R rc, const char* operation, const std::string& context, const char* call_text) {
+/// Returns `rc` (an hid_t, herr_t or htri_t) when it is not negative; otherwise throws
+/// dtrain::IoError naming `operation`, the context (`context()`, built only then), the call's
+/// text and HDF5's error stack. Call with h5_mutex held. DTRAIN_CHECK_H5 is its front door.
+template <class R, class Context>
+R h5_check(R rc, const char* operation, const Context& context, const char* call_text) {
   if (rc < 0)
-    raise<IoError>(operation, context + ": " + call_text + " failed: " + h5_error_stack());
+    raise<IoError>(operation, context() + ": " + call_text + " failed: " + h5_error_stack());
   return rc;
 }
 
 }  // namespace dtrain::detail
 
-/// Throws dtrain::IoError when an HDF5 call's result (herr_t, hid_t or htri_t) is negative; the
-/// message names the operation, `stream_expr` (say which file and dataset) and the HDF5 error
-/// stack. Call with detail::h5_mutex() held.
+/// dtrain's one HDF5 check. Evaluates `call` once and yields its result (herr_t, hid_t or htri_t),
+/// so it checks a statement and a call whose result is used alike; a negative result throws
+/// dtrain::IoError whose message names the operation, `context` (stream syntax, evaluated only on
+/// failure: say which file and dataset), the call and the HDF5 error stack. Call with
+/// detail::h5_mutex() held.
 /// Usage: DTRAIN_CHECK_H5(H5Dread(...), "Hdf5Dataset::read", "'" << file << "' dataset " << name);
-#define DTRAIN_CHECK_H5(result, operation, stream_expr)                           \
-  do {                                                                            \
-    if ((result) < 0) {                                                           \
-      std::ostringstream dtrain_h5_os_;                                           \
-      dtrain_h5_os_ << stream_expr << ": " << ::dtrain::detail::h5_error_stack(); \
-      ::dtrain::raise<::dtrain::IoError>((operation), dtrain_h5_os_.str());       \
-    }                                                                             \
-  } while (0)
-
-/// Expression form for code that uses the checked result: returns the call's result, throws
-/// IoError naming the operation, `context` (a std::string), the call's text and the HDF5 stack.
-#define DTRAIN_H5_CALL(call, operation, context) \
-  ::dtrain::detail::h5_check((call), (operation), (context), #call)
+///        H5Handle d(DTRAIN_CHECK_H5(H5Dopen2(file, path, H5P_DEFAULT), op, path), H5Dclose);
+#define DTRAIN_CHECK_H5(call, operation, context)                \
+  ::dtrain::detail::h5_check((call), (operation),                \
+                             [&]() -> std::string {              \
+                               std::ostringstream dtrain_h5_os_; \
+                               dtrain_h5_os_ << context;         \
+                               return dtrain_h5_os_.str();       \
+                             },                                  \
+                             #call)
