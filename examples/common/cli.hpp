@@ -128,8 +128,8 @@ inline CLI::Option* add_threads(CLI::App& app, int& v, const std::string& help) 
 }
 inline CLI::Option* add_run_dir(CLI::App& app, std::string& v) {
   return app.add_option("--run-dir", v,
-                        "run directory: checkpoints, metrics.csv, per-rank timings, plot (locked "
-                        "while the job runs)");
+                        "run directory: checkpoints, metrics.csv, per-rank timings (locked while "
+                        "the job runs)");
 }
 inline CLI::Option* add_json_summary(CLI::App& app, std::string& v) {
   return app.add_option("--json-summary", v, "write a JSON summary of the run to FILE")

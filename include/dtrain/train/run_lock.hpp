@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <string>
 
 #include <fcntl.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/train/agreed.hpp>
 
 namespace dtrain {
 
@@ -76,5 +78,20 @@ class RunDirLock {
   std::string path_;
   int fd_ = -1;
 };
+
+/// Collective over `comm` (agreed()): rank 0 takes the RunDirLock of `dir` for the whole job and
+/// every rank learns the outcome, so that a directory in use ends the job on every rank with the
+/// holder's name (AgreedError). Returns the lock on rank 0 (keep it until the job ends) and null
+/// on the other ranks; an empty `dir` takes no lock and returns null without communicating.
+/// Blocking; call it from the thread that drives `comm`.
+template <class Comm>
+std::unique_ptr<RunDirLock> lock_run_directory(Comm& comm, const std::string& dir) {
+  std::unique_ptr<RunDirLock> lock;
+  if (dir.empty()) return lock;
+  agreed(comm, [&] {
+    if (comm.rank() == 0) lock = std::make_unique<RunDirLock>(dir);
+  });
+  return lock;
+}
 
 }  // namespace dtrain
