@@ -348,7 +348,7 @@ void print_probes(const dtrain::detail::Calibration& c, double calibration_s) {
                 q.narrowed ? " (narrowed)" : "");
     for (std::size_t k = 0; k < q.algos.size() && k < q.measured.size(); ++k)
       std::printf(" %s %.1f/%.1f[%.1f..%.1f]", dtrain::name_of(q.algos[k]), q.predicted[k] * 1e6,
-                  q.measured[k] * 1e6, q.fastest[k] * 1e6, q.slowest[k] * 1e6);
+                  q.measured[k] * 1e6, q.fastest(k) * 1e6, q.slowest(k) * 1e6);
     std::printf("\n");
   }
   if (c.validated_to < 1e299)

@@ -22,6 +22,9 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_calibration_test {
+
 using namespace dtrain;
 using detail::CalibrationQuantity;
 using detail::CalibrationSample;
@@ -179,8 +182,6 @@ TEST_CASE("validated table: every size follows its nearest probe, beyond the noi
     q.pick = AllreduceAlgorithm::shm;
     q.algos = {AllreduceAlgorithm::shm, AllreduceAlgorithm::ring};
     q.measured = {shm_med, ring_med};
-    q.fastest = {shm_fast, ring_med * 0.9};
-    q.slowest = {shm_med * 1.2, ring_med * 5};
     q.reps = {shm_fast,       shm_med,  shm_med,  shm_med,  shm_med * 1.2,
               ring_med * 0.9, ring_med, ring_med, ring_med, ring_med * 5};
     q.winner = shm_med <= ring_med ? AllreduceAlgorithm::shm : AllreduceAlgorithm::ring;
@@ -473,19 +474,24 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
     Hook h([&](const CalibrationSample& s) { return synthetic(s, p); });
     base = calibrate_all(p);
   }
-  // Find a probe with a real runner-up and make that runner-up measure twice as fast as the
-  // model's pick there (the machine disagrees with the model).
+  // Find a probe with a real runner-up under the model and make that runner-up measure twice as
+  // fast as the model's pick there (the machine disagrees with the model).
+  const detail::ModelView view = detail::flat_model_view(p);
+  auto runner_up_of = [&](const detail::CalibrationProbe& q) {
+    return view.best(base[0].model, q.bytes, q.pick);
+  };
   const detail::CalibrationProbe* target = nullptr;
   for (const auto& q : base[0].probes)
-    if (q.runner_up != q.pick) target = &q;
+    if (runner_up_of(q) != q.pick) target = &q;
   REQUIRE(target != nullptr);
   const detail::CalibrationProbe t0 = *target;
+  const AllreduceAlgorithm runner_up = runner_up_of(t0);
   std::vector<Outcome> fixed;
   {
     Hook h([&](const CalibrationSample& s) {
       if (s.quantity == CalibrationQuantity::probe && s.bytes == t0.bytes) {
         const double pick_t = truth().predict(t0.pick, s.bytes, p);
-        return s.algo == t0.runner_up ? pick_t / 2 : pick_t;
+        return s.algo == runner_up ? pick_t / 2 : pick_t;
       }
       return synthetic(s, p);
     });
@@ -501,12 +507,12 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
     }
     seen = true;
     CHECK(q.replaced);
-    CHECK(q.winner == t0.runner_up);
+    CHECK(q.winner == runner_up);
     CHECK(q.algos.size() >= 2);
     CHECK(q.algos[0] == t0.pick);
   }
   CHECK(seen);
-  CHECK(lookup_decision(fixed[0].decisions, t0.bytes) == t0.runner_up);
+  CHECK(lookup_decision(fixed[0].decisions, t0.bytes) == runner_up);
   CHECK(lookup_decision(base[0].decisions, t0.bytes) == t0.pick);
   // The same median advantage, but one repetition of the runner-up descheduled (three times
   // slower than the pick): the pick was slower in every repetition, so the runner-up still
@@ -518,7 +524,7 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
     Hook h([&](const CalibrationSample& s) {
       if (s.quantity == CalibrationQuantity::probe && s.bytes == t0.bytes) {
         const double pick_t = truth().predict(t0.pick, s.bytes, p);
-        if (s.algo != t0.runner_up) return pick_t;
+        if (s.algo != runner_up) return pick_t;
         return s.round == 0 ? 3 * pick_t : pick_t / 2;
       }
       return synthetic(s, p);
@@ -534,7 +540,7 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
     Hook h([&](const CalibrationSample& s) {
       if (s.quantity == CalibrationQuantity::probe && s.bytes == t0.bytes) {
         const double pick_t = truth().predict(t0.pick, s.bytes, p);
-        if (s.algo == t0.runner_up) return pick_t / 2;
+        if (s.algo == runner_up) return pick_t / 2;
         return s.algo == t0.pick && (s.round == 1 || s.round == 3) ? pick_t / 2 : pick_t;
       }
       return synthetic(s, p);
@@ -547,7 +553,7 @@ TEST_CASE("calibration: the validation replaces a pick that measures slower than
     Hook h([&](const CalibrationSample& s) {
       if (s.quantity == CalibrationQuantity::probe && s.bytes == t0.bytes) {
         const double pick_t = truth().predict(t0.pick, s.bytes, p);
-        if (s.algo == t0.runner_up) return pick_t / 2;
+        if (s.algo == runner_up) return pick_t / 2;
         return s.algo == t0.pick && s.round == 3 ? pick_t / 4 : pick_t;
       }
       return synthetic(s, p);
@@ -668,11 +674,13 @@ TEST_CASE("calibration: a probe's winner does not reach past the probes the time
   REQUIRE(base[0].probes.size() == 1);
   const detail::CalibrationProbe q0 = base[0].probes[0];
   REQUIRE(q0.bytes == 4096);
-  REQUIRE(q0.runner_up != q0.pick);
+  const AllreduceAlgorithm runner_up =
+      detail::flat_model_view(p).best(base[0].model, q0.bytes, q0.pick);
+  REQUIRE(runner_up != q0.pick);
   const std::vector<Outcome> out = tiny_budget([&](const CalibrationSample& s) {
     if (s.quantity == CalibrationQuantity::probe) {
       const double pick_t = truth().predict(q0.pick, s.bytes, p);
-      return s.algo == q0.runner_up ? pick_t / 2 : pick_t;
+      return s.algo == runner_up ? pick_t / 2 : pick_t;
     }
     return synthetic(s, p);
   });
@@ -681,7 +689,7 @@ TEST_CASE("calibration: a probe's winner does not reach past the probes the time
   CHECK(out[0].probes[0].replaced);
   const AllreduceDecisions model_only =
       detail::model_decisions(out[0].model, detail::flat_model_view(p));
-  CHECK(lookup_decision(out[0].decisions, 4096) == q0.runner_up);
+  CHECK(lookup_decision(out[0].decisions, 4096) == runner_up);
   // The model picks the 4 KiB probe's loser at 16 KiB too: there the band's end decides.
   CHECK(lookup_decision(model_only, 16384) == q0.pick);
   for (std::size_t b : {std::size_t{8192}, std::size_t{16384}, std::size_t{65536},
@@ -926,3 +934,5 @@ TEST_CASE("adaptive plans check against the fastest other algorithm the nearest 
   CHECK(runner[1] == worst(bytes));
   CHECK(worst(bytes) != view.best(truth(), bytes, pick));  // the model would have said otherwise
 }
+
+}  // namespace dtrain_test_comm_calibration_test

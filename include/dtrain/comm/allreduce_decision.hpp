@@ -55,13 +55,5 @@ AllreduceDecisions decisions_from(Pick&& pick) {
   return t;
 }
 
-/// Rows of `table` normalised: sorted input assumed; neighbours with the same algorithm merged.
-inline AllreduceDecisions merge_decisions(const AllreduceDecisions& table) {
-  AllreduceDecisions t;
-  for (const AllreduceDecision& d : table)
-    if (t.empty() || t.back().algo != d.algo) t.push_back(d);
-  return t;
-}
-
 }  // namespace detail
 }  // namespace dtrain

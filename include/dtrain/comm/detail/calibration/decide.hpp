@@ -107,18 +107,16 @@ inline constexpr double kSwitchFactor = 1.1;
 /// the model's pick of it to be overruled above the probes the time budget cut (apply_probes).
 inline constexpr double kMispricedFactor = 1.5;
 
-/// One validation probe at `bytes`: the model's pick, its runner-up under the model, every
-/// available algorithm (the pick first) predicted and measured (the agreed median of the
-/// slowest rank, seconds), the measured winner, and whether it replaced the pick at `bytes`.
-/// Made by probes.hpp, judged here.
+/// One validation probe at `bytes`: the model's pick and every available algorithm (the pick
+/// first) predicted and measured (the agreed median of the slowest rank, seconds), each of their
+/// repetitions, the measured winner, and whether it replaced the pick at `bytes`. Made by
+/// probes.hpp, judged here.
 struct CalibrationProbe {
   std::size_t bytes = 0;
-  AllreduceAlgorithm pick = AllreduceAlgorithm::ring, runner_up = AllreduceAlgorithm::ring;
+  AllreduceAlgorithm pick = AllreduceAlgorithm::ring;
   AllreduceAlgorithm winner = AllreduceAlgorithm::ring;
   std::vector<AllreduceAlgorithm> algos;
   std::vector<double> predicted, measured;
-  std::vector<double> slowest;  // each algorithm's slowest repetition (the slowest rank's)
-  std::vector<double> fastest;  // each algorithm's fastest repetition (the slowest rank's)
   /// Every repetition of every algorithm (the slowest rank's), algorithm-major: reps[k *
   /// kProbeReps + i] is algorithm k in repetition i, which ran in the same round as every
   /// other algorithm's repetition i.
@@ -128,6 +126,11 @@ struct CalibrationProbe {
   /// the full probe would have exceeded the time budget.
   bool narrowed = false;
   int burst = 0;  // calls per repetition (probe_burst_calls of the pick's prediction)
+
+  /// The fastest and the slowest of algorithm k's agreed repetitions (reports; 0 when not
+  /// measured).
+  double fastest(std::size_t k) const { return extreme(k, false); }
+  double slowest(std::size_t k) const { return extreme(k, true); }
 
   /// Whether `algo`, measured here, lost to the winner beyond the noise: its median more than
   /// `factor` times the winner's, and slower than the winner in all repetitions but at most one
@@ -155,6 +158,15 @@ struct CalibrationProbe {
     const auto k = static_cast<std::size_t>(it - algos.begin());
     return k < measured.size() && k < predicted.size() && beaten(algo, kSwitchFactor) &&
            measured[k] > factor * predicted[k];
+  }
+
+ private:
+  double extreme(std::size_t k, bool slowest) const {
+    const auto per = static_cast<std::size_t>(kProbeReps);
+    if (reps.size() < (k + 1) * per) return 0;
+    const auto first = reps.begin() + static_cast<std::ptrdiff_t>(k * per);
+    return slowest ? *std::max_element(first, first + kProbeReps)
+                   : *std::min_element(first, first + kProbeReps);
   }
 };
 

@@ -207,8 +207,8 @@ class ProbeMeasurement : CalibrationStep<Transport> {
                                 2 * probe_count + kPageFloats, 1.0f);
     float* const probe_in = probe_mem.data();
     float* const probe_out = probe_in + (probe_count + kPageFloats - 1) / kPageFloats * kPageFloats;
-    std::vector<double> med, slow, fast;  // every probe's algorithms in order: median, extremes
-    std::vector<double> all;              // ... and each of their repetitions
+    std::vector<double> med;  // every probe's algorithms in order: their medians
+    std::vector<double> all;  // ... and each of their repetitions
     // The previous probe: its wall time per call of a burst and each algorithm's median, agreed
     // (slowest rank), so every rank takes the same decisions below.
     double spent = 0;
@@ -224,7 +224,6 @@ class ProbeMeasurement : CalibrationStep<Transport> {
       q.bytes = bytes;
       q.pick = pick;
       q.burst = burst;
-      q.runner_up = view.best(model, bytes, q.pick);
       q.algos.push_back(q.pick);
       for (AllreduceAlgorithm a : view.candidates)
         if (a != q.pick && view.predict(model, a, bytes) < 1e299) q.algos.push_back(a);
@@ -283,8 +282,6 @@ class ProbeMeasurement : CalibrationStep<Transport> {
       }
       for (const auto& t : times) {
         med.push_back(median_of(t));
-        slow.push_back(*std::max_element(t.begin(), t.end()));
-        fast.push_back(fastest_of(t));
         all.insert(all.end(), t.begin(), t.end());
       }
       prev_algos = q.algos;
@@ -298,16 +295,12 @@ class ProbeMeasurement : CalibrationStep<Transport> {
     }
     // Every probe's figures agreed at once (the slowest rank's), then each probe's winner.
     const std::size_t n_med = med.size();
-    med.insert(med.end(), slow.begin(), slow.end());
-    med.insert(med.end(), fast.begin(), fast.end());
     med.insert(med.end(), all.begin(), all.end());
     agree_max(med.data(), med.size());
     std::size_t at = 0;
     for (CalibrationProbe& q : out.probes) {
       q.measured.assign(med.begin() + at, med.begin() + at + q.algos.size());
-      q.slowest.assign(med.begin() + n_med + at, med.begin() + n_med + at + q.algos.size());
-      q.fastest.assign(med.begin() + 2 * n_med + at, med.begin() + 2 * n_med + at + q.algos.size());
-      const auto r0 = 3 * n_med + at * static_cast<std::size_t>(kProbeReps);
+      const auto r0 = n_med + at * static_cast<std::size_t>(kProbeReps);
       q.reps.assign(med.begin() + r0, med.begin() + r0 + q.algos.size() * kProbeReps);
       at += q.algos.size();
       std::size_t w = 0;
