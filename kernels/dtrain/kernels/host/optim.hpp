@@ -112,12 +112,74 @@ DTRAIN_HOST_NO_CONTRACT inline void adamw_element(T& p, T g, T& m, T& v,
   p = p * k.decay - k.step_size * mi / (std::sqrt(vi * k.inv_bc2) + k.eps);
 }
 
+// The lane loops of adamw_element and sgd_element (below), written once for every instruction
+// set: DTRAIN_HOST_OPTIM_LANE_LOOPS(Lanes, suffix, specifiers) defines adamw_lanes##suffix and
+// sgd_lanes##suffix over the lane type Lanes<T> (Sse2 or Avx: set1, load, store, add, sub, mul,
+// div, sqrt and `width`), each function carrying `specifiers`. A macro rather than a function
+// template over the lane type, because a function compiled for AVX cannot share a body with the
+// baseline one: the AVX lanes need target("avx") on the function that holds their values (clang
+// refuses AVX vector values in a function without it, even in an always-inline body), and a
+// template cannot take its target from its arguments. Both expansions are the same operations in
+// the same order as the scalar elements, one rounding per operation, so every path gives the
+// scalar loop's bits. Each returns how many leading elements it updated (whole lanes).
+//
+// AdamW: m' = b1 m + c1 g; v' = b2 v + (c2 g) g; p' = p decay - (step_size m') / (sqrt(v' inv_bc2)
+// + eps). SGD: d = g + wd p; b = First ? d : mu b + damp d; p - lr (Nesterov ? d + mu b : b).
+// Whole lanes only: `end` is n rounded down to a lane multiple, so i never passes n. (With the
+// bound written as i + width <= n, GCC could not prove that and warned about the tail loop,
+// -Waggressive-loop-optimizations.)
+#define DTRAIN_HOST_OPTIM_LANE_LOOPS(Lanes, suffix, specifiers)                                  \
+  template <class T>                                                                             \
+  DTRAIN_HOST_NO_CONTRACT specifiers std::size_t adamw_lanes##suffix(                            \
+      T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, std::size_t n,   \
+      const AdamWCoeffs<T>& k) noexcept {                                                        \
+    using S = Lanes<T>;                                                                          \
+    const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),   \
+               decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2), \
+               eps = S::set1(k.eps);                                                             \
+    const std::size_t end = n - n % S::width;                                                    \
+    std::size_t i = 0;                                                                           \
+    for (; i < end; i += S::width) {                                                             \
+      const auto gi = S::load(g + i);                                                            \
+      const auto mi = S::add(S::mul(b1, S::load(m + i)), S::mul(c1, gi));                        \
+      const auto vi = S::add(S::mul(b2, S::load(v + i)), S::mul(S::mul(c2, gi), gi));            \
+      S::store(m + i, mi);                                                                       \
+      S::store(v + i, vi);                                                                       \
+      const auto den = S::add(S::sqrt(S::mul(vi, ibc2)), eps);                                   \
+      S::store(p + i, S::sub(S::mul(S::load(p + i), decay), S::div(S::mul(step, mi), den)));     \
+    }                                                                                            \
+    return i;                                                                                    \
+  }                                                                                              \
+  template <bool Momentum, bool First, bool Nesterov, class T>                                   \
+  DTRAIN_HOST_NO_CONTRACT specifiers std::size_t sgd_lanes##suffix(                              \
+      T* __restrict p, const T* __restrict g, T* __restrict b, std::size_t n, T lr, T wd, T mu,  \
+      T damp) noexcept {                                                                         \
+    using S = Lanes<T>;                                                                          \
+    const auto lrv = S::set1(lr), wdv = S::set1(wd), muv = S::set1(mu), dampv = S::set1(damp);   \
+    const std::size_t end = n - n % S::width;                                                    \
+    std::size_t i = 0;                                                                           \
+    for (; i < end; i += S::width) {                                                             \
+      const auto pi = S::load(p + i);                                                            \
+      const auto d = S::add(S::load(g + i), S::mul(wdv, pi));                                    \
+      if constexpr (!Momentum) {                                                                 \
+        S::store(p + i, S::sub(pi, S::mul(lrv, d)));                                             \
+      } else {                                                                                   \
+        const auto bi = First ? d : S::add(S::mul(muv, S::load(b + i)), S::mul(dampv, d));       \
+        S::store(b + i, bi);                                                                     \
+        S::store(p + i, S::sub(pi, S::mul(lrv, Nesterov ? S::add(d, S::mul(muv, bi)) : bi)));    \
+      }                                                                                          \
+    }                                                                                            \
+    return i;                                                                                    \
+  }
+
 #if defined(__SSE2__)
-// SSE2 lanes of adamw_element: the same operations in the same order, each correctly rounded
-// per lane (sqrtps/sqrtpd are IEEE square roots), so the bits equal the scalar loop's. Written
-// with intrinsics because a std::sqrt loop does not vectorise under the default -fmath-errno.
-// __SSE2__ is part of the x86-64 ABI, so every translation unit of one program sees the same
-// choice (it is a property of the target, not a feature switch).
+// SSE2 lanes of adamw_element and sgd_element: the same operations in the same order, each
+// correctly rounded per lane (sqrtps/sqrtpd are IEEE square roots), so the bits equal the scalar
+// loop's. Written with intrinsics because a std::sqrt loop does not vectorise under the default
+// -fmath-errno, and so that the lanes do not depend on the optimisation level: GCC vectorised the
+// plain SGD loop at -O3 only, and at -O2 (nvcc's host default, CMake's RelWithDebInfo) SGD ran
+// 2-4x slower. __SSE2__ is part of the x86-64 ABI, so every translation unit of one program sees
+// the same choice (it is a property of the target, not a feature switch).
 template <class T>
 struct Sse2;
 template <>
@@ -146,57 +208,7 @@ struct Sse2<double> {
   DTRAIN_HOST_NO_CONTRACT static V div(V a, V b) noexcept { return _mm_div_pd(a, b); }
   DTRAIN_HOST_NO_CONTRACT static V sqrt(V a) noexcept { return _mm_sqrt_pd(a); }
 };
-template <class T>
-DTRAIN_HOST_NO_CONTRACT inline std::size_t adamw_lanes(T* __restrict p, const T* __restrict g,
-                                                       T* __restrict m, T* __restrict v,
-                                                       std::size_t n,
-                                                       const AdamWCoeffs<T>& k) noexcept {
-  using S = Sse2<T>;
-  const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),
-             decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2),
-             eps = S::set1(k.eps);
-  // Whole lanes only: `end` is n rounded down to a lane multiple, so i never passes n. (With the
-  // bound written as i + width <= n, GCC could not prove that and warned about the tail loop,
-  // -Waggressive-loop-optimizations.)
-  const std::size_t end = n - n % S::width;
-  std::size_t i = 0;
-  for (; i < end; i += S::width) {
-    const auto gi = S::load(g + i);
-    const auto mi = S::add(S::mul(b1, S::load(m + i)), S::mul(c1, gi));
-    const auto vi = S::add(S::mul(b2, S::load(v + i)), S::mul(S::mul(c2, gi), gi));
-    S::store(m + i, mi);
-    S::store(v + i, vi);
-    const auto den = S::add(S::sqrt(S::mul(vi, ibc2)), eps);
-    S::store(p + i, S::sub(S::mul(S::load(p + i), decay), S::div(S::mul(step, mi), den)));
-  }
-  return i;
-}
-// SSE2 lanes of sgd_element (below): d = g + wd p; b = First ? d : mu b + damp d;
-// p - lr (Nesterov ? d + mu b : b), one rounding per operation as in the scalar code. Written with
-// intrinsics so that the lanes do not depend on the optimisation level: GCC vectorised the plain
-// loop at -O3 only, and at -O2 (nvcc's host default, CMake's RelWithDebInfo) SGD ran 2-4x slower.
-// Returns how many leading elements it updated (whole lanes).
-template <bool Momentum, bool First, bool Nesterov, class T>
-DTRAIN_HOST_NO_CONTRACT inline std::size_t sgd_lanes(T* __restrict p, const T* __restrict g,
-                                                     T* __restrict b, std::size_t n, T lr, T wd,
-                                                     T mu, T damp) noexcept {
-  using S = Sse2<T>;
-  const auto lrv = S::set1(lr), wdv = S::set1(wd), muv = S::set1(mu), dampv = S::set1(damp);
-  const std::size_t end = n - n % S::width;
-  std::size_t i = 0;
-  for (; i < end; i += S::width) {
-    const auto pi = S::load(p + i);
-    const auto d = S::add(S::load(g + i), S::mul(wdv, pi));
-    if constexpr (!Momentum) {
-      S::store(p + i, S::sub(pi, S::mul(lrv, d)));
-    } else {
-      const auto bi = First ? d : S::add(S::mul(muv, S::load(b + i)), S::mul(dampv, d));
-      S::store(b + i, bi);
-      S::store(p + i, S::sub(pi, S::mul(lrv, Nesterov ? S::add(d, S::mul(muv, bi)) : bi)));
-    }
-  }
-  return i;
-}
+DTRAIN_HOST_OPTIM_LANE_LOOPS(Sse2, , inline)
 #else
 // Other targets: the scalar loops below do all elements.
 template <class T>
@@ -228,13 +240,10 @@ inline bool cpu_has_avx() noexcept {
   return yes;
 }
 
-// AVX lanes of adamw_element (8 floats or 4 doubles), chosen at run time. "avx" only, never "fma"
-// or "avx2": with FMA enabled, GCC contracts the separate multiply and add (its intrinsics are
-// plain vector arithmetic, -ffp-contract=fast) and the bits would leave the scalar order. The
-// operations and their order are those of adamw_lanes; the loop is written out again because a
-// function compiled for AVX cannot share a body with the baseline one: an always-inlined body
-// templated on the lane type (as sgd_loop is) compiles with GCC, but clang refuses AVX vector
-// values in a function without the "avx" target even when it is always inlined into one.
+// AVX lanes of adamw_element and sgd_element (8 floats or 4 doubles), chosen at run time. "avx"
+// only, never "fma" or "avx2": with FMA enabled, GCC contracts the separate multiply and add (its
+// intrinsics are plain vector arithmetic, -ffp-contract=fast) and the bits would leave the scalar
+// order. The loops are the SSE2 ones (DTRAIN_HOST_OPTIM_LANE_LOOPS) over 256-bit lanes.
 template <class T>
 struct Avx;
 template <>
@@ -296,50 +305,7 @@ struct Avx<double> {
     return _mm256_sqrt_pd(a);
   }
 };
-template <class T>
-DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) std::size_t adamw_lanes_avx(
-    T* __restrict p, const T* __restrict g, T* __restrict m, T* __restrict v, std::size_t n,
-    const AdamWCoeffs<T>& k) noexcept {
-  using S = Avx<T>;
-  const auto b1 = S::set1(k.b1), b2 = S::set1(k.b2), c1 = S::set1(k.c1), c2 = S::set1(k.c2),
-             decay = S::set1(k.decay), step = S::set1(k.step_size), ibc2 = S::set1(k.inv_bc2),
-             eps = S::set1(k.eps);
-  const std::size_t end = n - n % S::width;
-  std::size_t i = 0;
-  for (; i < end; i += S::width) {
-    const auto gi = S::load(g + i);
-    const auto mi = S::add(S::mul(b1, S::load(m + i)), S::mul(c1, gi));
-    const auto vi = S::add(S::mul(b2, S::load(v + i)), S::mul(S::mul(c2, gi), gi));
-    S::store(m + i, mi);
-    S::store(v + i, vi);
-    const auto den = S::add(S::sqrt(S::mul(vi, ibc2)), eps);
-    S::store(p + i, S::sub(S::mul(S::load(p + i), decay), S::div(S::mul(step, mi), den)));
-  }
-  return i;
-}
-// AVX lanes of sgd_element: sgd_lanes' operations in 256-bit lanes (written out again for the
-// reason given above adamw_lanes_avx).
-template <bool Momentum, bool First, bool Nesterov, class T>
-DTRAIN_HOST_NO_CONTRACT __attribute__((target("avx"))) std::size_t sgd_lanes_avx(
-    T* __restrict p, const T* __restrict g, T* __restrict b, std::size_t n, T lr, T wd, T mu,
-    T damp) noexcept {
-  using S = Avx<T>;
-  const auto lrv = S::set1(lr), wdv = S::set1(wd), muv = S::set1(mu), dampv = S::set1(damp);
-  const std::size_t end = n - n % S::width;
-  std::size_t i = 0;
-  for (; i < end; i += S::width) {
-    const auto pi = S::load(p + i);
-    const auto d = S::add(S::load(g + i), S::mul(wdv, pi));
-    if constexpr (!Momentum) {
-      S::store(p + i, S::sub(pi, S::mul(lrv, d)));
-    } else {
-      const auto bi = First ? d : S::add(S::mul(muv, S::load(b + i)), S::mul(dampv, d));
-      S::store(b + i, bi);
-      S::store(p + i, S::sub(pi, S::mul(lrv, Nesterov ? S::add(d, S::mul(muv, bi)) : bi)));
-    }
-  }
-  return i;
-}
+DTRAIN_HOST_OPTIM_LANE_LOOPS(Avx, _avx, __attribute__((target("avx"))))
 #else
 inline bool cpu_has_avx() noexcept { return false; }
 template <class T>
@@ -503,6 +469,8 @@ DTRAIN_HOST_NO_CONTRACT void adamw_update(T* __restrict p, const T* __restrict g
 
 }  // namespace host
 }  // namespace dtrain
+
+#undef DTRAIN_HOST_OPTIM_LANE_LOOPS
 
 #if defined(DTRAIN_HOST_OPTIM_NO_CONTRACT)
 #undef DTRAIN_HOST_OPTIM_NO_CONTRACT
