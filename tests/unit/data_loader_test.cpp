@@ -1,7 +1,8 @@
 // Loader: batches equal direct dataset reads in sampler order for every prefetch depth; exact
 // resume through a checkpointed sampler; read-ahead discarded on set_epoch; background errors
 // rethrown; timeouts; clean shutdown mid-epoch; ranks as threads get disjoint shards.
-// InMemoryDataset: capacity, eviction policies, state round trip, concurrent append and read.
+// InMemoryDataset: capacity, eviction policies, state round trip, concurrent append and read;
+// regression pairs (input and target read as a batch without labels) likewise.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -391,4 +392,158 @@ TEST_CASE("in-memory: a simulation appends while a loader reads") {
   done = true;
   sim.join();
   CHECK(rows == 3 * 256);
+}
+
+TEST_CASE("in-memory: regression pairs go in and come out as inputs and targets") {
+  InMemoryDataset store(Shape{2}, Shape{3}, 3);
+  CHECK(store.holds_pairs());
+  CHECK(store.sample_shape() == Shape{2});
+  CHECK(store.target_shape() == Shape{3});
+  CHECK(store.target_elements() == 3);
+  // Pair k: input {k, 10k}, target {-k, k/2, 100k}; five pairs into three slots, oldest first.
+  auto input = [](int k) { return std::vector<float>{float(k), 10.0f * k}; };
+  auto target = [](int k) { return std::vector<float>{-float(k), 0.5f * k, 100.0f * k}; };
+  for (int k = 0; k < 5; ++k) {
+    const std::vector<float> in = input(k), out = target(k);
+    CHECK(store.append_pair(span<const float>(in), span<const float>(out)) == k % 3);
+  }
+  CHECK(store.size() == 3);
+  CHECK(store.appended() == 5);
+  // A batch in any order, with a repeat; the transform applies to the inputs only.
+  const std::vector<std::int64_t> idx{2, 0, 1, 0};
+  std::vector<float> x(4 * 2), y(4 * 3);
+  store.read_pairs(span<const std::int64_t>(idx), span<float>(x), span<float>(y),
+                   Normalize{1.0f, 1.0f, 2.0f});
+  const int in_slot[3] = {3, 4, 2};  // pairs 3 and 4 replaced 0 and 1
+  for (std::size_t b = 0; b < idx.size(); ++b) {
+    const int k = in_slot[idx[b]];
+    CHECK(x[2 * b] == (float(k) - 1.0f) / 2.0f);
+    CHECK(x[2 * b + 1] == (10.0f * k - 1.0f) / 2.0f);
+    CHECK(std::vector<float>(y.begin() + 3 * b, y.begin() + 3 * b + 3) == target(k));
+  }
+  // Several pairs at once: rows of inputs and rows of targets.
+  InMemoryDataset many(Shape{2}, Shape{1}, 8);
+  const std::vector<float> xs{1, 2, 3, 4, 5, 6}, ys{7, 8, 9};
+  many.append_pairs(span<const float>(xs), span<const float>(ys));
+  CHECK(many.size() == 3);
+  const std::vector<std::int64_t> all{0, 1, 2};
+  std::vector<float> xr(6), yr(3);
+  many.read_pairs(span<const std::int64_t>(all), span<float>(xr), span<float>(yr));
+  CHECK(xr == xs);
+  CHECK(yr == ys);
+}
+
+TEST_CASE("in-memory: a store of pairs refuses labels, and a store of labels refuses pairs") {
+  InMemoryDataset pairs(Shape{2}, Shape{1}, 4);
+  const float two[2] = {1, 2}, one[1] = {3};
+  std::vector<std::int64_t> idx{0};
+  std::vector<float> x(2), y(1);
+  std::vector<std::int32_t> l(1);
+  CHECK_THROWS_AS(pairs.append(span<const float>(two, 2), 0), InvalidArgument);
+  CHECK_THROWS_AS(pairs.append_pair(span<const float>(two, 1), span<const float>(one, 1)),
+                  InvalidArgument);
+  CHECK_THROWS_AS(pairs.append_pair(span<const float>(two, 2), span<const float>(two, 2)),
+                  InvalidArgument);
+  CHECK_THROWS_AS(pairs.append_pairs(span<const float>(two, 2), span<const float>(two, 2)),
+                  InvalidArgument);
+  CHECK(pairs.size() == 0);
+  pairs.append_pair(span<const float>(two, 2), span<const float>(one, 1));
+  CHECK_THROWS_AS(
+      pairs.read(span<const std::int64_t>(idx), span<float>(x), span<std::int32_t>(l), Normalize{}),
+      InvalidArgument);
+  CHECK_THROWS_AS(
+      pairs.read_pairs(span<const std::int64_t>(idx), span<float>(x.data(), 1), span<float>(y)),
+      InvalidArgument);
+  idx = {1};  // one pair stored: slot 1 is empty
+  CHECK_THROWS_AS(pairs.read_pairs(span<const std::int64_t>(idx), span<float>(x), span<float>(y)),
+                  InvalidArgument);
+  CHECK_THROWS_AS(InMemoryDataset(Shape{2}, Shape{0}, 4), InvalidArgument);
+
+  InMemoryDataset labelled(Shape{2}, 4);
+  CHECK_FALSE(labelled.holds_pairs());
+  CHECK(labelled.target_elements() == 0);
+  labelled.append(span<const float>(two, 2), 1);
+  idx = {0};
+  CHECK_THROWS_AS(labelled.append_pair(span<const float>(two, 2), span<const float>(one, 1)),
+                  InvalidArgument);
+  CHECK_THROWS_AS(
+      labelled.read_pairs(span<const std::int64_t>(idx), span<float>(x), span<float>(y)),
+      InvalidArgument);
+}
+
+TEST_CASE("in-memory: a store of pairs keeps its pairs and its reservoir across a checkpoint") {
+  InMemoryOptions opt;
+  opt.eviction = Eviction::reservoir;
+  opt.seed = 5;
+  InMemoryDataset store(Shape{3}, Shape{2}, 16, opt);
+  for (int k = 0; k < 100; ++k) {
+    const float in[3] = {float(k), float(k) + 0.25f, float(k) + 0.5f};
+    const float out[2] = {float(-k), float(2 * k)};
+    store.append_pair(span<const float>(in, 3), span<const float>(out, 2));
+  }
+  auto st = dtrain::test::save_state(store);
+  CHECK(st.shapes.at("targets") == Shape{16, 2});
+  CHECK(st.shapes.at("features") == Shape{16, 3});
+  CHECK(st.tensors.count("labels") == 0);
+  InMemoryDataset copy(Shape{3}, Shape{2}, 16, opt);
+  dtrain::test::load_state(st, copy);
+  CHECK(copy.size() == 16);
+  CHECK(copy.appended() == 100);
+  std::vector<std::int64_t> idx(16);
+  for (std::size_t i = 0; i < 16; ++i) idx[i] = static_cast<std::int64_t>(i);
+  std::vector<float> xa(48), ya(32), xb(48), yb(32);
+  store.read_pairs(span<const std::int64_t>(idx), span<float>(xa), span<float>(ya));
+  copy.read_pairs(span<const std::int64_t>(idx), span<float>(xb), span<float>(yb));
+  CHECK(xa == xb);
+  CHECK(ya == yb);
+  for (std::size_t i = 0; i < 16; ++i) {  // every slot holds one whole pair
+    CHECK(ya[2 * i] == -xa[3 * i]);
+    CHECK(ya[2 * i + 1] == 2 * xa[3 * i]);
+  }
+  // The reservoir's random stream continues where it stopped.
+  const float in[3] = {0, 0, 0}, out[2] = {0, 0};
+  for (int k = 0; k < 50; ++k)
+    CHECK(copy.append_pair(span<const float>(in, 3), span<const float>(out, 2)) ==
+          store.append_pair(span<const float>(in, 3), span<const float>(out, 2)));
+  // A store of labelled samples cannot load it.
+  InMemoryDataset labelled(Shape{3}, 16, opt);
+  CHECK_THROWS(dtrain::test::load_state(st, labelled));
+}
+
+TEST_CASE("in-memory: pairs appended while batches are read stay whole") {
+  InMemoryDataset store(Shape{8}, Shape{2}, 64);
+  auto fill = [](int k, std::vector<float>& in, std::vector<float>& out) {
+    for (auto& v : in) v = static_cast<float>(k);
+    out = {static_cast<float>(k), static_cast<float>(-k)};
+  };
+  std::vector<float> in(8), out(2);
+  for (int k = 0; k < 64; ++k) {
+    fill(k, in, out);
+    store.append_pair(span<const float>(in), span<const float>(out));
+  }
+  std::atomic<bool> done{false};
+  std::thread sim([&] {
+    std::vector<float> i2(8), o2(2);
+    for (int k = 64; !done.load(); ++k) {
+      fill(k, i2, o2);
+      store.append_pair(span<const float>(i2), span<const float>(o2));
+    }
+  });
+  DistributedSampler sampler(store.size(), 0, 1, 3);
+  std::vector<float> x(16 * 8), y(16 * 2);
+  for (int e = 0; e < 20; ++e) {
+    sampler.set_epoch(e);
+    for (std::size_t b = 0; b < 4; ++b) {
+      const auto idx = sampler.next_indices(16);
+      sampler.advance(16);
+      store.read_pairs(span<const std::int64_t>(idx), span<float>(x), span<float>(y));
+      for (std::size_t r = 0; r < 16; ++r) {
+        for (std::size_t k = 1; k < 8; ++k) CHECK(x[r * 8 + k] == x[r * 8]);
+        CHECK(y[2 * r] == x[r * 8]);
+        CHECK(y[2 * r + 1] == -x[r * 8]);
+      }
+    }
+  }
+  done = true;
+  sim.join();
 }
