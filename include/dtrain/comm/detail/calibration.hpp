@@ -7,7 +7,7 @@
 // 2. DECIDE (decide.hpp): the table the model gives, then checked against probes (probes.hpp:
 //    every algorithm timed at 4 KiB to 4 MiB with the model in place): where a probe measured the
 //    model's pick beaten beyond the noise, its winner runs over that probe's band of sizes.
-// 3. STORE (../tuning.hpp): with a tuning file, the model and table of the first job are read by
+// 3. STORE (tuning.hpp, beside this file): with a tuning file, the model and table of the first job are read by
 //    every later job of the same shape instead of measuring again.
 // Why so much care: on a loaded machine a single timing can be off by 10x, and a model fitted at
 // one moment can be wrong by more than the gap between its first and second choice
