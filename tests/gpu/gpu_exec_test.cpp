@@ -35,6 +35,8 @@ template class dtrain::BasicSequential<float, dtrain::GpuExec>;
 template class dtrain::BasicSequential<double, dtrain::GpuExec>;
 template class dtrain::BasicAdamW<dtrain::GpuExec>;
 template class dtrain::BasicSgd<dtrain::GpuExec>;
+template class dtrain::detail::ElementwiseOptimizer<dtrain::GpuExec, dtrain::detail::AdamWRule>;
+template class dtrain::detail::ElementwiseOptimizer<dtrain::GpuExec, dtrain::detail::SgdRule>;
 template class dtrain::GradNormClipper<dtrain::GpuExec>;
 
 namespace {
