@@ -21,8 +21,9 @@
 // Why the launcher's environment and not the communicator: the BLAS is used before and without
 // any communicator (a model can run a forward pass first; HostBlasExec needs no transport), a
 // communicator sees only its own group (a sub-communicator undercounts the processes that share
-// the cores), and this header, like the rest of the core, must not include MPI. Every launcher
-// in use states the node-local size of the whole job, which is what shares the cores.
+// the cores), and this header, like the rest of the core, must not include MPI. The common
+// launchers (node_ranks_variables) state the node-local size of the whole job, which is what
+// shares the cores.
 //
 // OpenBLAS is recognised at run time, by weak references to openblas_set_num_threads and
 // openblas_get_num_threads: they resolve where OpenBLAS is the CBLAS the program runs (also when
