@@ -347,26 +347,10 @@ void open_metrics(const std::string& path, std::int64_t step, bool resumed) {
   if (!out) throw dtrain::IoError("insitu: rank 0: cannot write " + path);
 }
 
-void plot_metrics(const std::string& run_dir) {
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    std::printf("gnuplot not found: skipped the plot (the numbers are in %s/metrics.csv)\n",
-                run_dir.c_str());
-    return;
-  }
-  const std::string script = run_dir + "/error.gp", png = run_dir + "/error.png";
-  {
-    std::ofstream gp(script);
-    gp << "set terminal png size 900,540\nset output '" << png << "'\n"
-       << "set datafile separator ','\nset logscale y\nset grid\n"
-       << "set xlabel 'simulation step'\nset ylabel 'relative RMS error on held-out points'\n"
-       << "plot '" << run_dir << "/metrics.csv' using 1:8 skip 1 with linespoints pt 7 ps 0.4 "
-       << "title 'MLP surrogate of the heat step'\n";
-  }
-  const std::string cmd = "gnuplot '" + script + "'";
-  if (std::system(cmd.c_str()) == 0)
-    std::printf("plot: %s\n", png.c_str());
-  else
-    std::printf("gnuplot failed on %s: no plot\n", script.c_str());
+// The held-out error against the step is drawn outside the ranks, by scripts/plot-metrics.
+void print_plot_command(const std::string& run_dir) {
+  std::printf("plot: scripts/plot-metrics --log %s/metrics.csv %s/error.png heldout_rel_error\n",
+              run_dir.c_str(), run_dir.c_str());
 }
 
 int run(const Config& cfg) {
@@ -394,9 +378,10 @@ int run(const Config& cfg) {
   const Sampler make{g, cfg.patch / 2, cfg.r, cfg.horizon};
   const std::size_t nf = make.features();
 
-  // Per-rank sample store: features are the patch followed by the target (the store keeps f32
-  // features and an integer label; the label is unused here).
-  dtrain::InMemoryDataset store(dtrain::Shape{static_cast<std::int64_t>(nf + 1)}, cfg.capacity);
+  // Per-rank sample store of regression pairs: the scaled patch (input) and the centre's scaled
+  // change (target).
+  dtrain::InMemoryDataset store(dtrain::Shape{static_cast<std::int64_t>(nf)}, dtrain::Shape{1},
+                                cfg.capacity);
   dtrain::SamplerOptions sopt;
   sopt.drop_last = true;
   // World size 1: each rank draws batches from its own store; all stores have the same size.
@@ -445,9 +430,9 @@ int run(const Config& cfg) {
   // contents (and the sampler over them) are read.
   bool resumed = false;
   if (ckpt.restore_latest(dtrain::per_rank("sim", sim))) {
-    const std::vector<float> zero(nf + 1, 0.0f);
+    const std::vector<float> zero_x(nf, 0.0f), zero_y(1, 0.0f);
     for (std::int64_t k = 0; k < sim.store_count; ++k)
-      store.append(dtrain::span<const float>(zero.data(), zero.size()), 0);
+      store.append_pair(dtrain::span<const float>(zero_x), dtrain::span<const float>(zero_y));
     sampler.set_num_samples(static_cast<std::size_t>(sim.store_count));
     ckpt.restore_latest(dtrain::named("model", model), dtrain::named("optimizer", opt),
                         dtrain::named("sampler", sampler), dtrain::per_rank("store", store),
@@ -472,10 +457,8 @@ int run(const Config& cfg) {
     }
   }
   std::vector<float> xval(val_points.size() * nf), yval(val_points.size());
-  std::vector<float> fresh(cfg.samples * (nf + 1));
-  std::vector<std::int32_t> fresh_labels(cfg.samples, 0);
-  std::vector<float> raw(cfg.batch * (nf + 1)), xb(cfg.batch * nf), yb(cfg.batch);
-  std::vector<std::int32_t> lb(cfg.batch);
+  std::vector<float> fresh_y(cfg.samples);
+  std::vector<float> xb(cfg.batch * nf), yb(cfg.batch);
   std::vector<double> tmp(g.cells(), 0.0);
 
   // Relative RMS error of the surrogate on this rank's held-out points, summed over ranks.
@@ -523,12 +506,9 @@ int run(const Config& cfg) {
   // `horizon` steps later: the training samples go to the store; returns the held-out error when
   // the held-out points were sampled too, -1 otherwise.
   auto harvest = [&]() {
-    for (std::size_t k = 0; k < cfg.samples; ++k) {
-      std::copy_n(&sim.pending_x[k * nf], nf, &fresh[k * (nf + 1)]);
-      fresh[k * (nf + 1) + nf] = target_of(k);
-    }
-    store.append(dtrain::span<const float>(fresh.data(), fresh.size()),
-                 dtrain::span<const std::int32_t>(fresh_labels.data(), fresh_labels.size()));
+    for (std::size_t k = 0; k < cfg.samples; ++k) fresh_y[k] = target_of(k);
+    store.append_pairs(dtrain::span<const float>(sim.pending_x.data(), cfg.samples * nf),
+                       dtrain::span<const float>(fresh_y));
     if (sampler.num_samples() != store.size()) sampler.set_num_samples(store.size());
     const bool due = sim.snap_step % cfg.eval_every == 0;
     sim.snap_step = -1;
@@ -546,13 +526,8 @@ int run(const Config& cfg) {
       sampler.set_epoch(sampler.epoch() + 1);
     const auto idx = sampler.next_indices(cfg.batch);
     sampler.advance(cfg.batch);
-    store.read(dtrain::span<const std::int64_t>(idx.data(), idx.size()),
-               dtrain::span<float>(raw.data(), raw.size()),
-               dtrain::span<std::int32_t>(lb.data(), lb.size()), dtrain::Normalize{});
-    for (std::size_t b = 0; b < cfg.batch; ++b) {
-      std::copy_n(&raw[b * (nf + 1)], nf, &xb[b * nf]);
-      yb[b] = raw[b * (nf + 1) + nf];
-    }
+    store.read_pairs(dtrain::span<const std::int64_t>(idx), dtrain::span<float>(xb),
+                     dtrain::span<float>(yb));
     model.zero_grad();
     dtrain::PassOptions pass;
     pass.step = sim.trained;
@@ -790,7 +765,7 @@ int run(const Config& cfg) {
     std::printf("final state: step %lld field %016llx parameters %016llx\n",
                 static_cast<long long>(sim.step), static_cast<unsigned long long>(all),
                 static_cast<unsigned long long>(ph));
-    plot_metrics(cfg.run_dir);
+    print_plot_command(cfg.run_dir);
   }
   return decay_ok && conserved && error_ok && rollout_ok && replicas_same ? 0 : 1;
 }
@@ -824,7 +799,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--seed", c.seed, "seed of the initial field, samples and model")
       ->capture_default_str();
-  app.add_option("--run-dir", c.run_dir, "checkpoints, metrics.csv and error.png go here")
+  app.add_option("--run-dir", c.run_dir,
+                 "checkpoints and metrics.csv go here (scripts/plot-metrics draws error.png)")
       ->capture_default_str();
   app.add_option("--ckpt-every", c.ckpt_every, "checkpoint every N steps (0: only at the end)")
       ->check(CLI::NonNegativeNumber)
