@@ -21,10 +21,11 @@ namespace dtrain {
 ///   ordered_shm  the same bits through node-shared segments (the owner of each part reads the
 ///              p slots in rank order); needs shared segments like shm
 ///   hier       two levels over the transport's nodes (<dtrain/comm/topology.hpp>): intra-node
-///              reduce-scatter (node-shared segments, else messages), inter-node ring all-reduce
+///              reduce-scatter (node-shared segments, else messages), inter-node all-reduce
 ///              of each part among the ranks that own it, intra-node all-gather
-///   hier_leader  intra-node reduce to one leader per node, recursive doubling among the
-///              leaders, intra-node broadcast: for small messages across nodes
+///   hier_leader  intra-node reduce to one leader per node, an all-reduce among the leaders,
+///              intra-node broadcast: for small messages across nodes
+///              (both pick the inter-node algorithm from the cost model, detail/algo/hier.hpp)
 /// With CommConfig::reproducible (DTRAIN_COMM_REPRODUCIBLE) every request is mapped to an ordered
 /// algorithm: shm to ordered_shm; ring, tree, rhd, rd to ordered; automatic (and any other
 /// algorithm) to ordered_shm where the transport has shared segments, else ordered. All of them
