@@ -78,7 +78,8 @@ def first_cpp_block(text):
             j = i + 1
             while j < len(lines):
                 c = FENCE.match(lines[j])
-                if c and c.group(1)[0] == fence[0] and len(c.group(1)) >= len(fence) and not c.group(2):
+                closes = c and c.group(1)[0] == fence[0] and len(c.group(1)) >= len(fence)
+                if closes and not c.group(2):
                     break
                 j += 1
             if info == "cpp":
@@ -105,8 +106,9 @@ def parse_page(path, is_guide):
     if not code or not HEADER.match(code[0]):
         if not is_guide:
             return None
+        found = code[0] if code else ""
         raise SnippetError(f"{rel}:{line + 1}: the first ```cpp block must begin with "
-                           f"'// docs-snippet: <components> [np=N]', found '{code[0] if code else ''}'")
+                           f"'// docs-snippet: <components> [np=N]', found '{found}'")
     words = HEADER.match(code[0]).group(1).split()
     comps, np = [], 0
     for w in words:
