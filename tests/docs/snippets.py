@@ -31,7 +31,7 @@ GPU_COMPONENTS = ("cuda", "hip")
 # no snippet, and are compiled only if they have a `cpp` block that carries a docs-snippet header.
 NOT_GUIDE_PAGES = {"checkpoint-format.md", "benchmark-notes.md"}
 # A guide page's snippet follows its title and at most a short introduction.
-MAX_INTRO_LINES = 6
+MAX_INTRO_LINES = 4
 HEADER = re.compile(r"^//\s*docs-snippet:\s*(.*?)\s*$")
 FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})\s*([^`\s]*)\s*$")
 
