@@ -1,7 +1,8 @@
 // Command-line parsing for MPI programs (examples and benchmarks only): every rank parses its own
 // argv, then the ranks agree on the outcome before anyone continues, so that a bad option on one
 // rank of an MPMD launch stops the whole job at once instead of leaving the others waiting in
-// their first collective.
+// their first collective. options_mismatch() then checks that every rank was given the same
+// options (a training program must not train different models in lockstep).
 #pragma once
 
 #include <mpi.h>
