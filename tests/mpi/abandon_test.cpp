@@ -28,6 +28,9 @@
 
 #include "stopped_peer_util.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_abandon_test {
+
 using namespace dtrain;
 using namespace dtrain::test;
 
@@ -189,3 +192,5 @@ TEST_CASE("a rank stopped at the transport's close: nobody waits for it past the
   if (rank != late) resume_last_rank_after_others(pids, 79);
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+}  // namespace dtrain_test_abandon_test

@@ -2,17 +2,17 @@
 # with disjoint slices), both restore strategies, fallback from damage, restore on fewer ranks,
 # a run directory only rank 0 sees.
 if(DTRAIN_HAVE_HDF5)
-  dtrain_add_mpi_test(NAME ckpt_mpi_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_mpi.cpp
+  dtrain_add_mpi_test(NAME ckpt_mpi_test IN test_mpi SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_mpi.cpp
     NP 1 2 3 4 LINK dtrain::hdf5 TIMEOUT 120)
   # A run directory only rank 0 sees (rank 1 in a mount namespace with a tmpfs over it): a
   # distributed restore says so on every rank, a rank0 restore works (tests/mpi/ckpt_private_dir.sh;
   # skipped where mount namespaces are not permitted).
   add_test(NAME ckpt_mpi_private_dir_np2
     COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/ckpt_private_dir.sh ${MPIEXEC_EXECUTABLE}
-            $<TARGET_FILE:ckpt_mpi_test>)
+            $<TARGET_FILE:test_mpi>)
   set_tests_properties(ckpt_mpi_private_dir_np2 PROPERTIES TIMEOUT 120 PROCESSORS 2
     LABELS "mpi" SKIP_RETURN_CODE 77 ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115")
-  dtrain_add_mpi_test(NAME ckpt_mpi_communicator_test
+  dtrain_add_mpi_test(NAME ckpt_mpi_communicator_test IN test_mpi
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_mpi_communicator.cpp NP 1 2 3 LINK dtrain::hdf5
     TIMEOUT 120)
 endif()

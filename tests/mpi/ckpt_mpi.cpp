@@ -21,6 +21,9 @@
 #include "ckpt/fake_state.hpp"
 #include "ckpt/mpi_comm.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_ckpt_mpi {
+
 namespace fs = std::filesystem;
 using dtrain::CheckpointOptions;
 using dtrain::CheckpointStrategy;
@@ -340,3 +343,5 @@ TEST_CASE("a run directory only rank 0 sees: a distributed restore says so, rank
   CHECK(restore_run(rank0, c) == std::optional<std::int64_t>(1));
   CHECK(dtrain::test::first_difference(at1, c) == "");
 }
+
+}  // namespace dtrain_test_ckpt_mpi

@@ -16,6 +16,9 @@
 #include "ckpt/fake_state.hpp"
 #include "ckpt/parts_state.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_ckpt_mpi_communicator {
+
 namespace fs = std::filesystem;
 using MpiComm = dtrain::Communicator<dtrain::MpiTransport>;
 
@@ -161,3 +164,5 @@ TEST_CASE("tensors held in parts, parallel write: a gap or an overlap is refused
     }
   }
 }
+
+}  // namespace dtrain_test_ckpt_mpi_communicator

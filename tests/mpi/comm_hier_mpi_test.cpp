@@ -20,6 +20,9 @@
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/transports/mpi.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_hier_mpi_test {
+
 using namespace dtrain;
 
 namespace {
@@ -136,3 +139,5 @@ TEST_CASE("DTRAIN_RANKS_PER_NODE list that does not add up: refused on every ran
   CHECK(named);
   MPI_Barrier(MPI_COMM_WORLD);  // every rank got here: none was left waiting in a collective
 }
+
+}  // namespace dtrain_test_comm_hier_mpi_test

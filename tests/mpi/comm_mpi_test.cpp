@@ -21,6 +21,9 @@
 #include "../unit/comm_test_util.hpp"
 #include "support/watchdog.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_mpi_test {
+
 using namespace dtrain;
 
 namespace {
@@ -623,3 +626,5 @@ TEST_CASE("MPI: a rank late to the transports' construction: the others' setup d
                        0) == 0);
   CHECK(fired[2].find("the close_timeout_s of MpiRmaTransport") != std::string::npos);
 }
+
+}  // namespace dtrain_test_comm_mpi_test

@@ -16,6 +16,9 @@
 
 #include "support/skip.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_wait_mpi {
+
 using namespace dtrain;
 using detail::counter_publish;
 using detail::counter_wait;
@@ -88,3 +91,5 @@ TEST_CASE("shm all-reduce over many chunks with kernel waits matches MPI_Allredu
     CHECK(got == want);
   }
 }
+
+}  // namespace dtrain_test_comm_wait_mpi

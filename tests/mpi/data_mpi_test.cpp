@@ -19,6 +19,9 @@
 #include "unit/data_hdf5_helpers.hpp"
 #include "unit/data_helpers.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_data_mpi_test {
+
 using namespace dtrain;
 
 namespace {
@@ -253,3 +256,5 @@ TEST_CASE(
   CHECK(fired[0].rfind(head + "opening '" + file + "'", 0) == 0);
   CHECK(fired[1].rfind(head + "reading batch 0 (3 rows) '" + file + "'", 0) == 0);
 }
+
+}  // namespace dtrain_test_data_mpi_test

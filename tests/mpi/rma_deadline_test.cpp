@@ -32,6 +32,9 @@
 
 #include "stopped_peer_util.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_rma_deadline_test {
+
 using namespace dtrain;
 using namespace dtrain::test;
 
@@ -214,3 +217,5 @@ TEST_CASE("mpi-rma: a rank reaching the close after the others gave up on it doe
   if (rank != late) resume_last_rank_after_others(pids, 78);
   MPI_Barrier(MPI_COMM_WORLD);
 }
+
+}  // namespace dtrain_test_rma_deadline_test

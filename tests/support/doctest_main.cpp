@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "support/case_counter.hpp"
 #include "support/watchdog.hpp"
 
 int main(int argc, char** argv) {
@@ -14,5 +15,10 @@ int main(int argc, char** argv) {
     std::_Exit(124);
   });
   doctest::Context context(argc, argv);
-  return context.run();
+  const int code = context.run();
+  if (code == 0 && dtrain::test::no_case_selected()) {
+    std::fprintf(stderr, "dtrain test: no test case matches the filters given\n");
+    return 1;
+  }
+  return code;
 }

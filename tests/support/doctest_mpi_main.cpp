@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "support/case_counter.hpp"
 #include "support/watchdog.hpp"
 
 int main(int argc, char** argv) {
@@ -29,6 +30,10 @@ int main(int argc, char** argv) {
     // Rank 0 reports fully; the others report failures only, prefixed by their rank.
     if (rank != 0) context.setOption("minimal", true);
     code = context.run();
+    if (code == 0 && dtrain::test::no_case_selected()) {
+      std::fprintf(stderr, "rank %d: no test case matches the filters given\n", rank);
+      code = 1;
+    }
     if (code != 0) std::fprintf(stderr, "rank %d of %d: %d test failure(s)\n", rank, size, code);
   }
   int worst = 0;

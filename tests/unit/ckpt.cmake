@@ -1,23 +1,23 @@
 # Checkpoints: CRC32C and the blocks of a flat run (core only), the HDF5 Checkpointer over thread
 # ranks, the SIGKILL test (with its helper writer), and the h5py / h5dump schema checks on a
 # sample file.
-dtrain_add_unit_test(NAME ckpt_crc32c_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_crc32c.cpp
+dtrain_add_unit_test(NAME ckpt_crc32c_test IN test_ckpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_crc32c.cpp
   TIMEOUT 60)
-dtrain_add_unit_test(NAME ckpt_flat_blocks_test
+dtrain_add_unit_test(NAME ckpt_flat_blocks_test IN test_ckpt
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_flat_blocks.cpp TIMEOUT 60)
 if(DTRAIN_HAVE_HDF5)
-  dtrain_add_unit_test(NAME ckpt_checkpointer_test
+  dtrain_add_unit_test(NAME ckpt_checkpointer_test IN test_ckpt
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_checkpointer.cpp LINK dtrain::hdf5 TIMEOUT 120
     ARGS "--test-case-exclude=*single damaged byte*")
   # The random byte-damage case runs on its own: after HDF5 1.10 has parsed deliberately corrupted
   # metadata it cannot release some of its internal caches at exit ("infinite loop closing
   # library"), which LeakSanitizer reports as leaks inside libhdf5. Only this test suppresses them.
   add_test(NAME ckpt_checkpointer_damage_test
-    COMMAND ckpt_checkpointer_test "--test-case=*single damaged byte*")
+    COMMAND test_ckpt "--source-file=*/ckpt_checkpointer.cpp" "--test-case=*single damaged byte*")
   set_tests_properties(ckpt_checkpointer_damage_test PROPERTIES TIMEOUT 120 LABELS "unit"
     ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115;LSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/ckpt/lsan_hdf5_corrupt.supp:print_suppressions=0")
 
-  dtrain_add_unit_test(NAME ckpt_communicator_test
+  dtrain_add_unit_test(NAME ckpt_communicator_test IN test_ckpt
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_communicator.cpp LINK dtrain::hdf5 dtrain::loopback
     TIMEOUT 120)
 
@@ -25,11 +25,11 @@ if(DTRAIN_HAVE_HDF5)
   add_executable(ckpt_kill_writer ${_ckpt_helpers}/kill_writer.cpp)
   target_link_libraries(ckpt_kill_writer PRIVATE dtrain::core dtrain::hdf5 dtrain_project_flags)
   target_include_directories(ckpt_kill_writer PRIVATE "${PROJECT_SOURCE_DIR}/tests")
-  dtrain_add_unit_test(NAME ckpt_kill_test SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_kill.cpp
+  dtrain_add_unit_test(NAME ckpt_kill_test IN test_ckpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_kill.cpp
     LINK dtrain::hdf5 TIMEOUT 180)
-  target_compile_definitions(ckpt_kill_test PRIVATE
+  target_compile_definitions(test_ckpt PRIVATE
     DTRAIN_CKPT_KILL_WRITER="$<TARGET_FILE:ckpt_kill_writer>")
-  add_dependencies(ckpt_kill_test ckpt_kill_writer)
+  add_dependencies(test_ckpt ckpt_kill_writer)
 
   add_executable(ckpt_make_sample ${_ckpt_helpers}/make_sample.cpp)
   target_link_libraries(ckpt_make_sample PRIVATE dtrain::core dtrain::hdf5 dtrain_project_flags)

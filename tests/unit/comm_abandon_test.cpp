@@ -20,6 +20,9 @@
 #include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_abandon_test {
+
 using namespace dtrain;
 
 namespace {
@@ -265,3 +268,5 @@ TEST_CASE("the run-gap watch records a stop of its process") {
   CHECK(WIFEXITED(wst));
   CHECK(WEXITSTATUS(wst) == 0);
 }
+
+}  // namespace dtrain_test_comm_abandon_test

@@ -14,6 +14,9 @@
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_adaptive_test {
+
 using namespace dtrain;
 using detail::AdaptSample;
 using detail::AdaptSchedule;
@@ -322,3 +325,5 @@ TEST_CASE("adaptive plan: off where the choice must repeat, or was not automatic
   }
   std::remove(tuning.c_str());
 }
+
+}  // namespace dtrain_test_comm_adaptive_test

@@ -14,6 +14,9 @@
 
 #include "comm_test_util.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_allreduce_test {
+
 using namespace dtrain;
 
 namespace {
@@ -228,3 +231,5 @@ TEST_CASE("argument errors name the rank and the operation") {
     comm.allreduce(BufferView(span<float>(a)), ReduceOp::sum);
   });
 }
+
+}  // namespace dtrain_test_comm_allreduce_test

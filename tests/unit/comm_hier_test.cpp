@@ -17,6 +17,9 @@
 
 #include "comm_test_util.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_hier_test {
+
 using namespace dtrain;
 
 namespace {
@@ -413,3 +416,5 @@ TEST_CASE("cost model: a fixed per-call cost and the cache switch of the per-byt
         doctest::Approx(slow.steps(AllreduceAlgorithm::ring, beyond, 2)));
   CHECK(m.best(beyond, 2) == slow.best(beyond, 2));
 }
+
+}  // namespace dtrain_test_comm_hier_test

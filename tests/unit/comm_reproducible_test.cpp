@@ -21,6 +21,9 @@
 
 #include "comm_test_util.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_reproducible_test {
+
 using namespace dtrain;
 
 namespace {
@@ -348,3 +351,5 @@ TEST_CASE("DTRAIN_COMM_REPRODUCIBLE is read strictly by CommConfig::from_env") {
   ::unsetenv("DTRAIN_ALLREDUCE_ALGO");
   ::unsetenv("DTRAIN_COMM_REPRODUCIBLE");
 }
+
+}  // namespace dtrain_test_comm_reproducible_test

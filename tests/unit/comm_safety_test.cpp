@@ -15,6 +15,9 @@
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_safety_test {
+
 using namespace dtrain;
 
 namespace {
@@ -459,3 +462,5 @@ TEST_CASE("AnyTransport: runtime choice behind one communicator type") {
     CHECK(y[0] == 1.0f);
   });
 }
+
+}  // namespace dtrain_test_comm_safety_test

@@ -12,6 +12,9 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_scratch_test {
+
 using namespace dtrain;
 
 namespace {
@@ -96,3 +99,5 @@ TEST_CASE("plans of one communicator share one scratch block and stay exact in a
     }
   }
 }
+
+}  // namespace dtrain_test_comm_scratch_test

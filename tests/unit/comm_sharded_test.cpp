@@ -28,6 +28,9 @@
 #include <dtrain/optim/sgd.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_sharded_test {
+
 using namespace dtrain;
 
 namespace {
@@ -372,3 +375,5 @@ TEST_CASE("sharded steps: a partial state is not saved; misuse is named") {
   });
   for (const auto& f : failures) FAIL_CHECK(f);
 }
+
+}  // namespace dtrain_test_comm_sharded_test

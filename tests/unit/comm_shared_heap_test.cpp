@@ -32,6 +32,9 @@
 #include <dtrain/comm/shared_heap.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_shared_heap_test {
+
 using namespace dtrain;
 
 namespace {
@@ -570,3 +573,5 @@ TEST_CASE("hier and hier_leader on heap buffers: a rank returns only once its no
     check_overwrite_on_return({0, 0, 0, 1}, algo, 40000, 40);
   }
 }
+
+}  // namespace dtrain_test_comm_shared_heap_test

@@ -25,6 +25,9 @@
 #include <dtrain/core/timer.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_shm_parts_test {
+
 using namespace dtrain;
 
 namespace {
@@ -289,3 +292,5 @@ TEST_CASE("reduce_scatter through the segments: a partner that never arrives is 
     CHECK(messages[0].find("wait for rank 1 timed out") != std::string::npos);
   }
 }
+
+}  // namespace dtrain_test_comm_shm_parts_test

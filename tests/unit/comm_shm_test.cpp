@@ -15,6 +15,9 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_shm_test {
+
 using namespace dtrain;
 
 namespace {
@@ -85,3 +88,5 @@ TEST_CASE("shm with page-offset chunks: exact sums with every rank's buffers at 
     }
   }
 }
+
+}  // namespace dtrain_test_comm_shm_test

@@ -15,6 +15,9 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_transport_test {
+
 using namespace dtrain;
 
 namespace {
@@ -311,3 +314,5 @@ TEST_CASE("device buffers: refused without supports_device_memory, broadcast onl
   CHECK(device_registrations == 2);
   CHECK(refused_reduce == 2);
 }
+
+}  // namespace dtrain_test_comm_transport_test

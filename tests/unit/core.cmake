@@ -1,4 +1,4 @@
-dtrain_add_unit_test(NAME unit_core
+dtrain_add_unit_test(NAME unit_core IN test_core
   SOURCES
     ${CMAKE_CURRENT_LIST_DIR}/core_dtype_test.cpp
     ${CMAKE_CURRENT_LIST_DIR}/core_tensor_test.cpp

@@ -13,6 +13,9 @@
 #include "unit/data_hdf5_helpers.hpp"
 #include "unit/data_helpers.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_data_hdf5_test {
+
 using namespace dtrain;
 using dtrain::test::H5Spec;
 using dtrain::test::TempDir;
@@ -263,3 +266,5 @@ TEST_CASE("hdf5: bad files are IoErrors naming the file, the dataset and what wa
                          doctest::Contains("needs MPI to be initialised"), InvalidArgument);
   }
 }
+
+}  // namespace dtrain_test_data_hdf5_test

@@ -10,6 +10,9 @@
 
 #include "unit/data_helpers.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_data_idx_test {
+
 using dtrain::IdxDataset;
 using dtrain::IoError;
 using dtrain::Normalize;
@@ -203,3 +206,5 @@ TEST_CASE("idx: Fashion-MNIST matches an independent gzip decompression") {
   }
   CHECK(mismatches == 0);
 }
+
+}  // namespace dtrain_test_data_idx_test

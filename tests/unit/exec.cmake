@@ -4,20 +4,20 @@ set(_dtrain_exec_blas "")
 if(DTRAIN_HAVE_BLAS)
   set(_dtrain_exec_blas dtrain::blas)
 endif()
-dtrain_add_unit_test(NAME unit_exec_emulated
+dtrain_add_unit_test(NAME unit_exec_emulated IN test_exec
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_emulated_test.cpp
   LINK dtrain::loopback ${_dtrain_exec_blas}
   ARGS --test-suite-exclude=emulated_*
   TIMEOUT 120)
 foreach(_suite model optim sync negative)
   add_test(NAME unit_exec_emulated_${_suite}
-    COMMAND unit_exec_emulated --test-suite=emulated_${_suite})
+    COMMAND test_exec "--source-file=*/exec_emulated_test.cpp" --test-suite=emulated_${_suite})
   set_tests_properties(unit_exec_emulated_${_suite} PROPERTIES TIMEOUT 120 LABELS "unit"
     SKIP_RETURN_CODE 77 ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115")
 endforeach()
 # Checkpoints of device tensors through the emulated device (HDF5 Checkpointer, loopback ranks).
 if(DTRAIN_HAVE_HDF5)
-  dtrain_add_unit_test(NAME unit_exec_emulated_ckpt
+  dtrain_add_unit_test(NAME unit_exec_emulated_ckpt IN test_exec
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_emulated_ckpt_test.cpp
     LINK dtrain::hdf5 dtrain::loopback ${_dtrain_exec_blas}
     TIMEOUT 120)

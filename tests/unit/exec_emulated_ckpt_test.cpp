@@ -26,6 +26,9 @@
 #include <dtrain/optim/optim.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_exec_emulated_ckpt_test {
+
 using namespace dtrain;
 using test::bytes_of;
 using test::EmulatedDevice;
@@ -266,3 +269,5 @@ TEST_SUITE("emulated_ckpt") {
     for (const auto& d : {dev_dir, host_dir}) fs::remove_all(d);
   }
 }
+
+}  // namespace dtrain_test_exec_emulated_ckpt_test

@@ -27,6 +27,9 @@
 #include <dtrain/optim/optim.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_exec_emulated_test {
+
 using namespace dtrain;
 using test::bytes_of;
 using test::EmulatedDevice;
@@ -528,3 +531,5 @@ TEST_CASE("the policy trait accepts HostExec and the emulated device, and names 
   } dev;
   CHECK_THROWS_WITH_AS(HostExec{dev}, doctest::Contains("hip"), InvalidArgument);
 }
+
+}  // namespace dtrain_test_exec_emulated_test

@@ -24,6 +24,9 @@
 #include <dtrain/kernels/host/reduce.hpp>
 #if defined(DTRAIN_HAVE_CBLAS)
 #include <dtrain/kernels/host/blas.hpp>
+
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_kernels_host_test {
 #endif
 
 namespace host = dtrain::host;
@@ -807,3 +810,5 @@ TEST_CASE_TEMPLATE("fill, axpy and scale at every length around a block", T, flo
     CHECK(same_bits(y, want));
   }
 }
+
+}  // namespace dtrain_test_kernels_host_test

@@ -5,7 +5,7 @@ if(DTRAIN_HAVE_BLAS)
   set(_dtrain_model_blas dtrain::blas)
 endif()
 
-dtrain_add_unit_test(NAME unit_kernels_host
+dtrain_add_unit_test(NAME unit_kernels_host IN test_numeric
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernels_host_test.cpp
   LINK ${_dtrain_model_blas}
   TIMEOUT 120 OPTIMIZED)
@@ -24,12 +24,12 @@ if(DTRAIN_CXX_HAS_MARCH_NATIVE)
   target_compile_options(unit_kernels_host_native PRIVATE -march=native)
 endif()
 
-dtrain_add_unit_test(NAME unit_model
+dtrain_add_unit_test(NAME unit_model IN test_numeric
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_test.cpp
   LINK ${_dtrain_model_blas}
   TIMEOUT 120 OPTIMIZED)
 
-dtrain_add_unit_test(NAME unit_optim
+dtrain_add_unit_test(NAME unit_optim IN test_numeric
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/optim_test.cpp
   LINK ${_dtrain_model_blas}
   TIMEOUT 120 OPTIMIZED)

@@ -16,6 +16,9 @@
 #include <dtrain/core/state.hpp>
 #include <dtrain/model/model.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_model_test {
+
 using namespace dtrain;
 
 namespace {
@@ -526,3 +529,5 @@ TEST_CASE("metrics") {
   CHECK(accuracy(logits, labels, 3, 3) == doctest::Approx(2.0 / 3.0));
   CHECK(accuracy(logits, labels, 0, 3) == 0.0);
 }
+
+}  // namespace dtrain_test_model_test

@@ -17,6 +17,9 @@
 
 #include "comm_test_util.hpp"
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_one_sided_test {
+
 using namespace dtrain;
 
 namespace {
@@ -329,3 +332,5 @@ TEST_CASE("one-sided faults: a lost notification is detected by its successor") 
   CHECK(has(o[1], "lost, duplicated or is stale"));
   CHECK((o[0].type == "RemoteError" || o[0].type == "TimeoutError"));
 }
+
+}  // namespace dtrain_test_one_sided_test

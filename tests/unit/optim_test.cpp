@@ -18,6 +18,9 @@
 #include <dtrain/model/model.hpp>
 #include <dtrain/optim/optim.hpp>
 
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_optim_test {
+
 using namespace dtrain;
 
 namespace {
@@ -401,3 +404,5 @@ TEST_CASE_TEMPLATE("a state sharded before its first use is never whole-sized", 
   for (std::size_t i : {std::size_t{100}, std::size_t{399}, std::size_t{2000}, std::size_t{2499}})
     CHECK(std::memcmp(&pa[i], &pb[i], sizeof(float)) == 0);
 }
+
+}  // namespace dtrain_test_optim_test
