@@ -24,10 +24,10 @@
 #include <dtrain/kernels/host/reduce.hpp>
 #if defined(DTRAIN_HAVE_CBLAS)
 #include <dtrain/kernels/host/blas.hpp>
+#endif
 
 // The file's own namespace: test files are compiled together in unity batches.
 namespace dtrain_test_kernels_host_test {
-#endif
 
 namespace host = dtrain::host;
 
