@@ -30,7 +30,9 @@ struct CaseCounter : doctest::IReporter {
 };
 
 /// True when a run took place (not --help or a listing) and no test case passed the filters.
-inline bool no_case_selected() { return CaseCounter::run_ended && CaseCounter::passing_filters == 0; }
+inline bool no_case_selected() {
+  return CaseCounter::run_ended && CaseCounter::passing_filters == 0;
+}
 
 }  // namespace dtrain::test
 

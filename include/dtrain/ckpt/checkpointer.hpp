@@ -367,7 +367,8 @@ class Checkpointer {
     constexpr bool parallel_ok = Format::template supports_parallel<Comm>();
     CheckpointStrategy s = opt_.strategy;
     if (s == CheckpointStrategy::automatic)
-      // Measured on one node (benchmarks/RESULTS.md, Checkpoints): a single POSIX writer beat MPI-IO.
+      // Measured on one node (benchmarks/RESULTS.md, Checkpoints): a single POSIX writer beat
+      // MPI-IO.
       s = CheckpointStrategy::rank0;
     if (s != CheckpointStrategy::rank0) {
       DTRAIN_REQUIRE(parallel_ok, "Checkpointer",
