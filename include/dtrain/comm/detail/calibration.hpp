@@ -1,14 +1,16 @@
 // dtrain: the calibration behind `automatic` all-reduce (Communicator::cost_model). Collective.
 //
-// Three steps, each in a file of its own under calibration/:
+// Three steps; the files named are under calibration/ unless said otherwise:
 // 1. MEASURE the cost model (measure.hpp): alpha, beta, gamma, the shm and inter-node terms, the
 //    fixed cost of a call and the cache switch, in interleaved rounds, a median per quantity,
 //    agreed over ranks and fitted, so every rank holds the same model.
 // 2. DECIDE (decide.hpp): the table the model gives, then checked against probes (probes.hpp:
 //    every algorithm timed at 4 KiB to 4 MiB with the model in place): where a probe measured the
 //    model's pick beaten beyond the noise, its winner runs over that probe's band of sizes.
-// 3. STORE (tuning.hpp, beside this file): with a tuning file, the model and table of the first job are read by
-//    every later job of the same shape instead of measuring again.
+// 3. STORE (tuning.hpp, beside this file): with a tuning file, the model and table of the first
+//    job are read by every later job of the same shape instead of measuring again.
+// The instruments both measurements share (the test hook, the agreement over ranks, registered
+// buffers, medians) are in timing.hpp.
 // Why so much care: on a loaded machine a single timing can be off by 10x, and a model fitted at
 // one moment can be wrong by more than the gap between its first and second choice
 // (benchmarks/RESULTS.md, "Automatic all-reduce under noise" and the sections after it).
