@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A training and a test set of an HDF5 file in example 01's layout, opened and checked before a
 // classifier trains on them (examples only, not part of the library).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Command-line conventions shared by dtrain's examples and benchmarks (not part of the library:
 // only examples/ and benchmarks/ include this, so library users never inherit CLI11).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // Command-line parsing for MPI programs (examples and benchmarks only): every rank parses its own
 // argv, then the ranks agree on the outcome before anyone continues, so that a bad option on one
 // rank of an MPMD launch stops the whole job at once instead of leaving the others waiting in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // --device auto|cpu|cuda|hip for MPI examples and benchmarks (not part of the library).
 //
 // A program compiled by nvcc or hipcc with DTRAIN_EXAMPLE_GPU=1 includes the GPU execution policy

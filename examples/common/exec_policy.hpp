@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The execution policy behind --device, for MPI examples (not part of the library).
 //
 // On the CPU the layers' GEMM is the host policy's: CBLAS when the build links it

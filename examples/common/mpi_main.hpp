@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The frame of an MPI example's main() (not part of the library).
 #pragma once
 

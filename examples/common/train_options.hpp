@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // The options every training example shares (examples only, not part of the library): the model
 // and schedule (--epochs --max-steps --batch --hidden --lr --seed), the run directory and what it
 // holds (--run-dir --ckpt-every --ckpt-strategy --stop-after --override-schedule --log-every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // A training run's plan, its restart checks and its closing report (examples only, not part of
 // the library). The plan is stored in every checkpoint next to the model ("run/..."), so that a
 // restart can tell whether its options continue the same model and schedule:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: umbrella header for the core (no MPI, no GPU runtime, no HDF5, no verbs).
 #pragma once
 

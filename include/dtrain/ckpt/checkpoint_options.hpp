@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the settings of a Checkpointer and its write strategies. Plain data, no dependencies.
 #pragma once
 

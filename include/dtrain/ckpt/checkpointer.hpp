@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: Checkpointer, periodic atomic checkpoints of a training run, restored exactly.
 //
 // This header has no HDF5 dependency: the file format is a policy, and the default one,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: CRC32C (Castagnoli), the checksum stored with every checkpoint dataset.
 //
 // Software path: slicing-by-8 over tables built at compile time. Hardware path: the SSE4.2 crc32

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the HDF5 checkpoint format (schema in docs/checkpoint-format.md). Opt-in: needs the
 // dtrain::hdf5 component (parallel HDF5). Including this header also brings dtrain::Checkpointer,
 // whose default format this is.

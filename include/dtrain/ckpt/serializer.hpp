@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what a checkpoint can hold. The customisation point dtrain::serializer<T>, and the
 // named references (dtrain::named, dtrain::per_rank) that checkpoint calls take.
 #pragma once

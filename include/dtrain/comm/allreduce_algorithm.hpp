@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the all-reduce algorithms a caller (or DTRAIN_ALLREDUCE_ALGO) can ask for.
 #pragma once
 

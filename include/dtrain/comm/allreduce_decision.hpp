@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the per-size table that `automatic` all-reduce follows.
 #pragma once
 

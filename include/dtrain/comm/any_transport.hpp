@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: AnyTransport, a type-erased transport for choosing MPI, loopback or another transport
 // at run time behind one Communicator<AnyTransport> type.
 #pragma once

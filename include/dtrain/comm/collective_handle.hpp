@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the handle a non-blocking collective returns.
 #pragma once
 

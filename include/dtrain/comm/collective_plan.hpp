@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: a collective planned once on fixed buffers and executed many times.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: settings of a Communicator, with environment overrides.
 #pragma once
 

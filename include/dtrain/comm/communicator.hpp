@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: Communicator, the collectives (all-reduce, reduce-scatter, all-gather, broadcast,
 // barrier) over any transport that satisfies is_transport_v.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the alpha-beta-gamma cost model that picks an all-reduce algorithm.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: gradient averaging in buckets, overlapped with the backward pass.
 #pragma once
 

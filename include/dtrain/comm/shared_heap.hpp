@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the allocator over one rank's node-shared heap (SharedSegmentConfig::heap_bytes).
 // Memory from it lies in a segment that every rank of the node maps, so the shm all-reduce reads
 // a buffer there in place instead of having its owner copy it into the segment's slots first

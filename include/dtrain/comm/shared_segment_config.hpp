@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: how large the node-shared segments are and how the ranks group into nodes, read from
 // the environment (DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, DTRAIN_SHM_SLOTS, DTRAIN_SHM_HEAP_MIB,
 // DTRAIN_RANKS_PER_NODE).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: node-shared memory segments, an optional transport capability.
 //
 // Detected member (a transport without it has none):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: which node each rank runs on, as the hierarchical all-reduce and the cost model see it.
 //
 // A transport states its grouping through two optional members (detected, see node_map_of and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what a transport can do beyond the requirements, detected rather than declared.
 //
 // Optional members (a transport without them gets the default named):

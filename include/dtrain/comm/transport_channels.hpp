@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: persistent, plan-scoped channels, an optional transport capability.
 //
 // Detected members (fallback without them: isend/irecv with tag channel_tag(id)):

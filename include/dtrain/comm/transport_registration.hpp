@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: memory registration, the one transport requirement about memory rather than messages.
 //
 // Required of every transport (a no-op for MPI, ibv_reg_mr for verbs):

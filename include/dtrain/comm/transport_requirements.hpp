@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what every transport must provide, checked at compile time.
 //
 // A transport moves bytes between the ranks of one fixed group. The collective algorithms

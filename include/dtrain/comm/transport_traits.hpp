@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what a transport must provide and what it may, checked at compile time.
 //
 // A transport moves bytes between the ranks of one fixed group; the collective algorithms

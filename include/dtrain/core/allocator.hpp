@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: memory allocators. Arenas and tensors take one, so that a transport or a GPU runtime can
 // supply memory it reaches directly (registered, node-shared or device memory).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the one way dtrain detects what a type provides (C++17, no concepts).
 //
 // A requirement is an alias template that names the expression or type it needs, for example

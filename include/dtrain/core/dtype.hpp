@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: element types, including IEEE binary16 (half) and bfloat16 with exact conversions.
 #pragma once
 

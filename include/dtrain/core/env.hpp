@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the one place where dtrain reads environment variables, strictly.
 //
 // Every DTRAIN_* variable goes through these functions. An unset variable, or one set to the

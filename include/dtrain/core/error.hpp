@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: error hierarchy and rank-prefixed messages.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: a thread that runs an action at a deadline unless it is called off first.
 #pragma once
 

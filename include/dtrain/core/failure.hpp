@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what happens when a rank fails. The failure policy (abort the job, or hand the error to
 // the application), the process-wide "this job is failing" flag, and the guard that destructors
 // use to avoid collectives on the unwind path.

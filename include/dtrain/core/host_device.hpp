@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: DTRAIN_HOST_DEVICE, the annotation for functions that host and device code share.
 //
 // Under nvcc or hipcc it expands to __host__ __device__, so one definition (the f16/bf16

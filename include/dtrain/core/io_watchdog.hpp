@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: deadlines for collective file calls that cannot be cancelled.
 //
 // A collective MPI-IO call (a parallel checkpoint write, a collective HDF5 open, read or close)

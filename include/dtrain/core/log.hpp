@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: rank-aware logging with levels. The threshold comes from DTRAIN_LOG_LEVEL
 // (error, warn, info, debug; default info) and can be changed with set_log_level.
 #pragma once

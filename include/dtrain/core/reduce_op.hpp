@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: reduction operators, shared by the collectives (comm/) and the reduction kernels
 // (kernels/).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: counter-based random numbers (Philox4x32-10). The value at (seed, stream, index) is a
 // pure function, so every rank computes the same stream without communication and any position
 // can be reached in O(1) (dropout masks per sample, shuffles per epoch, initialisation).

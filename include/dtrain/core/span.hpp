@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: a C++17 span and a dtype-tagged untyped view.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the state-visiting protocol that checkpoints use.
 //
 // A stateful type T provides

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: Tensor, an owning n-dimensional buffer of one dtype in one memory space.
 #pragma once
 

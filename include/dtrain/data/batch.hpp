@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the unit a Loader hands to the training loop.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what the Loader requires of a dataset.
 //
 // A dataset D is a random-access collection of (features, label) samples:

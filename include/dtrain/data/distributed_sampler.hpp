@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: DistributedSampler, the epoch order every rank agrees on, sharded by rank.
 //
 // The sequence of an epoch

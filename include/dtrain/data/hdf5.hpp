@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: Hdf5Dataset, features and labels stored as two HDF5 datasets (opt-in: link dtrain::hdf5,
 // parallel HDF5 of the MPICH flavour).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: IDX files (the MNIST / Fashion-MNIST format), plain or gzip-compressed.
 //
 // Needs zlib at link time (-lz, CMake ZLIB::ZLIB).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: InMemoryDataset, a bounded sample store a running simulation appends to (in-situ
 // training).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: Loader, batches for the training loop, filled ahead of time by a background thread.
 #pragma once
 

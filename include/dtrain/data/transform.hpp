@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: per-element transforms applied while a batch is filled.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: private HDF5 support shared by the data loader and the checkpoint code: the process
 // lock and HDF5 session, error capture, handle ownership and the DTRAIN_CHECK_H5 check.
 #pragma once

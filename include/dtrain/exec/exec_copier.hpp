@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: ExecCopier, a type-erased handle on one execution policy's copies between host memory
 // and the policy's own memory. Code that must not depend on a policy type (the checkpointer's
 // snapshot and restore paths) moves device tensors through it.

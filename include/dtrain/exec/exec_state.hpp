@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: handing exec-memory tensors to state visitors (checkpointers, comparers, hashers),
 // which read and write host memory and may keep the views they are given until they are done.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the execution-policy requirements, their detection trait and small helpers that every
 // policy shares (RAII events and streams, a host wait with a deadline).
 //

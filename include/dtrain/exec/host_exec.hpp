@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: HostExec, the execution policy that runs every kernel at once on the calling thread
 // over host memory. The requirements it satisfies are documented in <dtrain/exec/exec_traits.hpp>.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: layer descriptions for Sequential. A description holds only hyper-parameters; the
 // Sequential that receives it builds the layer in its own scalar type and binds it to the
 // parameter arena, so one model description serves float training and float64 gradient checks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: training losses on host buffers (fused softmax cross-entropy, mean squared error).
 #pragma once
 

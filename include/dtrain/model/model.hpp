@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: umbrella for the model headers (layers, losses, metrics, Sequential).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: PendingLoss, the loss of a queued training pass, brought to the host only when read.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: Sequential, a stack of layers with explicit forward and backward over one parameter
 // arena and one gradient arena, generic over an execution policy (host or device).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: AdamW (Adam with decoupled weight decay and bias correction).
 #pragma once
 

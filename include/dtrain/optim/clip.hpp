@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: global-norm gradient clipping, on the host or through an execution policy.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: umbrella for the optimizers, schedules and gradient clipping.
 #pragma once
 

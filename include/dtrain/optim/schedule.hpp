@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: learning-rate schedules, lr as a pure function of the optimizer step.
 #pragma once
 

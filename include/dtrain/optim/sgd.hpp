@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: stochastic gradient descent with momentum, Nesterov momentum and weight decay.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: agreed(), so that an error on some ranks ends a phase of the job on every rank at once.
 #pragma once
 

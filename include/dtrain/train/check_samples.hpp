@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: check_samples, a check of one rank's share of a labelled dataset before training on it.
 #pragma once
 

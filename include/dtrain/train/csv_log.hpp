@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: CsvLog, a step-keyed CSV file that survives restarts without duplicate rows.
 #pragma once
 

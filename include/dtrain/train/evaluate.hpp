@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: evaluate_accuracy, the distributed accuracy of a classifier on a dataset.
 #pragma once
 

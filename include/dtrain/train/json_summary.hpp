@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: JsonSummary, a flat JSON object of a run's results, written atomically.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: ProgressLine, rank 0's view of a training run (step, loss, throughput, ETA).
 #pragma once
 

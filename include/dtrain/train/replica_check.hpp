@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: replicas_identical, whether every rank holds the same parameters, bit for bit.
 #pragma once
 

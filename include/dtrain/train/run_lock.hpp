@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: RunDirLock, one job per run directory.
 #pragma once
 

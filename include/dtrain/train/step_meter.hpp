@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: StepMeter, one rank's seconds per phase of its training steps, per interval and in total.
 #pragma once
 

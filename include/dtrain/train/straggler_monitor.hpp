@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: StragglerMonitor, per-rank timings written by every rank, the slowest rank named.
 #pragma once
 

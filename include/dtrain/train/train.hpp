@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the training-loop helpers of train/ in one include: agreed errors, the run-directory
 // lock, progress line, metrics and timing logs, step timing, data checks, distributed accuracy,
 // the replica check and the JSON summary. Core only: no MPI, GPU runtime or HDF5.

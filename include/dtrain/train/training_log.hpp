@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: TrainingLog, what a data-parallel training loop reports while it runs: rank 0's progress
 // line and metrics.csv, every rank's timing file, the slowest rank named.
 #pragma once

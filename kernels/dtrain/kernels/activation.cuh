@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device bias and activation kernels for CUDA and HIP: unfused bias_add, bias_grad,
 // activation_forward and activation_backward, one for one with the host layers, and fused
 // bias_act_forward / bias_act_backward. Host references: <dtrain/kernels/host/activation.hpp>.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device conversions between f32 and binary16 / bfloat16, round to nearest even. The
 // element conversions are the DTRAIN_HOST_DEVICE functions of <dtrain/core/dtype.hpp>: host and
 // device run one definition, so they agree bit for bit by construction (the GPU test still

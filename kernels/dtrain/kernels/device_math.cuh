@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: overloads of the device math functions both dialects provide, so templated kernels
 // call one name for float and double.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device dropout with the host's counter-based masks. The keep decision is
 // host::dropout_keep4 from <dtrain/kernels/host/dropout.hpp>, a DTRAIN_HOST_DEVICE function that
 // host and device both call, so the same (seed, step, sample, element) keeps the same elements on

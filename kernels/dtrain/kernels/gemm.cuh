@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device GEMM, row-major C[m x n] = alpha op(A) op(B) + beta C. A shared-memory tiled
 // kernel written once for CUDA and HIP and, when the translation unit has cuBLAS / hipBLAS, the
 // vendor_gemm wrapper. Engines (TiledGemm, VendorGemm) let an execution policy choose by type.

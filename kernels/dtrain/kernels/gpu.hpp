@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the single vendor file. It is the only header that names CUDA or HIP; everything else
 // (the *.cuh kernels, device tests, device-memory transports) uses dtrain::gpu:: and the kernel
 // syntax both dialects share (__global__, __device__, __shared__, threadIdx, <<<...>>>).

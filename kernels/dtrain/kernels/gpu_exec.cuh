@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the GPU execution policy (CUDA or HIP, whichever compiler builds the unit). It satisfies
 // the requirements documented in <dtrain/exec/exec_traits.hpp> with device memory, streams and
 // events from <dtrain/kernels/gpu.hpp> and the single-source kernels of <dtrain/kernels/*.cuh>,

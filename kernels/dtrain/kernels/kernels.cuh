@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: umbrella for the single-source device kernels (compile with nvcc or hipcc).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device layer normalisation (one block per row), forward and backward. Host reference:
 // <dtrain/kernels/host/layernorm.hpp>.
 #pragma once

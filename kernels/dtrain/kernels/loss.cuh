@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device losses: fused softmax cross-entropy (one block per row) and mean squared error.
 // Host references: <dtrain/kernels/host/loss.hpp>.
 #pragma once

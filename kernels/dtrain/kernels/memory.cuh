@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device fill, copy, axpy and a scaled sum into one double. Host references:
 // <dtrain/kernels/host/memory.hpp>.
 #pragma once

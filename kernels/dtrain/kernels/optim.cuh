@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device SGD and AdamW updates. Host references: <dtrain/kernels/host/optim.hpp>, whose
 // parameter structs these launchers take.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: device element-wise reductions with the contract of <dtrain/kernels/host/reduce.hpp>:
 // accumulator first (acc = acc op in), integers wrap (unsigned arithmetic), 16-bit floats
 // accumulate in f32 and round once, avg finished once by scale_avg. The element operation is the

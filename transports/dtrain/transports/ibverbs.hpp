@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the RDMA verbs transport, the one-sided protocol (<dtrain/transports/one_sided/
 // protocol.hpp>) over libibverbs reliable-connected queue pairs, bootstrapped over the
 // application's MPI communicator. Needs dtrain::ibverbs and dtrain::mpi. The protocol logic is

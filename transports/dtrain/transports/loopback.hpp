@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the loopback transport, N ranks as N threads of one process.
 //
 // Messages are matched in the receiver's mailbox and copied once, directly from the sender's

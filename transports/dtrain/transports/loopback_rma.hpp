@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the loopback RMA transport, N ranks as N threads of one process running the one-sided
 // protocol (<dtrain/transports/one_sided/protocol.hpp>) over memcpy and atomic flags. It runs
 // the very logic the MPI-RMA and verbs transports run, so that logic is tested in one process,

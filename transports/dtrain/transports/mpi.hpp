@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the MPI transport, point-to-point messages on a duplicate of any communicator the
 // application hands in. Needs dtrain::mpi (links MPI). Never calls MPI_Init itself; MpiSession
 // is the opt-in helper for programs that are not MPI applications already.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the MPI side of the failure policy (<dtrain/core/failure.hpp>): ending the job with
 // MPI_Abort on the communicator the application trains on. Needs dtrain::mpi.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: whether the MPI library accepts device buffers, asked at run time.
 //
 // A GPU-aware MPI moves device memory itself, so a transport over it may report

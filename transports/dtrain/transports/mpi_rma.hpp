@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the MPI-RMA transport, the one-sided protocol (<dtrain/transports/one_sided/
 // protocol.hpp>) over MPI-3 one-sided communication on any communicator the application hands
 // in. Needs dtrain::mpi. The same protocol runs over raw verbs (<dtrain/transports/ibverbs.hpp>).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: tensors held in parts over the ranks (the state protocol's tensor_parts: a sharded
 // optimizer state) made ready for a checkpoint write. For rank 0's write they are assembled on
 // rank 0 (assemble_parts): every rank's list of parts reaches every rank at once (allgather where

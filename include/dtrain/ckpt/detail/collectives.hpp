@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what the Checkpointer needs from a communicator, and the few compound steps it builds
 // from the communicator's own collectives (broadcast, allreduce, and allgather where the
 // communicator has it): byte strings, error agreement, structure agreement, gathering entries.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: a run of consecutive elements of a row-major array as rectangular blocks. A sharded
 // optimizer state holds each tensor in parts (runs of elements in row-major order); a parallel
 // write selects a rank's parts in the whole tensor's dataset as the union of these blocks. Pure.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the POSIX file operations that make a checkpoint durable and its publication atomic.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the in-memory form of a checkpoint (entries with paths, shapes, scalars, checksums),
 // the visitors that build it from objects and apply it back, and a byte encoding used to move
 // it between ranks. No file format here: see <dtrain/ckpt/hdf5.hpp>.

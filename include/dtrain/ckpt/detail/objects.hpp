@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the objects a checkpoint is made of: checking their top-level names and collecting
 // their state into manifest entries.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the restore path. The file has been verified (by rank 0, or by every rank for its
 // share: restore_distributed.hpp); this distributes its content: metadata to every rank, a check
 // pass on every rank (nothing is modified until all agree that the objects match the file), then

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the distributed restore's plan and verification. Every rank reads a share of the
 // checkpoint: each tensor is cut into up to p runs of elements (row-major order) of at least
 // ckpt_run_bytes(), and the runs go to the ranks with the fewest bytes so far (per-rank state to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: one checkpoint save as the write strategies receive it: the manifest's metadata, the
 // entries to store and where the file goes.
 #pragma once

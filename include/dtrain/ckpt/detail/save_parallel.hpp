@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the parallel write strategies. Every rank creates the same objects in one MPI-IO file;
 // rank r writes its own per-rank state and its own parts of tensors held in parts, and the other
 // replicated tensors are written by rank 0 (parallel_rank0) or as disjoint axis-0 slices by every

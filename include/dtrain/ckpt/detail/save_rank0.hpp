@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the rank0 write strategy. Per-rank state is gathered to rank 0, which writes the whole
 // file alone with the format's serial writer, either now (the other ranks compute the
 // checksums meanwhile) or from a host snapshot on a background thread (async).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the host snapshot of a checkpoint's tensors (asynchronous saves write from it while
 // training goes on), and the checksums of replicated tensors computed in parallel over the ranks.
 #pragma once

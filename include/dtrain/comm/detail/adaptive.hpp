@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the schedule by which an `automatic` all-reduce plan checks its algorithm while it is
 // used. The calibration prices each algorithm once, at the start of the job; what it measured
 // may not hold later (other jobs on the network or the node, a hypervisor that moves the cores,

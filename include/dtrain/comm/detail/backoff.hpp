@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the one way every polling wait in the communication layer gives the core away.
 //
 // A wait that polls (a transport's wait_until, a cancel that waits for a copy in progress) first

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the calibration behind `automatic` all-reduce (Communicator::cost_model). Collective.
 //
 // Three steps; the files named are under calibration/ unless said otherwise:

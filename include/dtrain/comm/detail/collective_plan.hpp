@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: planned collectives. A plan fixes buffers, sizes, algorithm, schedule, scratch memory
 // and channels at construction, so execution allocates nothing.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the state one Communicator shares with its plans.
 #pragma once
 

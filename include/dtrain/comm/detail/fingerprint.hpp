@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: call fingerprints that let ranks detect mismatched collectives instead of hanging.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: waits on a counter in node-shared memory that sleep in the kernel until the writer
 // raises the counter.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what a timed-out wait can say about the rank it waited for, and about itself.
 //
 // A timeout alone cannot tell a stopped or dead peer from a slow one, from a chain of waits that

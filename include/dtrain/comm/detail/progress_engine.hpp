@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: how non-blocking collectives make progress.
 //
 // Each communicator owns one ProgressEngine. With a progress thread (the default when the

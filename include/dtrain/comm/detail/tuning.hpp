@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the tuning file (DTRAIN_TUNING_FILE, CommConfig::tuning_file): a machine's all-reduce
 // calibration, cached so that every job on it starts with the same model and decision table,
 // and so picks the same algorithm per size on every run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: private IDX file access (header parsing, gzip through zlib, memory mapping).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: private layer implementations behind Sequential. Each layer is bound to a slice of the
 // parameter arena and the matching slice of the gradient arena (both exec memory of the model's
 // execution policy); backward accumulates into its gradient slice, so micro-batches add up until

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what the element-wise optimizers (SGD, AdamW) share: construction on a policy, the step
 // count and schedule, the update of a range of the arena, the state arenas (made on first use,
 // sharded, checkpointed). An optimizer is this frame over a rule that says what its state is and

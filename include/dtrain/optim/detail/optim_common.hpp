@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: shared checks and helpers of the optimizers.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the state arenas of an element-wise optimizer (SGD's momentum, AdamW's two moments)
 // over a parameter arena: made (zeros) on first use, whole-sized or, while the state is sharded,
 // of this rank's parts back to back; sharding and unsharding them; and their checkpoint visit,

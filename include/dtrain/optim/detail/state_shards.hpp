@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: an optimizer's state kept for some parts of the parameter arena only (sharded
 // updates): which parts, where each lies in the compact state arenas, and the copies between the
 // compact and the whole-sized layout (the arenas themselves: state_arenas.hpp).

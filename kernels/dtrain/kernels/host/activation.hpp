@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host bias and activation kernels (forward and backward), with serial references.
 #pragma once
 

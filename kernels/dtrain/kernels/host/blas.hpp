@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host GEMM through CBLAS. Needs the dtrain::blas target (it puts <cblas.h> on the include
 // path and links OpenBLAS or another CBLAS); include it only where that target is linked.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: HostBlasExec, the host execution policy with CBLAS for GEMM. Needs dtrain::blas.
 //
 // The BLAS choice is a type (HostExec vs HostBlasExec), not a macro: a model built on

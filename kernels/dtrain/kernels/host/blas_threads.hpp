@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: how many threads the BLAS library of each rank runs, when the user has not said.
 //
 // OpenBLAS left alone starts a thread per CPU in every process. Two ranks on two cores then run

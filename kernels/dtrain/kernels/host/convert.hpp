@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host conversions between f32 and the 16-bit float types (round to nearest even).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host dropout with counter-based masks. Whether element e of sample s is kept at step t
 // is a pure function of (seed, t, s, e), so every rank count and every batch split draws the
 // same mask for the same sample, and backward recomputes the mask instead of storing it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the loop shape of the host kernels' element-wise passes, vectorised at -O2 as at -O3.
 #pragma once
 

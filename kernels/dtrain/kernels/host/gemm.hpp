@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host GEMM without external libraries: a serial reference and a cache-blocked kernel.
 // All row-major: C[m x n] = alpha * op(A) * op(B) + beta * C. CBLAS is a separate declaration,
 // dtrain::blas::gemm in <dtrain/kernels/host/blas.hpp> (needs dtrain::blas); code picks one by type

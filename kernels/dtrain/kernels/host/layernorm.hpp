@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host layer normalisation over the last axis, forward and backward.
 #pragma once
 

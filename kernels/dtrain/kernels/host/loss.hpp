@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host loss kernels: fused softmax cross-entropy and mean squared error.
 #pragma once
 

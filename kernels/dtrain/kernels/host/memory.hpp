@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host fill and copy, the references for the device kernels in
 // <dtrain/kernels/memory.cuh> (and what the host execution policy calls).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host optimizer update kernels (SGD with momentum/Nesterov, AdamW): one-pass fast paths,
 // the scalar order they reproduce bit for bit, and long-double references of the published
 // update equations.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: host element-wise reductions: the one reduction contract of dtrain, shared by the
 // collectives (comm/) and, with the same semantics, by the device kernels (<dtrain/kernels/
 // reduce.cuh>).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the narrow interface under the one-sided protocol (<dtrain/transports/one_sided/
 // protocol.hpp>), and the types it passes. Three backends implement it: loopback RMA (threads of
 // one process), MPI-3 RMA (dynamic windows) and libibverbs (reliable-connected queue pairs).

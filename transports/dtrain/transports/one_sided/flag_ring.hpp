@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: notification rings for backends without immediate data (loopback RMA, MPI RMA). The
 // receiver keeps one ring of 64-bit entries per sender; the sender's n-th notification stores
 // ((n + 1) << 32) | imm into entry n mod ring size, after its data is in place. The protocol's

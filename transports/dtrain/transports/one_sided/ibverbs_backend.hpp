@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the libibverbs backend of the one-sided protocol: a thin adapter, so the logic it runs
 // is the protocol tested over loopback RMA and MPI RMA. One reliable-connected queue pair per
 // peer, one completion queue; bootstrap of QP numbers, PSNs, LID/GID over the application's MPI

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: which RDMA device, port and GID the verbs transport uses. Needs nothing but the C++
 // library (no libibverbs), so the environment reading is checked on any machine.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the loopback RMA backend of the one-sided protocol: ranks are threads of one process,
 // a write is a memcpy into the target's registered memory followed by an atomic store into its
 // notification ring. Writes are checked against the target's registrations (address, length,

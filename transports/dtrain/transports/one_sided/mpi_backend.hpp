@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the MPI-3 RMA backend of the one-sided protocol. One dynamic window over a duplicate
 // of the user's communicator (MPI_Win_create_dynamic), locked for all ranks once (passive
 // target, MPI_MODE_NOCHECK); register_memory attaches ranges peers write into (MPI_Win_attach)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the one-sided protocol, written once over a narrow backend (see backend.hpp), which
 // turns one-sided writes with notifications into the two-sided transport vocabulary every
 // collective uses (transport_traits.hpp).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: broadcast along a binomial tree rooted at the root, pipelined by segments: a rank
 // forwards each segment to its children as soon as it arrived. Channel id: the segment.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what every collective algorithm of a plan works with: the plan's description, its
 // channels (every message it will ever send or receive, fixed at construction), its scratch
 // memory and the reduction of the widened element type.

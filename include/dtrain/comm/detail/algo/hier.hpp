@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the two-level all-reduces over the transport's node grouping (<dtrain/comm/
 // topology.hpp>).
 //

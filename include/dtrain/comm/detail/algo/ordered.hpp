@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the ordered (bitwise reproducible) algorithms. Every element of the result is
 //   ((x_0 (op) x_1) (op) x_2) (op) ... x_{p-1}
 // in the widened element type, whatever the timing, the segment size, the transport or which

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: recursive doubling all-reduce: the whole vector exchanged and reduced in lg p' steps
 // (fewest steps, for latency-bound sizes), with the fold of rhd.hpp for the ranks beyond the
 // largest power of two.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: recursive halving / doubling (Rabenseifner) all-reduce, for any number of ranks. With
 // p' the largest power of two <= p and q = p - p', the first 2q ranks fold pairwise (even sends
 // to odd, odd reduces), the p' remaining ranks run recursive halving (reduce-scatter) then

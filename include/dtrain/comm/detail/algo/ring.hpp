@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the ring algorithms. All-reduce is a reduce-scatter then an all-gather around the ring
 // r -> r+1, 2(p-1) steps; reduce_scatter and allgather are its two halves. Each block is cut into
 // segments; a segment is reduced as soon as it arrives and forwarded at once, so the reduction of

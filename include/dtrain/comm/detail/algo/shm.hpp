@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the shm all-reduce, a reduce-scatter + all-gather through node-shared segments.
 // The vector goes through in chunks of one slot. For chunk g (numbered across collectives, so
 // the counters only grow) in slot s = g % slots, every rank copies into its own slot the parts

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: reduce_scatter and allgather on one node, read in place from the node-shared heaps.
 //
 // Where every rank's input and output lie in its heap (Communicator::shared_allocator), a call

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the pipelined double binary tree all-reduce. Tree 0 is an in-order binary tree over
 // positions 1..p-1 (node x with lowest set bit b has children x-b/2 and x+b/2, or the next smaller
 // offset that exists) hung below position 0; odd positions are its leaves. Tree 1 maps positions

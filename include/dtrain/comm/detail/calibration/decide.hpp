@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what the calibration DECIDES, given what it measured. Pure functions of agreed
 // inputs, so every rank computes the same table; nothing here times, allocates a buffer or
 // talks to a transport.

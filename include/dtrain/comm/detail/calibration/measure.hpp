@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: what the calibration MEASURES for the cost model, and the fit (CostModel's terms).
 //
 // Every quantity is measured once per round, one after the other, for kRounds rounds, with a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the calibration's probes, what it MEASURES to check the model's table: every available
 // algorithm timed at 4 KiB to 4 MiB, a factor 4 apart (decide.hpp judges the outcome).
 //

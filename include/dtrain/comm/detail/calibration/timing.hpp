@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the calibration's instruments, shared by its two measurements (measure.hpp: the cost
 // model's terms; probes.hpp: the algorithms timed at a few sizes).
 //
