@@ -21,7 +21,9 @@ dtrain_add_unit_test(NAME unit_comm_env IN test_comm
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_env_test.cpp
   LINK dtrain::loopback
   TIMEOUT 60)
-dtrain_add_unit_test(NAME unit_comm_noalloc IN test_comm
+# Its own executable: the test replaces the global operator new and delete to count allocations,
+# which would apply to every test linked with it.
+dtrain_add_unit_test(NAME unit_comm_noalloc
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/comm_noalloc_test.cpp
   LINK dtrain::loopback
   TIMEOUT 60)
