@@ -3,6 +3,8 @@
 // configuration is passed explicitly.
 #include <doctest/doctest.h>
 
+#include "support/messages.hpp"
+
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,17 +29,8 @@ struct ScopedEnv {
   const char* name_;
 };
 
-// The message of the InvalidArgument `f` throws ("" when it throws nothing).
-template <class F>
-std::string invalid(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+using test::contains;
+using test::invalid_argument_text;
 }  // namespace
 
 TEST_CASE("booleans: exactly 0 1 true false on off yes no") {
@@ -45,9 +38,9 @@ TEST_CASE("booleans: exactly 0 1 true false on off yes no") {
   for (const char* f : {"0", "false", "off", "no"}) CHECK(!env::parse_bool("V", f));
   for (const char* bad : {"2", "True", "enable", " 1", "1 ", "y", "-1"}) {
     CAPTURE(bad);
-    const std::string m = invalid([&] { env::parse_bool("DTRAIN_X", bad); });
-    CHECK(has(m, "DTRAIN_X"));
-    CHECK(has(m, "0 1 true false on off yes no"));
+    const std::string m = invalid_argument_text([&] { env::parse_bool("DTRAIN_X", bad); });
+    CHECK(contains(m, "DTRAIN_X"));
+    CHECK(contains(m, "0 1 true false on off yes no"));
   }
 }
 
@@ -56,11 +49,16 @@ TEST_CASE("numbers must be whole, plain, finite and in range") {
   CHECK(env::parse_int("V", "-3", -5, 5) == -3);
   CHECK(env::parse_double("V", "2.5e-3", 0, 1) == 2.5e-3);
   for (const char* bad : {"64abc", "1e3", " 64", "0x40", "", "+", "101", "99999999999999999999"})
-    CHECK(has(invalid([&] { env::parse_int("DTRAIN_N", bad, 1, 100); }), "DTRAIN_N"));
+    CHECK(contains(invalid_argument_text([&] { env::parse_int("DTRAIN_N", bad, 1, 100); }),
+                   "DTRAIN_N"));
   for (const char* bad : {"abc", "1.5x", "inf", "nan", "0x1p3", "2", "-0.5"})
-    CHECK(has(invalid([&] { env::parse_double("DTRAIN_D", bad, 0, 1); }), "[0, 1]"));
+    CHECK(contains(invalid_argument_text([&] { env::parse_double("DTRAIN_D", bad, 0, 1); }),
+                   "[0, 1]"));
   CHECK(env::parse_choice("V", "b", {"a", "b"}) == 1);
-  CHECK(has(invalid([&] { env::parse_choice("DTRAIN_C", "B", {"a", "b"}); }), "one of: a b"));
+  CHECK(contains(invalid_argument_text([&] {
+                   env::parse_choice("DTRAIN_C", "B", {"a", "b"});
+                 }),
+                 "one of: a b"));
 }
 
 TEST_CASE("unset or empty keeps the default") {
@@ -114,7 +112,7 @@ TEST_CASE("CommConfig::from_env is strict and names the variable") {
     CAPTURE(b.name);
     CAPTURE(b.value);
     ScopedEnv e(b.name, b.value);
-    CHECK(has(invalid([] { CommConfig::from_env(); }), b.name));
+    CHECK(contains(invalid_argument_text([] { CommConfig::from_env(); }), b.name));
   }
 }
 
@@ -145,12 +143,13 @@ TEST_CASE("shared-segment sizing and the log level are strict too") {
                              {"DTRAIN_SHM_HEAP_MIB", "64k"},
                              {"DTRAIN_SHM_SLOT_BYTES", "16"}}) {
     ScopedEnv e(name, value);
-    CHECK(has(invalid([] { SharedSegmentConfig::from_env(); }), name));
-    CHECK(has(invalid([] { LoopbackWorld w(2); }), name));
+    CHECK(contains(invalid_argument_text([] { SharedSegmentConfig::from_env(); }), name));
+    CHECK(contains(invalid_argument_text([] { LoopbackWorld w(2); }), name));
   }
   {
     ScopedEnv e("DTRAIN_LOG_LEVEL", "loud");
-    CHECK(has(invalid([] { detail::log_level_from_env(); }), "DTRAIN_LOG_LEVEL"));
+    CHECK(
+        contains(invalid_argument_text([] { detail::log_level_from_env(); }), "DTRAIN_LOG_LEVEL"));
   }
   ScopedEnv e("DTRAIN_LOG_LEVEL", "warning");
   CHECK(detail::log_level_from_env() == static_cast<int>(LogLevel::warn));
@@ -166,7 +165,8 @@ TEST_CASE("an explicit configuration reads no environment; the one-argument form
   CommConfig c;
   Communicator<LoopbackTransport> explicit_config(t, c);
   CHECK(explicit_config.config().check_fingerprints);
-  CHECK(has(invalid([&] { Communicator<LoopbackTransport> from_env(t); }), "DTRAIN_COMM_CHECK"));
+  CHECK(contains(invalid_argument_text([&] { Communicator<LoopbackTransport> from_env(t); }),
+                 "DTRAIN_COMM_CHECK"));
 }
 
 TEST_CASE("DTRAIN_EXEC_TIMEOUT_S: read strictly, once per process") {
@@ -191,8 +191,8 @@ TEST_CASE("DTRAIN_EXEC_TIMEOUT_S: read strictly, once per process") {
   for (const char* bad : {"abc", "10s", "0", "-5", "nan"}) {
     CAPTURE(std::string(bad));
     CHECK(in_child(bad, [] {
-            const std::string m = invalid([] { exec_timeout_s(); });
-            return has(m, "DTRAIN_EXEC_TIMEOUT_S") ? 0 : 1;
+            const std::string m = invalid_argument_text([] { exec_timeout_s(); });
+            return contains(m, "DTRAIN_EXEC_TIMEOUT_S") ? 0 : 1;
           }) == 0);
   }
 }
@@ -215,11 +215,13 @@ TEST_CASE("the verbs device choice: read strictly from DTRAIN_IB_*, in one place
   for (const char* bad : {"0", "256", "1x", "one", "-1"}) {
     CAPTURE(std::string(bad));
     ScopedEnv port("DTRAIN_IB_PORT", bad);
-    CHECK(has(invalid([] { IbverbsDeviceConfig::from_env(); }), "DTRAIN_IB_PORT"));
+    CHECK(
+        contains(invalid_argument_text([] { IbverbsDeviceConfig::from_env(); }), "DTRAIN_IB_PORT"));
   }
   for (const char* bad : {"-1", "65536", "3.5"}) {
     CAPTURE(std::string(bad));
     ScopedEnv gid("DTRAIN_IB_GID_INDEX", bad);
-    CHECK(has(invalid([] { IbverbsDeviceConfig::from_env(); }), "DTRAIN_IB_GID_INDEX"));
+    CHECK(contains(invalid_argument_text([] { IbverbsDeviceConfig::from_env(); }),
+                   "DTRAIN_IB_GID_INDEX"));
   }
 }

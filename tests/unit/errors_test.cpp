@@ -6,22 +6,14 @@
 #include <dtrain/data/distributed_sampler.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+#include "support/messages.hpp"
+
 #include <string>
 #include <vector>
 
 using namespace dtrain;
 
-namespace {
-template <class F>
-std::string invalid_argument_text(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "(no InvalidArgument thrown)";
-}
-}  // namespace
+using test::invalid_argument_text;
 
 TEST_CASE("wrong calls name the rank and the operation") {
   constexpr int p = 3;

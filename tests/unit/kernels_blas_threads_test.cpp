@@ -23,6 +23,8 @@
 #include <dtrain/core/log.hpp>
 #include <dtrain/kernels/host/blas_exec.hpp>
 
+#include "support/messages.hpp"
+
 // Where OpenBLAS is linked: 0 single-threaded build, 1 pthreads, 2 OpenMP (weak: null otherwise).
 extern "C" int openblas_get_parallel(void) __attribute__((weak));
 extern char** environ;
@@ -55,16 +57,8 @@ ThreadInputs inputs(int mask, int online, int node_ranks, int requested = 0,
   return in;
 }
 
-template <class F>
-std::string invalid(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(const std::string& s, const char* part) { return s.find(part) != std::string::npos; }
+using dtrain::test::contains;
+using dtrain::test::invalid_argument_text;
 
 // A variable the choice reads (or the log level): left out of a child's environment.
 bool read_by_choice(const std::string& name) {
@@ -139,7 +133,7 @@ ChildResult run_case(const char* name, const std::map<std::string, std::string>&
 int count_lines(const std::string& text, const char* part) {
   std::istringstream in(text);
   int n = 0;
-  for (std::string line; std::getline(in, line);) n += has(line, part) ? 1 : 0;
+  for (std::string line; std::getline(in, line);) n += contains(line, part) ? 1 : 0;
   return n;
 }
 
@@ -185,26 +179,26 @@ TEST_CASE("choose_threads: the affinity mask shared by the node's ranks, at leas
   CHECK(blas::choose_threads(inputs(8, 8, 1)).threads == 8);
   CHECK(blas::choose_threads(inputs(8, 8, 1)).rule == ThreadRule::only_rank);
   CHECK(blas::choose_threads(inputs(8, 8, 0)).threads == 8);
-  CHECK(has(blas::choose_threads(inputs(8, 8, 0)).why, "no launcher variable"));
+  CHECK(contains(blas::choose_threads(inputs(8, 8, 0)).why, "no launcher variable"));
   // A mask narrower than the online CPUs is this rank's own share (srun --cpu-bind) ...
   CHECK(blas::choose_threads(inputs(4, 64, 16)).threads == 4);
   CHECK(blas::choose_threads(inputs(4, 64, 16)).rule == ThreadRule::bound_mask);
   CHECK(blas::choose_threads(inputs(4, 64, 0)).threads == 4);
   CHECK(blas::choose_threads(inputs(8, 64, 2)).threads == 8);
   CHECK(blas::choose_threads(inputs(1, 2, 2)).threads == 1);
-  CHECK(has(blas::choose_threads(inputs(4, 64, 16)).why, "holds 4 of the 64 online CPUs"));
+  CHECK(contains(blas::choose_threads(inputs(4, 64, 16)).why, "holds 4 of the 64 online CPUs"));
   // ... but never more than the node's CPUs over its ranks: 16 ranks bound to the 32 CPUs of
   // their package on a 64-CPU node (Open MPI's binding for more than two ranks) get 4 each.
   CHECK(blas::choose_threads(inputs(32, 64, 16)).threads == 4);
   CHECK(blas::choose_threads(inputs(32, 64, 16)).rule == ThreadRule::bound_mask);
-  CHECK(has(blas::choose_threads(inputs(32, 64, 16)).why, "leave each 4"));
+  CHECK(contains(blas::choose_threads(inputs(32, 64, 16)).why, "leave each 4"));
   CHECK(blas::choose_threads(inputs(3, 4, 8)).threads == 1);
   // Degenerate inputs (a mask that could not be read) still give at least one thread.
   CHECK(blas::choose_threads(inputs(0, 0, 0)).threads == 1);
   // The reason names the inputs.
   const auto c = blas::choose_threads(inputs(2, 2, 2));
-  CHECK(has(c.why, "2 CPUs"));
-  CHECK(has(c.why, "MPI_LOCALNRANKS=2"));
+  CHECK(contains(c.why, "2 CPUs"));
+  CHECK(contains(c.why, "MPI_LOCALNRANKS=2"));
 }
 
 TEST_CASE("choose_threads: an explicit count wins; the library's own variable is left alone") {
@@ -212,7 +206,7 @@ TEST_CASE("choose_threads: an explicit count wins; the library's own variable is
   auto r = blas::choose_threads(inputs(2, 2, 2, 3, "OPENBLAS_NUM_THREADS"));
   CHECK(r.threads == 3);
   CHECK(r.rule == ThreadRule::requested);
-  CHECK(has(r.why, "DTRAIN_BLAS_THREADS=3"));
+  CHECK(contains(r.why, "DTRAIN_BLAS_THREADS=3"));
   CHECK(blas::choose_threads(inputs(4, 64, 16, 7)).threads == 7);
   // OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS set: 0, nothing is changed.
   for (const char* v : blas::library_thread_variables) {
@@ -220,7 +214,7 @@ TEST_CASE("choose_threads: an explicit count wins; the library's own variable is
     r = blas::choose_threads(inputs(2, 2, 2, 0, v));
     CHECK(r.threads == 0);
     CHECK(r.rule == ThreadRule::library_variable);
-    CHECK(has(r.why, v));
+    CHECK(contains(r.why, v));
   }
   // Through the environment: every variable set, DTRAIN_BLAS_THREADS decides.
   const auto in = blas::thread_inputs(fake_env({{"DTRAIN_BLAS_THREADS", "3"},
@@ -243,15 +237,15 @@ TEST_CASE("DTRAIN_BLAS_THREADS: a whole number in 1..4096, or an error naming it
   CHECK(blas::requested_threads(fake_env({{"DTRAIN_BLAS_THREADS", "4096"}})) == 4096);
   for (const char* bad : {"0", "-1", "4097", "2x", " 2", "2 ", "0x2", "1.5", "auto", "+"}) {
     CAPTURE(std::string(bad));
-    const std::string m = invalid([&] {
+    const std::string m = invalid_argument_text([&] {
       blas::requested_threads(fake_env({{"DTRAIN_BLAS_THREADS", bad}}));
     });
-    CHECK(has(m, "DTRAIN_BLAS_THREADS"));
-    CHECK(has(m, "an integer in [1, 4096]"));
-    CHECK(has(invalid([&] {
-                blas::thread_inputs(fake_env({{"DTRAIN_BLAS_THREADS", bad}}));
-              }),
-              "DTRAIN_BLAS_THREADS"));
+    CHECK(contains(m, "DTRAIN_BLAS_THREADS"));
+    CHECK(contains(m, "an integer in [1, 4096]"));
+    CHECK(contains(invalid_argument_text([&] {
+                     blas::thread_inputs(fake_env({{"DTRAIN_BLAS_THREADS", bad}}));
+                   }),
+                   "DTRAIN_BLAS_THREADS"));
   }
 }
 
@@ -389,8 +383,8 @@ TEST_CASE("blas_threads child: the library's variable is kept" * doctest::skip()
 TEST_CASE("blas_threads child: a malformed DTRAIN_BLAS_THREADS" * doctest::skip()) {
   const int before = blas::library_threads();
   for (int i = 0; i < 2; ++i)  // not kept as a failed setting: every call reports it
-    CHECK(has(invalid([] { HostBlasExec exec; }), "DTRAIN_BLAS_THREADS='two'"));
-  CHECK(has(invalid([] { gemm_ok(); }), "DTRAIN_BLAS_THREADS"));
+    CHECK(contains(invalid_argument_text([] { HostBlasExec exec; }), "DTRAIN_BLAS_THREADS='two'"));
+  CHECK(contains(invalid_argument_text([] { gemm_ok(); }), "DTRAIN_BLAS_THREADS"));
   CHECK(blas::library_threads() == before);
 }
 
@@ -404,12 +398,12 @@ TEST_CASE("configure_threads: nothing set, two ranks on the node: set once, said
                            {{"MPI_LOCALNRANKS", "2"}, {"PMI_RANK", "0"}});
   CHECK(r0.code == 0);
   CHECK(count_lines(r0.log, "BLAS threads") == 1);
-  CHECK(has(r0.log, "dtrain[rank 0] info: BLAS threads: "));
+  CHECK(contains(r0.log, "dtrain[rank 0] info: BLAS threads: "));
   // The reason: the mask shared by the two ranks, or the mask alone where this test runs bound
   // to fewer CPUs than the machine has (taskset).
   const auto want = expected_for_two_ranks();
-  CHECK(has(r0.log, want.why.c_str()));
-  if (want.rule == ThreadRule::shared_mask) CHECK(has(r0.log, "MPI_LOCALNRANKS=2"));
+  CHECK(contains(r0.log, want.why.c_str()));
+  if (want.rule == ThreadRule::shared_mask) CHECK(contains(r0.log, "MPI_LOCALNRANKS=2"));
   MESSAGE(r0.log);
   // Rank 1 applies the same count, and logs only at debug level.
   const auto r1 = run_case("blas_threads child: two ranks on the node",
@@ -428,7 +422,7 @@ TEST_CASE("configure_threads: DTRAIN_BLAS_THREADS wins, the library's variable i
       {{"DTRAIN_BLAS_THREADS", "3"}, {"OPENBLAS_NUM_THREADS", "1"}, {"MPI_LOCALNRANKS", "2"}});
   CHECK(explicit_count.code == 0);
   CHECK(count_lines(explicit_count.log, "BLAS threads") == 1);
-  CHECK(has(explicit_count.log, "DTRAIN_BLAS_THREADS=3"));
+  CHECK(contains(explicit_count.log, "DTRAIN_BLAS_THREADS=3"));
   // OPENBLAS_NUM_THREADS set: dtrain changes nothing and says so only at debug level.
   const auto left = run_case("blas_threads child: the library's variable is kept",
                              {{"OPENBLAS_NUM_THREADS", "1"}, {"MPI_LOCALNRANKS", "2"}});
