@@ -20,7 +20,15 @@ dtrain_add_benchmark(NAME kernels_bench SOURCES ${CMAKE_CURRENT_LIST_DIR}/kernel
 
 include("${PROJECT_SOURCE_DIR}/cmake/dtrain_gpu.cmake")
 foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
+  # DTRAIN_BENCHMARK_OPT (cmake/dtrain_testing.cmake) reaches nvcc's host compiler; hipcc's
+  # host and device code.
+  set(_kb_opt "")
+  if(DTRAIN_BENCHMARK_OPT AND _dialect STREQUAL "cuda")
+    set(_kb_opt "-Xcompiler=${DTRAIN_BENCHMARK_OPT}")
+  elseif(DTRAIN_BENCHMARK_OPT)
+    set(_kb_opt ${DTRAIN_BENCHMARK_OPT})
+  endif()
   dtrain_add_gpu_executable(NAME kernels_bench_${_dialect}
     SOURCE "${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cpp" DIALECT ${_dialect}
-    DEFINES ${_kb_defs} INCLUDES ${_kb_incs} HOST_LIBS ${_kb_libs})
+    DEFINES ${_kb_defs} INCLUDES ${_kb_incs} HOST_LIBS ${_kb_libs} FLAGS ${_kb_opt})
 endforeach()

@@ -41,12 +41,14 @@ endif()
 set(DTRAIN_DEFAULT_TEST_TIMEOUT 300)
 
 # The test executables of protocols, files and transports (communication, checkpoints, data,
-# errors, faults, MPI tests) compile at DTRAIN_TEST_OPT, placed after the build type's flags so
-# that it wins: they check what the code does, not how fast, and -O1 compiles them in about half
-# of -O3's time (tests/unit/comm_transport_test.cpp with GCC 12: 23 s against 41 s), which is
-# most of the build. The numeric tests (host kernels, model, optimizers: registered with
-# OPTIMIZED) keep the build type's optimisation, since they check vectorised lanes against scalar
-# references as users compile them; so do examples, benchmarks and the programs tests run.
+# errors, faults, MPI tests), and the programs such tests run (the fault trainer, the checkpoint
+# writers, the fuzz replays, the verbs, finalize and funneled-RMA tests with mains of their own),
+# compile at DTRAIN_TEST_OPT, placed after the build type's flags so that it wins: they check
+# what the code does, not how fast, and -O1 compiles them in about half of -O3's time
+# (tests/unit/comm_transport_test.cpp with GCC 12: 23 s against 41 s), which is most of the
+# build. The numeric tests (host kernels, model, optimizers: registered with OPTIMIZED) keep the
+# build type's optimisation, since they check vectorised lanes against scalar references as users
+# compile them; so do examples and benchmarks.
 set(DTRAIN_TEST_OPT "-O1" CACHE STRING
     "optimisation flag of protocol test executables (empty: the build type's own)")
 
@@ -67,6 +69,23 @@ endfunction()
 option(DTRAIN_TEST_UNITY "Compile each test binary's sources in unity batches" ON)
 set(DTRAIN_TEST_UNITY_BATCH 6 CACHE STRING "test source files per unity translation unit")
 
+# Test files the test binaries compile (names such as comm_allreduce_test.cpp), for a build that
+# runs only some of them (the ThreadSanitizer stage of .ci/run runs a few files' cases under TSan
+# and compiles no others); empty: all. A CTest of a left-out file fails (it selects no test case).
+set(DTRAIN_TEST_SOURCES "" CACHE STRING "test files of the test binaries to compile (empty: all)")
+
+# _dtrain_test_sources(out sources...): those of the sources that DTRAIN_TEST_SOURCES keeps.
+function(_dtrain_test_sources out)
+  set(_kept)
+  foreach(_s IN LISTS ARGN)
+    get_filename_component(_n "${_s}" NAME)
+    if(NOT DTRAIN_TEST_SOURCES OR _n IN_LIST DTRAIN_TEST_SOURCES)
+      list(APPEND _kept "${_s}")
+    endif()
+  endforeach()
+  set(${out} "${_kept}" PARENT_SCOPE)
+endfunction()
+
 # _dtrain_test_binary(bin MPI|UNIT OPTIMIZED) creates the shared binary on first use; later uses
 # must agree on the kind and the optimisation.
 function(_dtrain_test_binary bin kind optimized)
@@ -80,6 +99,12 @@ function(_dtrain_test_binary bin kind optimized)
     return()
   endif()
   add_executable(${bin})
+  if(DTRAIN_TEST_SOURCES)
+    # A binary whose files are all left out still links (doctest's main alone).
+    set(_empty "${PROJECT_BINARY_DIR}/dtrain_test_sources_left_out.cpp")
+    file(CONFIGURE OUTPUT "${_empty}" CONTENT "// DTRAIN_TEST_SOURCES left this binary's files out.\n")
+    target_sources(${bin} PRIVATE "${_empty}")
+  endif()
   if(kind STREQUAL "MPI")
     target_link_libraries(${bin} PRIVATE dtrain_test_mpi_main dtrain::mpi)
   else()
@@ -114,7 +139,8 @@ function(dtrain_add_unit_test)
   endif()
   if(A_IN)
     _dtrain_test_binary(${A_IN} UNIT ${A_OPTIMIZED})
-    target_sources(${A_IN} PRIVATE ${A_SOURCES})
+    _dtrain_test_sources(_kept ${A_SOURCES})
+    target_sources(${A_IN} PRIVATE ${_kept})
     target_link_libraries(${A_IN} PRIVATE ${A_LINK})
     _dtrain_source_filter(_filter ${A_SOURCES})
     add_test(NAME ${A_NAME} COMMAND ${A_IN} ${_filter} ${A_ARGS})
@@ -148,7 +174,8 @@ function(dtrain_add_mpi_test)
   endif()
   if(A_IN)
     _dtrain_test_binary(${A_IN} MPI FALSE)
-    target_sources(${A_IN} PRIVATE ${A_SOURCES})
+    _dtrain_test_sources(_kept ${A_SOURCES})
+    target_sources(${A_IN} PRIVATE ${_kept})
     target_link_libraries(${A_IN} PRIVATE ${A_LINK})
     _dtrain_source_filter(_filter ${A_SOURCES})
     set(_bin ${A_IN})
@@ -169,11 +196,21 @@ function(dtrain_add_mpi_test)
   endforeach()
 endfunction()
 
+# The benchmarks' optimisation flag, placed after the build type's (empty: the build type's own).
+# Only for a build that checks that they compile and never measures with them: .ci/run builds
+# them at -O0 (scripts/test takes it from the environment variable of the same name, so a later
+# plain scripts/test builds them as users measure again).
+set(DTRAIN_BENCHMARK_OPT "" CACHE STRING
+    "optimisation flag of the benchmark executables (empty: the build type's own; not for measuring)")
+
 # dtrain_add_benchmark(NAME n SOURCES ... [LINK ...])
 function(dtrain_add_benchmark)
   cmake_parse_arguments(A "" "NAME" "SOURCES;LINK" ${ARGN})
   add_executable(${A_NAME} ${A_SOURCES})
   target_link_libraries(${A_NAME} PRIVATE dtrain::core dtrain_project_flags ${A_LINK})
+  if(DTRAIN_BENCHMARK_OPT AND CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${A_NAME} PRIVATE ${DTRAIN_BENCHMARK_OPT})
+  endif()
   set_target_properties(${A_NAME} PROPERTIES RUNTIME_OUTPUT_DIRECTORY "${PROJECT_BINARY_DIR}/benchmarks")
 endfunction()
 

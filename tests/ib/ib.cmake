@@ -6,6 +6,7 @@ if(DTRAIN_HAVE_IBVERBS AND DTRAIN_HAVE_MPI)
   target_link_libraries(ib_transport_test PRIVATE doctest::doctest dtrain::ibverbs dtrain::mpi
     dtrain_project_flags)
   target_include_directories(ib_transport_test PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  _dtrain_protocol_test_flags(ib_transport_test)
   foreach(np 2 4)
     add_test(NAME ib_transport_test_np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} ${MPIEXEC_PREFLAGS}

@@ -8,6 +8,7 @@ if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)
   target_link_libraries(fault_trainer PRIVATE dtrain::core dtrain::mpi dtrain::hdf5
                         dtrain_project_flags)
   target_include_directories(fault_trainer PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  _dtrain_protocol_test_flags(fault_trainer)
   find_package(Python3 COMPONENTS Interpreter)
   if(Python3_Interpreter_FOUND)
     foreach(_case throw throw_propagate throw_propagate_noshm diskfull kill stop mismatch)

@@ -4,6 +4,7 @@
 if(DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)
   add_executable(mpi_finalize ${CMAKE_CURRENT_LIST_DIR}/finalize_test.cpp)
   target_link_libraries(mpi_finalize PRIVATE dtrain::mpi dtrain_project_flags)
+  _dtrain_protocol_test_flags(mpi_finalize)
   foreach(mode healthy failing unfinished)
     add_test(NAME mpi_finalize_${mode}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}

@@ -11,6 +11,7 @@ dtrain_add_mpi_test(NAME mpi_rma_deadline IN test_mpi
 if(DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)
   add_executable(mpi_rma_funneled ${CMAKE_CURRENT_LIST_DIR}/rma_funneled_test.cpp)
   target_link_libraries(mpi_rma_funneled PRIVATE dtrain::mpi dtrain_project_flags)
+  _dtrain_protocol_test_flags(mpi_rma_funneled)
   add_test(NAME mpi_rma_funneled_np2
     COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 ${MPIEXEC_PREFLAGS}
             $<TARGET_FILE:mpi_rma_funneled> ${MPIEXEC_POSTFLAGS})

@@ -25,6 +25,7 @@ if(DTRAIN_HAVE_HDF5)
   add_executable(ckpt_kill_writer ${_ckpt_helpers}/kill_writer.cpp)
   target_link_libraries(ckpt_kill_writer PRIVATE dtrain::core dtrain::hdf5 dtrain_project_flags)
   target_include_directories(ckpt_kill_writer PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  _dtrain_protocol_test_flags(ckpt_kill_writer)
   dtrain_add_unit_test(NAME ckpt_kill_test IN test_ckpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_kill.cpp
     LINK dtrain::hdf5 TIMEOUT 180)
   target_compile_definitions(test_ckpt PRIVATE
@@ -34,6 +35,7 @@ if(DTRAIN_HAVE_HDF5)
   add_executable(ckpt_make_sample ${_ckpt_helpers}/make_sample.cpp)
   target_link_libraries(ckpt_make_sample PRIVATE dtrain::core dtrain::hdf5 dtrain_project_flags)
   target_include_directories(ckpt_make_sample PRIVATE "${PROJECT_SOURCE_DIR}/tests")
+  _dtrain_protocol_test_flags(ckpt_make_sample)
   find_program(DTRAIN_H5DUMP h5dump)
   if(DTRAIN_H5DUMP)
     add_test(NAME ckpt_schema_h5dump
