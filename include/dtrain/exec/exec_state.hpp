@@ -49,15 +49,22 @@ class StateMirror {
   template <class V>
   void visit(Exec& exec, V& v, const std::string& name, const Tensor& arena, std::size_t offset,
              std::size_t count, Shape shape) {
-    const BufferView view = arena.view().slice(offset, count);
+    visit(exec, v, name, arena.view(), offset, count, std::move(shape));
+  }
+  /// Same for an arena the owner does not hold as a Tensor (memory of the policy's space that
+  /// another owner allocated, such as an application's own parameter buffer).
+  template <class V>
+  void visit(Exec& exec, V& v, const std::string& name, BufferView arena, std::size_t offset,
+             std::size_t count, Shape shape) {
+    const BufferView view = arena.slice(offset, count);
     if constexpr (Exec::space == Space::host) {
       v.tensor(name, view, std::move(shape));
     } else if constexpr (detail::visitor_takes_exec_tensors<V>::value) {
       v.tensor(name, view, std::move(shape), ExecCopier::of(exec));
     } else {
-      if (host_.size() != arena.size() || host_.dtype() != arena.dtype())
+      if (host_.size() != arena.count || host_.dtype() != arena.dtype)
         host_ =
-            Tensor({static_cast<std::int64_t>(arena.size())}, arena.dtype(), exec.host_allocator());
+            Tensor({static_cast<std::int64_t>(arena.count)}, arena.dtype, exec.host_allocator());
       const BufferView mirror = host_.view().slice(offset, count);
       const auto s = exec.compute_stream();
       const bool loading = v.loading();

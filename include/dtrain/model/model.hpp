@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dtrain: umbrella for the model headers (layers, losses, metrics, Sequential).
+// dtrain: umbrella for the model headers (layers, losses, metrics, Sequential, ParameterSet).
 #pragma once
 
 #include <dtrain/model/layers.hpp>
 #include <dtrain/model/loss.hpp>
 #include <dtrain/model/metrics.hpp>
+#include <dtrain/model/parameter_set.hpp>
 #include <dtrain/model/sequential.hpp>
