@@ -22,12 +22,13 @@ function(final_state text out_var)
   set(${out_var} "${line}" PARENT_SCOPE)
 endfunction()
 
-# 1. Uninterrupted: the example checks the solver, the error bound and the rollout itself.
+# 1. Uninterrupted: the example checks the solver, the falling error and the rollout (CNN better
+# than the MLP) itself.
 insitu_run(full out --run-dir "${WORK}/full")
 final_state("${out}" full_state)
 foreach(expect "Fourier mode after 50 steps, max error [^ ]+ against the exact discrete decay \\(ok\\)"
-               "\\(conserved\\)" "held-out error: first [^ ]+, final [^ ]+, bound [^ ]+ \\(ok\\)"
-               "rollout: .*\\(bound [^ ]+, ok\\)" "replicas bit-identical")
+               "\\(conserved\\)" "CNN error on fresh snapshots: first [^ ]+, final [^ ]+ \\(ok\\)"
+               "rollout: .*CNN [^ ]+, MLP [^ ]+ \\(CNN better, bound [^ ]+: ok\\)" "replicas bit-identical")
   if(NOT out MATCHES "${expect}")
     message(FATAL_ERROR "insitu: the uninterrupted run does not report '${expect}'")
   endif()
@@ -88,7 +89,7 @@ foreach(l IN LISTS lines)
   if(path MATCHES "/sim/u$")
     set(saw_field ON)
   endif()
-  if(path MATCHES "^/model/")
+  if(path MATCHES "^/cnn/")
     set(saw_params ON)
   endif()
 endforeach()
