@@ -32,3 +32,10 @@ foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
     SOURCE "${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cpp" DIALECT ${_dialect}
     DEFINES ${_kb_defs} INCLUDES ${_kb_incs} HOST_LIBS ${_kb_libs} FLAGS ${_kb_opt})
 endforeach()
+
+# conv_bench: forward + backward of a convolutional surrogate stack (Conv2d 1 -> 32 -> 32 -> 1,
+# 64 x 64 grid, batch 16) on one BLAS thread, against the measured FMA peak; PyTorch's figure of
+# the same stack comes from benchmarks/compare/conv_torch.py.
+if(DTRAIN_HAVE_BLAS)
+  dtrain_add_benchmark(NAME conv_bench SOURCES ${CMAKE_CURRENT_LIST_DIR}/conv_bench.cpp LINK dtrain::blas)
+endif()

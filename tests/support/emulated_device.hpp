@@ -220,6 +220,27 @@ class EmulatedDevice {
   DTRAIN_EMULATED_KERNEL(scale_avg)
 #undef DTRAIN_EMULATED_KERNEL
 
+  /// A layer's host kernel f(args...) on the stream's worker, pointer arguments translated to
+  /// the emulator's mapping (see <dtrain/exec/launch.hpp>).
+  template <class F, class... A>
+  void host_kernel(stream_type s, const char* name, F f, A... args) {
+    launch(
+        s, name, [f](const HostExec&, auto... a) { f(a...); }, args...);
+  }
+
+  /// A layer's element-wise functor F{args...}(i), i in [0, n), on the stream's worker: the code
+  /// a GPU runs, on translated pointers. Used where host_kernel is not (EmulatedGpu).
+  template <class F, class... A>
+  void for_each_index(stream_type s, const char* name, std::int64_t n, A... args) {
+    launch(
+        s, name,
+        [n](const HostExec&, auto... a) {
+          const F f{a...};
+          for (std::int64_t i = 0; i < n; ++i) f(i);
+        },
+        args...);
+  }
+
   // ---- test hooks ------------------------------------------------------------------------
 
   /// Operations run so far on all streams.
@@ -447,5 +468,15 @@ inline std::vector<unsigned char> bytes_of(BufferView v) {
   const auto* p = static_cast<const unsigned char*>(v.data);
   return std::vector<unsigned char>(p, p + v.bytes());
 }
+
+/// The emulated device without host kernels: layers take the path they take on a GPU (their
+/// element-wise functors through for_each_index) instead of their host functions, so the device
+/// code of a layer is checked on the CPU.
+class EmulatedGpu : public EmulatedDevice {
+ public:
+  using EmulatedDevice::EmulatedDevice;
+  template <class F, class... A>
+  void host_kernel(stream_type, const char*, F, A...) = delete;
+};
 
 }  // namespace dtrain::test

@@ -15,6 +15,11 @@ foreach(_suite model optim sync negative)
   set_tests_properties(unit_exec_emulated_${_suite} PROPERTIES TIMEOUT 120 LABELS "unit"
     SKIP_RETURN_CODE 77 ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115")
 endforeach()
+# Grid layers through the emulated device's host kernels and through the functors a GPU runs.
+dtrain_add_unit_test(NAME unit_exec_emulated_layers IN test_exec
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_emulated_layers_test.cpp
+  LINK ${_dtrain_exec_blas}
+  TIMEOUT 120)
 # Checkpoints of device tensors through the emulated device (HDF5 Checkpointer, loopback ranks).
 if(DTRAIN_HAVE_HDF5)
   dtrain_add_unit_test(NAME unit_exec_emulated_ckpt IN test_exec

@@ -29,6 +29,11 @@ dtrain_add_unit_test(NAME unit_model IN test_numeric
   LINK ${_dtrain_model_blas}
   TIMEOUT 120 OPTIMIZED)
 
+dtrain_add_unit_test(NAME unit_model_layers IN test_numeric
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_layers_test.cpp
+  LINK ${_dtrain_model_blas}
+  TIMEOUT 120 OPTIMIZED)
+
 dtrain_add_unit_test(NAME unit_optim IN test_numeric
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/optim_test.cpp
   LINK ${_dtrain_model_blas}

@@ -375,7 +375,9 @@ TEST_CASE("arenas come from the allocator given; bad models are rejected with a 
     const std::string what = e.what();
     CHECK(what.find("dtrain: rank") == 0);
     CHECK(what.find("Sequential") != std::string::npos);
-    CHECK(what.find("expects 4 features but receives 3") != std::string::npos);
+    CHECK(what.find("layer 1 (linear)") != std::string::npos);
+    CHECK(what.find("expects 4 features but receives samples of shape [3]") != std::string::npos);
+    CHECK(what.find("dtrain: rank", 1) == std::string::npos);  // one prefix, not two
   }
   CHECK_THROWS_AS(Sequential({Relu(), Linear(3, 2)}), InvalidArgument);
   DeviceLikeAllocator dev;

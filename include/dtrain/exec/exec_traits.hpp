@@ -77,6 +77,12 @@
 //     scale_avg(s, BufferView acc, int ranks)                               finishes an avg
 //   Labels are validated on the host before they are uploaded; device kernels never throw.
 //
+//   Optional (see <dtrain/exec/launch.hpp>: how layers bring their own kernels)
+//     host_kernel(s, const char* name, F f, A... args)    runs f(args...) in stream order on the
+//                                                  host (policies whose kernels run on the host)
+//     for_each_index<F>(s, const char* name, int64 n, A... args)   runs F{args...}(i), i < n
+//   A GPU policy has neither: its stream_type is the native stream layers launch kernels on.
+//
 // is_exec_policy_v<E> is true when E has all of the above; detail::check_exec_policy<E>() fires
 // one static_assert per missing member, naming it. Generic entry points call it.
 #pragma once

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include <dtrain/core/reduce_op.hpp>
 #include <dtrain/core/allocator.hpp>
@@ -71,6 +72,11 @@ class HostExec {
   bool wait_until(event_type, const Deadline&) const noexcept { return true; }
   bool synchronize(stream_type, const Deadline&) const noexcept { return true; }
 
+  /// Runs a layer's host kernel f(args...) now (see <dtrain/exec/launch.hpp>).
+  template <class F, class... A>
+  void host_kernel(stream_type, const char*, F&& f, A&&... args) const {
+    std::forward<F>(f)(std::forward<A>(args)...);
+  }
   void copy_h2d(stream_type, void* dst, const void* src, std::size_t bytes) const noexcept {
     copy(dst, src, bytes);
   }

@@ -1,21 +1,43 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dtrain: layer descriptions for Sequential. A description holds only hyper-parameters; the
-// Sequential that receives it builds the layer in its own scalar type and binds it to the
-// parameter arena, so one model description serves float training and float64 gradient checks.
+// dtrain: descriptions of the built-in layers for Sequential. A description holds only
+// hyper-parameters; the Sequential that receives it builds the layer in its own scalar type and
+// binds it to the parameter arena, so one model description serves float training and float64
+// gradient checks. A user's own layer is a Layer<T, Exec> (<dtrain/model/layer.hpp>) whose
+// description has a `make<T, Exec>()`; see Sequential.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 #include <variant>
+#include <vector>
 
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/tensor.hpp>
+#include <dtrain/model/layer.hpp>
 
 namespace dtrain {
 
-/// Weight initialisation. Kaiming (He) scales by fan_in with the ReLU gain; Xavier (Glorot) by
-/// fan_in + fan_out. Biases start at zero.
-enum class Init : unsigned char { kaiming_uniform, kaiming_normal, xavier_uniform, xavier_normal };
+/// The shape of one input sample (no batch axis), as the first entry of a layer list: needed
+/// when the first layer does not fix it (a convolution knows its channels, not the grid), e.g.
+/// Input{1, 64, 64} for one-channel 64 x 64 fields. Without it the first Linear or LayerNorm
+/// fixes a flat input.
+struct Input {
+  Shape shape;
+  Input(std::initializer_list<std::int64_t> dims) : shape(dims) { check(); }
+  explicit Input(Shape dims) : shape(std::move(dims)) { check(); }
 
-/// Fully connected layer y = x W^T + b, W of shape [out_features, in_features], b of [out].
+ private:
+  void check() const {
+    DTRAIN_REQUIRE(!shape.empty(), "Input", "needs at least one axis");
+    for (auto d : shape)
+      DTRAIN_REQUIRE(d > 0, "Input", "axes must be positive, got " << shape_string(shape));
+  }
+};
+
+/// Fully connected layer y = x W^T + b, W of shape [out_features, in_features], b of [out]. An
+/// input sample of any shape with in_features elements is read flat (so a Linear can follow a
+/// convolution directly); the output is [out_features].
 struct Linear {
   std::int64_t in_features = 0;
   std::int64_t out_features = 0;
@@ -55,7 +77,140 @@ struct Dropout {
   }
 };
 
-/// Any layer description Sequential accepts.
-using LayerSpec = std::variant<Linear, Relu, Gelu, Tanh, LayerNorm, Dropout>;
+/// How a convolution fills the border: zeros, or the opposite edge of the grid (periodic domains).
+enum class Padding : unsigned char { zeros, periodic };
+
+/// How a convolution becomes GEMMs. `im2col`: each sample's windows copied into one matrix
+/// [in_channels x kernel cells, output cells], one GEMM against the weights. `shifted` (stride 1
+/// only): the sample copied once onto a padded grid, then one GEMM per kernel cell against a
+/// shifted view of it, so no window matrix is written. `automatic` picks by the rule measured in
+/// benchmarks/conv_bench.cpp (see ConvLayer::uses_shifted).
+enum class ConvLowering : unsigned char { automatic, im2col, shifted };
+
+/// N-dimensional convolution (N = 1, 2, 3) over channels-first samples [in_channels, *grid]: the
+/// same kernel size, stride, padding and dilation on every axis. Weight [out_channels,
+/// in_channels, k, ...], bias [out_channels]. Output extent per axis:
+/// (n + 2 * padding - dilation * (kernel - 1) - 1) / stride + 1. Periodic padding needs
+/// padding <= the axis. Build with Conv1d / Conv2d / Conv3d, e.g.
+/// Conv2d(1, 32, 3).pad(1) or Conv2d(32, 32, 3).periodic(1).with_stride(2).
+struct Conv {
+  int dims = 2;
+  std::int64_t in_channels = 0;
+  std::int64_t out_channels = 0;
+  std::int64_t kernel = 1;
+  std::int64_t stride = 1;
+  std::int64_t padding = 0;
+  std::int64_t dilation = 1;
+  Padding padding_mode = Padding::zeros;
+  Init weight_init = Init::kaiming_uniform;
+  ConvLowering lowering = ConvLowering::automatic;
+  Conv(int n, std::int64_t in, std::int64_t out, std::int64_t k)
+      : dims(n), in_channels(in), out_channels(out), kernel(k) {
+    DTRAIN_REQUIRE(n >= 1 && n <= 3, "Conv", "1, 2 or 3 spatial axes, got " << n);
+    DTRAIN_REQUIRE(in > 0 && out > 0, "Conv",
+                   "channel counts must be positive, got " << in << " -> " << out);
+    DTRAIN_REQUIRE(k > 0, "Conv", "kernel size must be positive, got " << k);
+  }
+  Conv& with_stride(std::int64_t s) {
+    DTRAIN_REQUIRE(s > 0, "Conv", "stride must be positive, got " << s);
+    stride = s;
+    return *this;
+  }
+  /// Zero padding of `p` cells on both sides of every axis.
+  Conv& pad(std::int64_t p) {
+    DTRAIN_REQUIRE(p >= 0, "Conv", "padding must be non-negative, got " << p);
+    padding = p;
+    return *this;
+  }
+  /// Periodic padding of `p` cells: the grid wraps around.
+  Conv& periodic(std::int64_t p) {
+    pad(p);
+    padding_mode = Padding::periodic;
+    return *this;
+  }
+  Conv& with_dilation(std::int64_t d) {
+    DTRAIN_REQUIRE(d > 0, "Conv", "dilation must be positive, got " << d);
+    dilation = d;
+    return *this;
+  }
+  Conv& with_init(Init how) {
+    weight_init = how;
+    return *this;
+  }
+  Conv& with_lowering(ConvLowering how) {
+    lowering = how;
+    return *this;
+  }
+};
+inline Conv Conv1d(std::int64_t in, std::int64_t out, std::int64_t kernel) {
+  return Conv(1, in, out, kernel);
+}
+inline Conv Conv2d(std::int64_t in, std::int64_t out, std::int64_t kernel) {
+  return Conv(2, in, out, kernel);
+}
+inline Conv Conv3d(std::int64_t in, std::int64_t out, std::int64_t kernel) {
+  return Conv(3, in, out, kernel);
+}
+
+/// Max or average pooling over windows of `kernel` cells every `stride` cells (default: the
+/// kernel) on each of the last `dims` axes of a channels-first sample; the extent must be at
+/// least the kernel. Average pooling divides by the full window.
+struct Pool {
+  enum Kind : unsigned char { max, average };
+  Kind kind = max;
+  int dims = 2;
+  std::int64_t kernel = 2;
+  std::int64_t stride = 2;
+  Pool(Kind k, int n, std::int64_t window, std::int64_t step = 0)
+      : kind(k), dims(n), kernel(window), stride(step ? step : window) {
+    DTRAIN_REQUIRE(n >= 1 && n <= 3, "Pool", "1, 2 or 3 spatial axes, got " << n);
+    DTRAIN_REQUIRE(window > 0 && stride > 0, "Pool",
+                   "kernel and stride must be positive, got " << window << ", " << stride);
+  }
+};
+inline Pool MaxPool1d(std::int64_t k, std::int64_t s = 0) { return Pool(Pool::max, 1, k, s); }
+inline Pool MaxPool2d(std::int64_t k, std::int64_t s = 0) { return Pool(Pool::max, 2, k, s); }
+inline Pool MaxPool3d(std::int64_t k, std::int64_t s = 0) { return Pool(Pool::max, 3, k, s); }
+inline Pool AvgPool1d(std::int64_t k, std::int64_t s = 0) { return Pool(Pool::average, 1, k, s); }
+inline Pool AvgPool2d(std::int64_t k, std::int64_t s = 0) { return Pool(Pool::average, 2, k, s); }
+inline Pool AvgPool3d(std::int64_t k, std::int64_t s = 0) { return Pool(Pool::average, 3, k, s); }
+
+/// Nearest-neighbour upsampling by an integer `scale` on each of the last `dims` axes.
+struct Upsample {
+  int dims = 2;
+  std::int64_t scale = 2;
+  Upsample(int n, std::int64_t factor) : dims(n), scale(factor) {
+    DTRAIN_REQUIRE(n >= 1 && n <= 3, "Upsample", "1, 2 or 3 spatial axes, got " << n);
+    DTRAIN_REQUIRE(factor > 0, "Upsample", "scale must be positive, got " << factor);
+  }
+};
+inline Upsample Upsample1d(std::int64_t scale) { return Upsample(1, scale); }
+inline Upsample Upsample2d(std::int64_t scale) { return Upsample(2, scale); }
+inline Upsample Upsample3d(std::int64_t scale) { return Upsample(3, scale); }
+
+struct LayerSpec;
+
+/// A skip connection: y = x + body(x). The body is a list of built-in layers whose output has
+/// the input's shape; its parameters sit in the arenas as one unit ("layers/2_residual/0_conv/
+/// weight"), reported ready together. For user layers inside a block, see ResidualLayer.
+struct Residual {
+  std::vector<LayerSpec> body;
+  Residual(std::initializer_list<LayerSpec> layers);
+  explicit Residual(std::vector<LayerSpec> layers);
+};
+
+/// Any built-in layer description Sequential accepts.
+struct LayerSpec : std::variant<Input, Linear, Relu, Gelu, Tanh, LayerNorm, Dropout, Conv, Pool,
+                                Upsample, Residual> {
+  using variant::variant;
+  const variant& base() const noexcept { return *this; }
+};
+
+inline Residual::Residual(std::initializer_list<LayerSpec> layers) : body(layers) {
+  DTRAIN_REQUIRE(!body.empty(), "Residual", "needs at least one layer");
+}
+inline Residual::Residual(std::vector<LayerSpec> layers) : body(std::move(layers)) {
+  DTRAIN_REQUIRE(!body.empty(), "Residual", "needs at least one layer");
+}
 
 }  // namespace dtrain

@@ -21,8 +21,9 @@
 #include <dtrain/exec/exec_state.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/exec/host_exec.hpp>
-#include <dtrain/model/detail/layer_impl.hpp>
+#include <dtrain/model/layer.hpp>
 #include <dtrain/model/layers.hpp>
+#include <dtrain/model/layers/residual.hpp>
 #include <dtrain/model/loss.hpp>
 #include <dtrain/model/metrics.hpp>
 #include <dtrain/model/pending_loss.hpp>
@@ -48,6 +49,12 @@ struct is_loader_batch<B,
                                    decltype(std::size_t(std::declval<const B&>().size))>>
     : std::true_type {};
 // A pointer that a move leaves null, so that a moved-from object knows it owns nothing.
+template <class S, class T, class Exec, class = void>
+struct has_make_layer : std::false_type {};
+template <class S, class T, class Exec>
+struct has_make_layer<S, T, Exec,
+                      std::void_t<decltype(std::unique_ptr<Layer<T, Exec>>(
+                          std::declval<const S&>().template make<T, Exec>()))>> : std::true_type {};
 template <class P>
 class MovablePtr {
  public:
@@ -66,6 +73,39 @@ class MovablePtr {
   P* ptr_ = nullptr;
 };
 }  // namespace detail
+
+/// One entry of a layer list for a model over scalar T and policy Exec: a built-in description
+/// (anything LayerSpec holds) or the description of a user layer: any copyable object with
+/// `template <class T, class Exec> std::unique_ptr<Layer<T, Exec>> make() const`. So one list
+/// mixes both: {Input{1, 64, 64}, Conv2d(1, 8, 3).pad(1), MyLayerSpec{...}, Relu{}}.
+template <class T, class Exec>
+class LayerEntry {
+ public:
+  template <class S, std::enable_if_t<!detail::has_make_layer<S, T, Exec>::value &&
+                                          std::is_constructible_v<LayerSpec, const S&>,
+                                      int> = 0>
+  LayerEntry(const S& spec)  // NOLINT: implicit, so that lists read as layer lists
+      : spec_(LayerSpec(spec)) {}
+  template <class S, std::enable_if_t<detail::has_make_layer<S, T, Exec>::value, int> = 0>
+  LayerEntry(const S& spec)  // NOLINT
+      : make_([spec] { return std::unique_ptr<Layer<T, Exec>>(spec.template make<T, Exec>()); }) {}
+  /// The Input shape this entry gives, or null when it is a layer.
+  const Input* input() const noexcept {
+    return make_ ? nullptr : std::get_if<Input>(&spec_.base());
+  }
+  std::unique_ptr<Layer<T, Exec>> build() const {
+    if (make_) {
+      auto layer = make_();
+      DTRAIN_REQUIRE(layer != nullptr, "Sequential", "a user layer's make() returned null");
+      return layer;
+    }
+    return detail::make_layer<T, Exec>(spec_);
+  }
+
+ private:
+  LayerSpec spec_{Relu{}};
+  std::function<std::unique_ptr<Layer<T, Exec>>()> make_;
+};
 
 /// Called during backward, once per layer that has parameters, as soon as that layer's gradients
 /// are final: `offset` and `count` are in ELEMENTS of the gradient arena. Layers finish from last
@@ -146,25 +186,35 @@ class BasicSequential {
   /// Passes whose loss can be read before its host slot is reused.
   static constexpr std::size_t loss_slots = 16;
 
+  using entry_type = LayerEntry<T, Exec>;
+
   /// Builds the layers on `exec` (borrowed: it must outlive the model), allocates the arenas and
-  /// initialises as init(0). Widths are checked layer to layer; throws InvalidArgument on a
-  /// mismatch or when no layer fixes the input width.
-  BasicSequential(std::initializer_list<LayerSpec> layers, Exec& exec)
-      : BasicSequential(std::vector<LayerSpec>(layers), exec) {}
-  BasicSequential(const std::vector<LayerSpec>& layers, Exec& exec) : exec_(&exec) {
+  /// initialises as init(0). The list may start with Input{...} (the shape of one sample);
+  /// otherwise the first Linear or LayerNorm fixes a flat input. Shapes are checked layer to
+  /// layer; throws InvalidArgument naming the layer and both shapes on a mismatch, or when no
+  /// entry fixes the input shape.
+  BasicSequential(std::initializer_list<entry_type> layers, Exec& exec)
+      : BasicSequential(std::vector<entry_type>(layers), exec) {}
+  BasicSequential(const std::vector<entry_type>& layers, Exec& exec) : exec_(&exec) {
     build(layers);
   }
+  BasicSequential(const std::vector<LayerSpec>& layers, Exec& exec)
+      : BasicSequential(entries(layers), exec) {}
   /// Same on a policy of its own made from `alloc` (HostExec: host memory from `alloc`, which
   /// must outlive the model; a non-host allocator throws InvalidArgument).
   template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
-  BasicSequential(std::initializer_list<LayerSpec> layers, Allocator& alloc = default_allocator())
-      : BasicSequential(std::vector<LayerSpec>(layers), alloc) {}
+  BasicSequential(std::initializer_list<entry_type> layers, Allocator& alloc = default_allocator())
+      : BasicSequential(std::vector<entry_type>(layers), alloc) {}
   template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
-  explicit BasicSequential(const std::vector<LayerSpec>& layers,
+  explicit BasicSequential(const std::vector<entry_type>& layers,
                            Allocator& alloc = default_allocator())
       : owned_exec_(std::make_unique<Exec>(alloc)), exec_(owned_exec_.get()) {
     build(layers);
   }
+  template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
+  explicit BasicSequential(const std::vector<LayerSpec>& layers,
+                           Allocator& alloc = default_allocator())
+      : BasicSequential(entries(layers), alloc) {}
 
   BasicSequential(BasicSequential&&) noexcept = default;
   BasicSequential& operator=(BasicSequential&&) = delete;
@@ -199,9 +249,15 @@ class BasicSequential {
     zero_grad();
   }
 
-  std::int64_t in_features() const noexcept { return widths_.front(); }
-  std::int64_t out_features() const noexcept { return widths_.back(); }
+  /// Elements of one input (output) sample.
+  std::int64_t in_features() const noexcept { return sizes_.front(); }
+  std::int64_t out_features() const noexcept { return sizes_.back(); }
+  /// Shape of one input (output) sample, without the batch axis.
+  const Shape& input_shape() const noexcept { return shapes_.front(); }
+  const Shape& output_shape() const noexcept { return shapes_.back(); }
   std::size_t layer_count() const noexcept { return layers_.size(); }
+  /// Layer i (for its shapes and kind; the model owns it).
+  const Layer<T, Exec>& layer(std::size_t i) const { return *layers_.at(i); }
   /// Number of learnable scalars (elements of each arena).
   std::size_t parameter_count() const noexcept { return params_.size(); }
 
@@ -253,7 +309,7 @@ class BasicSequential {
     for (std::size_t ri = layers_.size(); ri-- > 0;) {
       const T* x = ri == 0 ? static_cast<const T*>(input_.raw()) : act(ri - 1);
       T* dx = ri == 0 ? nullptr : static_cast<T*>(dbuf_[ri % 2].raw());
-      layers_[ri]->backward(stream(), x, act(ri), grad_out, dx, batch_, widths_[ri], ctx_);
+      layers_[ri]->backward(stream(), x, act(ri), grad_out, dx, batch_, ctx_);
       const std::size_t count = layers_[ri]->param_count();
       if (on_ready && count) on_ready(offsets_[ri], count);
       grad_out = dx;
@@ -374,9 +430,11 @@ class BasicSequential {
     v.scalar("step_count", forward_count_);
     if (v.loading()) {
       seed_ = static_cast<std::uint64_t>(seed);
-      // Re-derive per-layer keys (dropout) without touching the restored tensors.
+      // Re-derive per-layer keys (dropout) without touching the restored tensors: init writes
+      // into a throw-away host copy.
+      std::vector<T> scratch(params_.size());
       for (std::size_t i = 0; i < layers_.size(); ++i)
-        if (layers_[i]->param_count() == 0) layers_[i]->init(seed_, i, nullptr);
+        layers_[i]->init(seed_, i, scratch.data() + offsets_[i]);
     }
   }
 
@@ -391,40 +449,66 @@ class BasicSequential {
   stream_type stream() const { return exec_->compute_stream(); }
   const T* act(std::size_t i) const { return static_cast<const T*>(acts_[i].raw()); }
 
-  void build(const std::vector<LayerSpec>& layers) {
-    DTRAIN_REQUIRE(!layers.empty(), "Sequential", "needs at least one layer");
-    std::int64_t width = 0;
+  static std::vector<entry_type> entries(const std::vector<LayerSpec>& layers) {
+    return std::vector<entry_type>(layers.begin(), layers.end());
+  }
+
+  void build(const std::vector<entry_type>& entries) {
+    DTRAIN_REQUIRE(!entries.empty(), "Sequential", "needs at least one layer");
+    Shape shape;
+    std::size_t first = 0;
+    if (const Input* in = entries.front().input()) {
+      shape = in->shape;
+      first = 1;
+    }
+    DTRAIN_REQUIRE(entries.size() > first, "Sequential", "needs at least one layer");
     std::size_t total = 0;
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      auto layer = detail::make_layer<T, Exec>(layers[i]);
-      const std::int64_t need = layer->in_features();
-      if (need > 0) {
-        DTRAIN_REQUIRE(width == 0 || width == need, "Sequential",
-                       "layer " << i << " (" << layer->kind() << ") expects " << need
-                                << " features but receives " << width);
-        if (width == 0) width = need;
+    for (std::size_t i = first; i < entries.size(); ++i) {
+      auto layer = entries[i].build();
+      const std::size_t index = layers_.size();
+      if (shape.empty()) {
+        // No Input entry: the first layer must fix a flat input.
+        if (const auto* linear = dynamic_cast<const LinearLayer<T, Exec>*>(layer.get()))
+          shape = {linear->in_features()};
+        else if (const auto* norm = dynamic_cast<const LayerNormLayer<T, Exec>*>(layer.get()))
+          shape = {norm->features()};
+        DTRAIN_REQUIRE(!shape.empty(), "Sequential",
+                       "layer " << index << " (" << layer->kind()
+                                << ") comes before any layer that fixes the input shape; start "
+                                   "the list with Input{...}");
       }
-      DTRAIN_REQUIRE(width > 0, "Sequential",
-                     "layer " << i << " (" << layer->kind()
-                              << ") comes before any layer that fixes the input width");
-      if (widths_.empty()) widths_.push_back(width);
+      if (shapes_.empty()) shapes_.push_back(shape);
+      try {
+        shape = layer->setup(shape);
+      } catch (const InvalidArgument& e) {
+        // Keep the layer's "<operation>: <detail>", without a second "dtrain: rank R: ".
+        std::string inner = e.what();
+        const std::string prefix = "dtrain: rank ";
+        if (inner.compare(0, prefix.size(), prefix) == 0) {
+          const auto colon = inner.find(": ", prefix.size());
+          if (colon != std::string::npos) inner.erase(0, colon + 2);
+        }
+        raise<InvalidArgument>(
+            "Sequential", "layer " + std::to_string(index) + " (" + layer->kind() + "): " + inner);
+      }
       const std::string prefix =
-          "layers/" + std::to_string(i) + "_" + std::string(layer->kind()) + "/";
+          "layers/" + std::to_string(index) + "_" + std::string(layer->kind()) + "/";
       for (auto& p : layer->params()) {
         ParameterInfo info;
         info.name = prefix + p.name;
         info.shape = p.shape;
         info.offset = total + p.offset;
         info.count = element_count(p.shape);
-        info.layer = i;
+        info.layer = index;
         info_.push_back(std::move(info));
       }
       offsets_.push_back(total);
       total += layer->param_count();
-      width = layer->out_features(width);
-      widths_.push_back(width);
+      shapes_.push_back(shape);
+      sizes_.push_back(static_cast<std::int64_t>(element_count(shape)));
       layers_.push_back(std::move(layer));
     }
+    sizes_.insert(sizes_.begin(), static_cast<std::int64_t>(element_count(shapes_.front())));
     Allocator& a = exec_->allocator();
     params_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
     grads_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
@@ -490,7 +574,7 @@ class BasicSequential {
     const T* in = static_cast<const T*>(input_.raw());
     for (std::size_t i = 0; i < layers_.size(); ++i) {
       T* out = static_cast<T*>(acts_[i].raw());
-      layers_[i]->forward(stream(), in, out, batch, widths_[i], ctx_);
+      layers_[i]->forward(stream(), in, out, batch, ctx_);
       in = out;
     }
     return in;
@@ -523,9 +607,9 @@ class BasicSequential {
     acts_.clear();
     std::int64_t widest = 0;
     for (std::size_t i = 0; i < layers_.size(); ++i) {
-      acts_.emplace_back(Shape{b, widths_[i + 1]}, dtype_of_v<T>, a);
-      widest = std::max(widest, widths_[i]);
-      layers_[i]->reserve(b, widths_[i]);
+      acts_.emplace_back(Shape{b, sizes_[i + 1]}, dtype_of_v<T>, a);
+      widest = std::max(widest, sizes_[i]);
+      layers_[i]->reserve(b);
     }
     for (auto& d : dbuf_) d = Tensor({b, widest}, dtype_of_v<T>, a);
     input_ = Tensor({b, in_features()}, dtype_of_v<T>, a);
@@ -538,8 +622,9 @@ class BasicSequential {
 
   std::unique_ptr<Exec> owned_exec_;  // set when the model made its own policy
   detail::MovablePtr<Exec> exec_;     // null once moved from
-  std::vector<std::unique_ptr<detail::LayerImpl<T, Exec>>> layers_;
-  std::vector<std::int64_t> widths_;  // widths_[i]: input width of layer i; back(): output
+  std::vector<std::unique_ptr<Layer<T, Exec>>> layers_;
+  std::vector<Shape> shapes_;         // shapes_[i]: input sample shape of layer i; back(): output
+  std::vector<std::int64_t> sizes_;   // element counts of shapes_
   std::vector<std::size_t> offsets_;  // arena offset of each layer's parameters
   std::vector<ParameterInfo> info_;
   Tensor params_, grads_;
@@ -559,7 +644,7 @@ class BasicSequential {
   std::int64_t capacity_ = 0;
   std::int64_t batch_ = 0;
   bool forwarded_ = false;
-  detail::PassContext ctx_;
+  PassContext ctx_;
   std::uint64_t seed_ = 0;
   std::int64_t forward_count_ = 0;
 };

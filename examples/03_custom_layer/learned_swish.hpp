@@ -1,0 +1,101 @@
+// Example 03: a layer of one's own. y = x * sigmoid(slope_j * x) with a learned slope per feature
+// (Swish with a trainable beta). Everything the layer needs lives in this one header: a host
+// function and a hand-written CUDA/HIP kernel for each direction, and the Layer that calls the
+// one the model's execution policy runs. Nothing else of dtrain changes for it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+
+#include <dtrain/model/layer.hpp>
+
+// ---- host versions --------------------------------------------------------------------------
+template <class T>
+void swish_forward_host(const T* x, const T* slope, T* y, std::int64_t rows, std::int64_t n) {
+  for (std::int64_t i = 0; i < rows * n; ++i) y[i] = x[i] / (T(1) + std::exp(-slope[i % n] * x[i]));
+}
+template <class T>
+void swish_backward_host(const T* x, const T* slope, const T* dy, T* dx, T* dslope,
+                         std::int64_t rows, std::int64_t n) {
+  for (std::int64_t i = 0; i < rows * n; ++i) {
+    const T b = slope[i % n], s = T(1) / (T(1) + std::exp(-b * x[i])), ds = s * (T(1) - s);
+    if (dx) dx[i] = dy[i] * (s + b * x[i] * ds);
+    dslope[i % n] += dy[i] * x[i] * x[i] * ds;  // accumulates, like every parameter gradient
+  }
+}
+
+// ---- device versions (compiled only by nvcc or hipcc) ---------------------------------------
+#if DTRAIN_DEVICE_CODE
+template <class T>
+__global__ void swish_forward_kernel(const T* x, const T* slope, T* y, std::int64_t rows,
+                                     std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * blockDim.x + threadIdx.x; i < rows * n;
+       i += std::int64_t(gridDim.x) * blockDim.x)
+    y[i] = x[i] / (T(1) + exp(-slope[i % n] * x[i]));
+}
+// One thread per feature: the slope's gradient sums its column in row order (deterministic).
+template <class T>
+__global__ void swish_backward_kernel(const T* x, const T* slope, const T* dy, T* dx, T* dslope,
+                                      std::int64_t rows, std::int64_t n) {
+  const std::int64_t j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= n) return;
+  T acc = T(0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t i = r * n + j;
+    const T b = slope[j], s = T(1) / (T(1) + exp(-b * x[i])), ds = s * (T(1) - s);
+    if (dx) dx[i] = dy[i] * (s + b * x[i] * ds);
+    acc += dy[i] * x[i] * x[i] * ds;
+  }
+  dslope[j] += acc;
+}
+#endif
+
+// ---- the layer ------------------------------------------------------------------------------
+template <class T, class Exec>
+class LearnedSwish final : public dtrain::Layer<T, Exec> {
+ public:
+  using typename dtrain::Layer<T, Exec>::stream_type;
+  const char* kind() const noexcept override { return "learned_swish"; }
+  dtrain::Shape configure(const dtrain::Shape& in) override { return in; }  // any shape
+  std::vector<dtrain::LayerParam> params() const override {
+    return {{"slope", {this->input_size()}, 0}};
+  }
+  void init(std::uint64_t, std::uint64_t, T* host) override {
+    for (std::int64_t j = 0; j < this->input_size(); ++j) host[j] = T(1);
+  }
+  void forward(stream_type s, const T* x, T* y, std::int64_t rows,
+               const dtrain::PassContext&) override {
+    const std::int64_t n = this->input_size();
+    if constexpr (dtrain::runs_host_kernels_v<Exec>) {
+      dtrain::host_kernel(this->exec(), s, "swish forward", &swish_forward_host<T>, x,
+                          static_cast<const T*>(this->parameters()), y, rows, n);
+    } else {
+#if DTRAIN_DEVICE_CODE
+      swish_forward_kernel<T><<<256, 256, 0, s>>>(x, this->parameters(), y, rows, n);
+#endif
+    }
+  }
+  void backward(stream_type s, const T* x, const T*, const T* dy, T* dx, std::int64_t rows,
+                const dtrain::PassContext&) override {
+    const std::int64_t n = this->input_size();
+    if constexpr (dtrain::runs_host_kernels_v<Exec>) {
+      dtrain::host_kernel(this->exec(), s, "swish backward", &swish_backward_host<T>, x,
+                          static_cast<const T*>(this->parameters()), dy, dx, this->gradients(),
+                          rows, n);
+    } else {
+#if DTRAIN_DEVICE_CODE
+      swish_backward_kernel<T><<<(n + 127) / 128, 128, 0, s>>>(x, this->parameters(), dy, dx,
+                                                               this->gradients(), rows, n);
+#endif
+    }
+  }
+};
+
+// The description a layer list takes: Sequential calls make<T, Exec>() for its scalar and policy.
+struct LearnedSwishSpec {
+  template <class T, class Exec>
+  std::unique_ptr<dtrain::Layer<T, Exec>> make() const {
+    return std::make_unique<LearnedSwish<T, Exec>>();
+  }
+};

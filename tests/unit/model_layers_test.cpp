@@ -1,0 +1,311 @@
+// Grid layers (convolutions, pooling, upsampling, residual blocks): gradients against float64
+// central finite differences, the convolution against a direct loop, the device functors against
+// the host lowering, shape errors that name the layer and both shapes.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "support/messages.hpp"
+
+#include <dtrain/core/rng.hpp>
+#include <dtrain/model/model.hpp>
+
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_model_layers_test {
+
+using namespace dtrain;
+using Entries = std::vector<LayerEntry<double, HostExec>>;
+
+namespace {
+
+std::vector<double> random_vec(std::size_t n, std::uint64_t seed, double lo = -1, double hi = 1) {
+  RngStream rng(seed, 5);
+  std::vector<double> v(n);
+  for (auto& x : v) x = lo + (hi - lo) * rng.uniform_double();
+  return v;
+}
+
+// Norm-wise relative error between the model's gradient of an MSE loss (or softmax cross-entropy
+// with `classify`) and central differences, over every parameter.
+double gradient_error(const Entries& layers, std::int64_t batch, std::uint64_t seed,
+                      bool classify = false) {
+  BasicSequential<double> m(layers);
+  m.init(seed);
+  auto p = m.parameter_span();
+  auto noise = random_vec(p.size(), seed + 1, -0.2, 0.2);
+  for (std::size_t i = 0; i < p.size(); ++i) p[i] += noise[i];  // biases away from zero
+  const std::int64_t outs = m.out_features();
+  const auto x = random_vec(static_cast<std::size_t>(batch * m.in_features()), seed + 2, -2, 2);
+  const auto targets = random_vec(static_cast<std::size_t>(batch * outs), seed + 3);
+  std::vector<std::int32_t> labels;
+  for (std::int64_t r = 0; r < batch; ++r) labels.push_back(static_cast<std::int32_t>(r % outs));
+  auto loss = [&] {
+    return classify ? m.forward_backward(x.data(), labels.data(), batch).get()
+                    : m.forward_backward(x.data(), targets.data(), batch, Loss::mse).get();
+  };
+  m.zero_grad();
+  loss();
+  const std::vector<double> g(m.gradient_span().begin(), m.gradient_span().end());
+  double num = 0, den_a = 0, den_b = 0;
+  const double h = 1e-5;
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    const double keep = p[i];
+    p[i] = keep + h;
+    const double lp = loss();
+    p[i] = keep - h;
+    const double lm = loss();
+    p[i] = keep;
+    const double fd = (lp - lm) / (2 * h);
+    num += (g[i] - fd) * (g[i] - fd);
+    den_a += g[i] * g[i];
+    den_b += fd * fd;
+  }
+  REQUIRE(den_a > 0);
+  return std::sqrt(num) / std::max(std::sqrt(den_a), std::sqrt(den_b));
+}
+
+// Direct convolution of one sample (independent of the lowering): x [cin, d, h, w] padded to
+// three axes, weights [cout, cin, kd, kh, kw].
+std::vector<double> direct_conv(const ConvGeometry& g, const double* x, const double* w,
+                                const double* b) {
+  std::vector<double> y(static_cast<std::size_t>(g.out_channels * g.out_cells()));
+  auto src = [&](int a, std::int64_t o, std::int64_t k, bool& inside) {
+    std::int64_t i = o * g.stride[a] + k * g.dilation[a] - g.pad[a];
+    if (g.periodic) i = ((i % g.in[a]) + g.in[a]) % g.in[a];
+    inside = i >= 0 && i < g.in[a];
+    return i;
+  };
+  for (std::int64_t co = 0; co < g.out_channels; ++co)
+    for (std::int64_t od = 0; od < g.out[0]; ++od)
+      for (std::int64_t oh = 0; oh < g.out[1]; ++oh)
+        for (std::int64_t ow = 0; ow < g.out[2]; ++ow) {
+          double sum = b[co];
+          for (std::int64_t ci = 0; ci < g.in_channels; ++ci)
+            for (std::int64_t kd = 0; kd < g.kernel[0]; ++kd)
+              for (std::int64_t kh = 0; kh < g.kernel[1]; ++kh)
+                for (std::int64_t kw = 0; kw < g.kernel[2]; ++kw) {
+                  bool a, bb, c;
+                  const auto id = src(0, od, kd, a), ih = src(1, oh, kh, bb),
+                             iw = src(2, ow, kw, c);
+                  if (!(a && bb && c)) continue;
+                  sum += w[(((co * g.in_channels + ci) * g.kernel[0] + kd) * g.kernel[1] + kh) *
+                               g.kernel[2] +
+                           kw] *
+                         x[((ci * g.in[0] + id) * g.in[1] + ih) * g.in[2] + iw];
+                }
+          y[static_cast<std::size_t>(((co * g.out[0] + od) * g.out[1] + oh) * g.out[2] + ow)] = sum;
+        }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("grid layers: gradients match float64 finite differences") {
+  struct Case {
+    const char* name;
+    Entries layers;
+    bool classify = false;
+  };
+  // Every stride-1 convolution runs once through each lowering (im2col, shifted views).
+  for (ConvLowering lowering : {ConvLowering::im2col, ConvLowering::shifted}) {
+    auto c = [lowering](Conv conv) {
+      return conv.stride == 1 ? conv.with_lowering(lowering) : conv;
+    };
+    // A convolution before the layer under test turns its input gradient into parameter
+    // gradients, so every backward's dx is checked as well as the parameters.
+    const std::vector<Case> cases = {
+        {"conv1d",
+         {Input{2, 9}, c(Conv1d(2, 3, 3).pad(1)), Tanh{}, c(Conv1d(3, 2, 2).with_stride(2))}},
+        {"conv2d-dilation",
+         {Input{2, 7, 6}, c(Conv2d(2, 3, 3).pad(2).with_dilation(2)), Gelu{},
+          c(Conv2d(3, 2, 3).with_stride(2).pad(1))}},
+        {"conv2d-periodic",
+         {Input{1, 5, 6}, c(Conv2d(1, 3, 3).periodic(1)), Tanh{},
+          c(Conv2d(3, 2, 3).periodic(2).with_stride(2)), c(Conv2d(2, 2, 3).periodic(3))}},
+        {"conv3d",
+         {Input{2, 4, 5, 3}, c(Conv3d(2, 2, 3).pad(1)), Tanh{}, c(Conv3d(2, 1, 2)),
+          c(Conv3d(1, 2, 2).periodic(1).with_dilation(2))}},
+        {"maxpool2d",
+         {Input{1, 6, 6}, c(Conv2d(1, 2, 3).pad(1)), MaxPool2d(2), c(Conv2d(2, 1, 1))}},
+        {"maxpool1d-overlap",
+         {Input{2, 9}, c(Conv1d(2, 2, 1)), MaxPool1d(3, 2), c(Conv1d(2, 1, 1))}},
+        {"avgpool3d", {Input{1, 4, 4, 6}, c(Conv3d(1, 2, 1)), AvgPool3d(2), c(Conv3d(2, 1, 1))}},
+        {"avgpool1d-overlap",
+         {Input{1, 8}, c(Conv1d(1, 2, 1)), AvgPool1d(3, 2), c(Conv1d(2, 1, 1))}},
+        {"upsample2d",
+         {Input{1, 3, 4}, c(Conv2d(1, 2, 1)), Upsample2d(2), c(Conv2d(2, 1, 3).pad(1))}},
+        {"upsample3d", {Input{1, 2, 3, 2}, c(Conv3d(1, 2, 1)), Upsample3d(3), c(Conv3d(2, 1, 2))}},
+        {"residual",
+         {Input{2, 6, 6}, c(Conv2d(2, 3, 3).pad(1)),
+          Residual{c(Conv2d(3, 3, 3).pad(1)), Tanh{}, c(Conv2d(3, 3, 3).periodic(1))}, Tanh{},
+          c(Conv2d(3, 1, 1))}},
+        {"conv-linear-head", {Input{1, 4, 4}, c(Conv2d(1, 2, 3)), Relu{}, Linear(8, 3)}, true},
+        {"residual-first", {Input{4}, Residual{Linear(4, 4), Tanh{}}, Linear(4, 2)}},
+    };
+    for (const auto& cs : cases)
+      for (std::int64_t batch : {1, 3}) {
+        INFO(cs.name << " batch=" << batch << " lowering=" << static_cast<int>(lowering));
+        CHECK(gradient_error(cs.layers, batch, 17 + static_cast<std::uint64_t>(batch),
+                             cs.classify) < 1e-6);
+      }
+  }
+}
+
+TEST_CASE("convolution equals a direct loop, zero and periodic padding, any stride and dilation") {
+  struct Case {
+    Conv conv;
+    Shape in;
+  };
+  const std::vector<Case> cases = {
+      {Conv1d(2, 3, 3).pad(1), {2, 10}},
+      {Conv1d(1, 2, 4).with_stride(3).periodic(2), {1, 7}},
+      {Conv2d(3, 4, 3).pad(1), {3, 8, 7}},
+      {Conv2d(2, 2, 3).periodic(1), {2, 5, 6}},
+      {Conv2d(2, 3, 2).with_stride(2).with_dilation(2).pad(1), {2, 9, 8}},
+      {Conv3d(2, 2, 3).periodic(1).with_stride(2), {2, 5, 4, 6}},
+  };
+  for (const auto& base : cases)
+    for (ConvLowering lowering : {ConvLowering::im2col, ConvLowering::shifted}) {
+      if (lowering == ConvLowering::shifted && base.conv.stride != 1) continue;
+      Case c = base;
+      c.conv.with_lowering(lowering);
+      BasicSequential<double> m({Input(c.in), c.conv});
+      m.init(5);
+      const auto& layer = dynamic_cast<const ConvLayer<double, HostExec>&>(m.layer(0));
+      const ConvGeometry& g = layer.geometry();
+      const std::int64_t batch = 2;
+      const auto x = random_vec(static_cast<std::size_t>(batch * m.in_features()), 9);
+      auto p = m.parameter_span();
+      const auto bias = random_vec(static_cast<std::size_t>(g.out_channels), 4);
+      const std::size_t wcount = p.size() - bias.size();
+      for (std::size_t i = 0; i < bias.size(); ++i) p[wcount + i] = bias[i];
+      const double* y = m.forward(x.data(), batch);
+      for (std::int64_t r = 0; r < batch; ++r) {
+        const auto ref =
+            direct_conv(g, x.data() + r * m.in_features(), p.data(), p.data() + wcount);
+        double err = 0;
+        for (std::size_t i = 0; i < ref.size(); ++i)
+          err = std::max(err,
+                         std::abs(ref[i] - y[r * m.out_features() + static_cast<std::int64_t>(i)]));
+        INFO(shape_string(c.in) << " kernel " << c.conv.kernel << " row " << r << " lowering "
+                                << static_cast<int>(lowering));
+        CHECK(err < 1e-12);
+      }
+    }
+}
+
+TEST_CASE("the device lowering functors equal the host lowering") {
+  // im2col / col2im as a GPU runs them (one element per index, col2im as a gather) against the
+  // host functions, on geometries with borders, wrap-around, strides and dilations.
+  struct Case {
+    Conv conv;
+    Shape in;
+  };
+  const std::vector<Case> cases = {
+      {Conv1d(2, 1, 3).pad(1), {2, 11}},
+      {Conv2d(2, 1, 3).periodic(1), {2, 6, 5}},
+      {Conv2d(1, 1, 3).periodic(3).with_stride(2), {1, 4, 3}},
+      {Conv2d(3, 1, 2).with_stride(3).with_dilation(2).pad(2), {3, 9, 10}},
+      {Conv3d(2, 1, 3).pad(1).with_stride(2), {2, 5, 6, 4}},
+      {Conv3d(1, 1, 2).periodic(1).with_dilation(2), {1, 3, 4, 5}},
+  };
+  for (const auto& c : cases) {
+    BasicSequential<double> m({Input(c.in), c.conv});
+    const ConvGeometry g = dynamic_cast<const ConvLayer<double, HostExec>&>(m.layer(0)).geometry();
+    INFO(shape_string(c.in) << " kernel " << c.conv.kernel);
+    const auto x = random_vec(static_cast<std::size_t>(g.in_channels * g.in_cells()), 3);
+    const std::size_t cells = static_cast<std::size_t>(g.lowered_rows() * g.out_cells());
+    std::vector<double> host_col(cells), dev_col(cells);
+    detail::im2col_host(g, x.data(), host_col.data());
+    HostExec exec;
+    for_each_index<detail::Im2col<double>>(exec, HostStream{}, "im2col",
+                                           static_cast<std::int64_t>(cells), g, x.data(),
+                                           dev_col.data());
+    CHECK(host_col == dev_col);
+    const auto col = random_vec(cells, 8);
+    std::vector<double> host_dx(x.size()), dev_dx(x.size(), 99.0);
+    detail::col2im_host(g, col.data(), host_dx.data());
+    for_each_index<detail::Col2im<double>>(exec, HostStream{}, "col2im",
+                                           static_cast<std::int64_t>(x.size()), g, col.data(),
+                                           dev_dx.data());
+    double err = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      err = std::max(err, std::abs(host_dx[i] - dev_dx[i]));
+    CHECK(err < 1e-12);  // the gather sums in another order than the host's scatter
+  }
+}
+
+TEST_CASE("shapes that do not fit name the layer and both shapes") {
+  using test::invalid_argument_text;
+  CHECK_THROWS_AS(BasicSequential<double>({Input{1, 8, 8}, Conv2d(3, 4, 3)}), InvalidArgument);
+  const std::string conv = invalid_argument_text([] {
+    BasicSequential<double>({Input{1, 8, 8}, Conv2d(3, 4, 3)});
+  });
+  CHECK(conv.find("layer 0 (conv2d)") != std::string::npos);
+  CHECK(conv.find("[1, 8, 8]") != std::string::npos);
+  CHECK(conv.find("3 channels") != std::string::npos);
+  const std::string linear = invalid_argument_text([] {
+    BasicSequential<double>({Input{2, 4, 4}, Conv2d(2, 3, 3), Linear(10, 1)});
+  });
+  CHECK(linear.find("layer 1 (linear)") != std::string::npos);
+  CHECK(linear.find("[3, 2, 2]") != std::string::npos);
+  CHECK(linear.find("10 features") != std::string::npos);
+  const std::string skip = invalid_argument_text([] {
+    BasicSequential<double>({Input{2, 6, 6}, Residual{Conv2d(2, 3, 3).pad(1)}});
+  });
+  CHECK(skip.find("layer 0 (residual)") != std::string::npos);
+  CHECK(skip.find("[2, 6, 6] to [3, 6, 6]") != std::string::npos);
+  const std::string pool = invalid_argument_text([] {
+    BasicSequential<double>({Input{1, 3, 8}, MaxPool2d(4)});
+  });
+  CHECK(pool.find("maxpool2d") != std::string::npos);
+  CHECK(pool.find("[1, 3, 8]") != std::string::npos);
+  const std::string kernel = invalid_argument_text([] {
+    BasicSequential<double>({Input{1, 2, 8}, Conv2d(1, 1, 5)});
+  });
+  CHECK(kernel.find("does not fit") != std::string::npos);
+  const std::string first =
+      invalid_argument_text([] { BasicSequential<double>({Conv2d(1, 1, 3)}); });
+  CHECK(first.find("Input{") != std::string::npos);
+  CHECK_THROWS_AS(Conv2d(1, 1, 3).with_stride(0), InvalidArgument);
+  CHECK_THROWS_AS(MaxPool2d(0), InvalidArgument);
+  CHECK_THROWS_AS(BasicSequential<double>({Input{1, 4}, Conv1d(1, 1, 3).periodic(5)}),
+                  InvalidArgument);
+  CHECK_THROWS_AS(
+      BasicSequential<double>(
+          {Input{1, 8}, Conv1d(1, 1, 3).with_stride(2).with_lowering(ConvLowering::shifted)}),
+      InvalidArgument);
+}
+
+TEST_CASE("a residual block's parameters are named per body layer, in arena order") {
+  Sequential m({Input{2, 4, 4}, Conv2d(2, 3, 3).pad(1),
+                Residual{Conv2d(3, 3, 3).pad(1), Relu{}, Conv2d(3, 3, 1)}, Conv2d(3, 1, 1)});
+  std::vector<std::string> names;
+  std::size_t next = 0;
+  for (const auto& p : m.parameter_info()) {
+    names.push_back(p.name);
+    CHECK(p.offset == next);
+    next += p.count;
+  }
+  CHECK(next == m.parameter_count());
+  const std::vector<std::string> expect = {"layers/0_conv2d/weight",
+                                           "layers/0_conv2d/bias",
+                                           "layers/1_residual/0_conv2d/weight",
+                                           "layers/1_residual/0_conv2d/bias",
+                                           "layers/1_residual/2_conv2d/weight",
+                                           "layers/1_residual/2_conv2d/bias",
+                                           "layers/2_conv2d/weight",
+                                           "layers/2_conv2d/bias"};
+  CHECK(names == expect);
+  CHECK(m.output_shape() == Shape{1, 4, 4});
+  // The two convolutions of the body draw different initial weights.
+  m.init(3);
+  const auto p = m.parameter_span();
+  const auto& info = m.parameter_info();
+  CHECK(p[info[2].offset] != p[info[4].offset]);
+}
+
+}  // namespace dtrain_test_model_layers_test
