@@ -122,8 +122,9 @@ class Layer {
     grads_ = grads;
   }
 
-  /// Makes room for `rows` samples of per-sample scratch (exec memory). Not called while queued
-  /// work uses the old scratch is pending on another stream; the policy orders deallocation.
+  /// Makes room for `rows` samples of per-sample scratch (exec memory), when a batch is larger
+  /// than any before. Replacing the old scratch is safe: the policy's deallocation orders itself
+  /// after the queued work that uses it.
   virtual void reserve(std::int64_t /*rows*/) {}
 
   /// Queues y = f(x) for `rows` samples on `stream`; x stays alive and unchanged until backward.

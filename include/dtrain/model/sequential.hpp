@@ -430,11 +430,13 @@ class BasicSequential {
     v.scalar("step_count", forward_count_);
     if (v.loading()) {
       seed_ = static_cast<std::uint64_t>(seed);
-      // Re-derive per-layer keys (dropout) without touching the restored tensors: init writes
-      // into a throw-away host copy.
-      std::vector<T> scratch(params_.size());
-      for (std::size_t i = 0; i < layers_.size(); ++i)
-        layers_[i]->init(seed_, i, scratch.data() + offsets_[i]);
+      // Re-derive per-layer keys (dropout) without touching the restored tensors: each layer's
+      // init writes into a throw-away host buffer of its own size.
+      std::vector<T> scratch;
+      for (std::size_t i = 0; i < layers_.size(); ++i) {
+        scratch.assign(layers_[i]->param_count(), T(0));
+        layers_[i]->init(seed_, i, scratch.empty() ? nullptr : scratch.data());
+      }
     }
   }
 
