@@ -41,6 +41,13 @@ DTRAIN_HOST_DEVICE inline void split_cell(std::int64_t i, const std::int64_t* e,
   c = i / (e[0] * e[1] * e[2]);
 }
 
+// The input cell at offset (a, b, e) of output window `o`, within a channel plane.
+DTRAIN_HOST_DEVICE inline std::int64_t window_cell(const GridGeometry& g, const std::int64_t* o,
+                                                   std::int64_t a, std::int64_t b, std::int64_t e) {
+  return ((o[0] * g.stride[0] + a) * g.in[1] + o[1] * g.stride[1] + b) * g.in[2] +
+         o[2] * g.stride[2] + e;
+}
+
 // The first cell of the largest value in output window `o` of channel plane x (ties: the first).
 template <class T>
 DTRAIN_HOST_DEVICE std::int64_t window_argmax(const GridGeometry& g, const T* plane,
@@ -50,9 +57,7 @@ DTRAIN_HOST_DEVICE std::int64_t window_argmax(const GridGeometry& g, const T* pl
   for (std::int64_t a = 0; a < g.window[0]; ++a)
     for (std::int64_t b = 0; b < g.window[1]; ++b)
       for (std::int64_t e = 0; e < g.window[2]; ++e) {
-        const std::int64_t cell =
-            ((o[0] * g.stride[0] + a) * g.in[1] + o[1] * g.stride[1] + b) * g.in[2] +
-            o[2] * g.stride[2] + e;
+        const std::int64_t cell = window_cell(g, o, a, b, e);
         const T v = plane[cell];
         if (best < 0 || v > best_value || v != v) {  // a NaN wins, as it propagates
           best = cell;
@@ -80,9 +85,7 @@ struct PoolForward {
     T sum = T(0);
     for (std::int64_t a = 0; a < g.window[0]; ++a)
       for (std::int64_t b = 0; b < g.window[1]; ++b)
-        for (std::int64_t e = 0; e < g.window[2]; ++e)
-          sum += plane[((o[0] * g.stride[0] + a) * g.in[1] + o[1] * g.stride[1] + b) * g.in[2] +
-                       o[2] * g.stride[2] + e];
+        for (std::int64_t e = 0; e < g.window[2]; ++e) sum += plane[window_cell(g, o, a, b, e)];
     y[i] = sum / static_cast<T>(g.window_cells());
   }
 };
