@@ -499,6 +499,13 @@ TEST_CASE("MPI: mismatched calls raise RemoteError on every rank; a missing rank
     CHECK(msg.find("rank " + std::to_string(r) + ": ") != std::string::npos);
     CHECK(msg.find("barrier #0") != std::string::npos);
     CHECK(msg.find("allreduce #0 (ring, sum, f32, 10 elements)") != std::string::npos);
+    // Rank 0, the odd one, first; the others (the majority from 3 ranks on) last.
+    const std::string others = p == 2   ? "rank 1"
+                               : p == 3 ? "ranks 1, 2"
+                                        : "ranks 1-" + std::to_string(p - 1);
+    CHECK(msg.find(std::string("mismatched collective calls") + (p == 2 ? " (no majority)" : "") +
+                   ": rank 0 called barrier #0; " + others +
+                   " called allreduce #0 (ring, sum, f32, 10 elements)") != std::string::npos);
   }
   MPI_Barrier(MPI_COMM_WORLD);
   {

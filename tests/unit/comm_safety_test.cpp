@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -12,6 +13,7 @@
 
 #include <dtrain/comm/any_transport.hpp>
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/detail/fingerprint.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/transports/loopback.hpp>
 
@@ -72,6 +74,167 @@ TEST_CASE("mismatched collectives raise on every rank, naming both calls") {
     CHECK(messages[r].find("broadcast #0 (root 0, f32, 100 elements)") != std::string::npos);
     CHECK(messages[r].find("allreduce #0 (ring, sum, f32, 100 elements)") != std::string::npos);
   }
+}
+
+namespace {
+// Runs p ranks, each making the call calls(rank) names ("broadcast", "allreduce", or
+// "allreduce99" for 99 elements), with node-shared segments on (the segment check, p <= 8) or
+// off (message rounds); returns each rank's mismatch report (from "mismatched" on, without the
+// rank's own prefix), empty where a rank raised nothing.
+template <class Calls>
+std::vector<std::string> mismatch_reports(int p, bool segments, Calls calls) {
+  std::mutex m;
+  std::vector<std::string> out(static_cast<std::size_t>(p));
+  std::atomic<int> wrong_path{0};
+  SharedSegmentConfig sc;
+  sc.enabled = segments;
+  LoopbackWorld world(p, sc);
+  run_loopback(world, [&](LoopbackTransport& t) {
+    Communicator comm(t, quick(20));
+    if ((node_segments_of(t) != nullptr) != segments) ++wrong_path;
+    std::vector<float> x(100, 1.0f);
+    const std::string call = calls(t.rank());
+    try {
+      if (call == "broadcast")
+        comm.broadcast(BufferView(span<float>(x)), 0);
+      else
+        comm.allreduce(BufferView(x.data(), call == "allreduce99" ? 99 : 100, DType::f32),
+                       ReduceOp::sum, AllreduceAlgorithm::ring);
+    } catch (const RemoteError& e) {
+      const std::string what = e.what();
+      const std::size_t at = what.find("mismatched collective calls");
+      std::lock_guard<std::mutex> lock(m);
+      out[static_cast<std::size_t>(t.rank())] = at == std::string::npos ? what : what.substr(at);
+    }
+  });
+  CHECK(wrong_path.load() == 0);
+  return out;
+}
+
+const char* const kBcast = "broadcast #0 (root 0, f32, 100 elements)";
+const char* const kAllreduce = "allreduce #0 (ring, sum, f32, 100 elements)";
+const char* const kAllreduce99 = "allreduce #0 (ring, sum, f32, 99 elements)";
+}  // namespace
+
+TEST_CASE("a mismatch report names the odd rank against the majority, on both check paths") {
+  // One rank (the first, a middle one, the last) calls broadcast, the others allreduce: every rank
+  // raises the same report, the odd rank first and the majority last.
+  struct Case {
+    int p, odd;
+    const char* majority;
+  };
+  for (const bool segments : {false, true}) {
+    for (const Case k :
+         {Case{3, 0, "ranks 1, 2"}, Case{3, 1, "ranks 0, 2"}, Case{3, 2, "ranks 0, 1"},
+          Case{4, 0, "ranks 1-3"}, Case{4, 2, "ranks 0, 1, 3"}, Case{4, 3, "ranks 0-2"}}) {
+      CAPTURE(segments);
+      CAPTURE(k.p);
+      CAPTURE(k.odd);
+      const auto reports = mismatch_reports(
+          k.p, segments, [&](int r) { return r == k.odd ? "broadcast" : "allreduce"; });
+      const std::string expected = "mismatched collective calls: rank " + std::to_string(k.odd) +
+                                   " called " + kBcast + "; " + k.majority + " called " +
+                                   kAllreduce;
+      for (int r = 0; r < k.p; ++r) {
+        CAPTURE(r);
+        CHECK(reports[static_cast<std::size_t>(r)] == expected);
+      }
+    }
+  }
+}
+
+TEST_CASE("a mismatch report with two groups of two, or three different calls") {
+  for (const bool segments : {false, true}) {
+    CAPTURE(segments);
+    // 2-2: no majority, the groups in the order of their lowest ranks.
+    auto reports = mismatch_reports(
+        4, segments, [](int r) { return r == 1 || r == 3 ? "broadcast" : "allreduce"; });
+    std::string expected = std::string(
+                               "mismatched collective calls (no majority): ranks 0, 2 "
+                               "called ") +
+                           kAllreduce + "; ranks 1, 3 called " + kBcast;
+    for (const std::string& rep : reports) CHECK(rep == expected);
+    // Three calls: the two single ranks (lowest first), then the majority.
+    reports = mismatch_reports(4, segments, [](int r) {
+      return r == 3 ? "broadcast" : r == 1 ? "allreduce99" : "allreduce";
+    });
+    expected = std::string("mismatched collective calls: rank 1 called ") + kAllreduce99 +
+               "; rank 3 called " + kBcast + "; ranks 0, 2 called " + kAllreduce;
+    for (const std::string& rep : reports) CHECK(rep == expected);
+  }
+}
+
+TEST_CASE("fingerprint check states merge as sets: idempotent, in any order, bounded") {
+  using detail::CheckState;
+  auto fp = [](std::uint64_t count) {
+    return detail::make_fingerprint(detail::CollectiveKind::allreduce, 7, count, DType::f32,
+                                    ReduceOp::sum, AllreduceAlgorithm::ring, -1);
+  };
+  auto same = [](const CheckState& a, const CheckState& b) {
+    return std::memcmp(&a, &b, sizeof(CheckState)) == 0;
+  };
+  // The state travels with every checked collective: a small, fixed size.
+  CHECK(sizeof(CheckState) == 216);
+
+  // Ranks 0-5 with counts 10, 20, 10, 30, 10, 20: three calls, each with its ranks.
+  const std::uint64_t counts[] = {10, 20, 10, 30, 10, 20};
+  std::vector<CheckState> own;
+  for (int r = 0; r < 6; ++r) own.push_back(CheckState::of(fp(counts[r]), r));
+  CheckState fwd = own[0];
+  for (int r = 1; r < 6; ++r) fwd.merge(own[static_cast<std::size_t>(r)]);
+  CheckState bwd = own[5];
+  for (int r = 4; r >= 0; --r) bwd.merge(own[static_cast<std::size_t>(r)]);
+  CheckState halves = own[3];  // (3 4 5) merged with (1 0 2), overlapping once more with rank 2
+  halves.merge(own[4]);
+  halves.merge(own[5]);
+  halves.merge(own[2]);
+  CheckState other = own[1];
+  other.merge(own[0]);
+  other.merge(own[2]);
+  halves.merge(other);
+  CHECK(same(fwd, bwd));
+  CHECK(same(fwd, halves));
+  CheckState twice = fwd;
+  twice.merge(fwd);
+  twice.merge(own[4]);
+  CHECK(same(twice, fwd));
+  CHECK(fwd.mismatch());
+  CHECK(fwd.calls == 3);
+  CHECK(fwd.more == 0);
+  CHECK(fwd.report(6) ==
+        "mismatched collective calls: rank 3 called allreduce #7 (ring, sum, f32, 30 elements); "
+        "ranks 1, 5 called allreduce #7 (ring, sum, f32, 20 elements); ranks 0, 2, 4 called "
+        "allreduce #7 (ring, sum, f32, 10 elements)");
+
+  // One call everywhere: no mismatch, and merging changes nothing but the ranks.
+  CheckState one = CheckState::of(fp(10), 0);
+  one.merge(CheckState::of(fp(10), 1));
+  CHECK(!one.mismatch());
+  CHECK(one.ranks[0][0] == 3u);
+
+  // Five calls: the first three in byte order are kept with all their ranks, the others become
+  // "other collectives", whatever the order.
+  std::vector<CheckState> five;
+  for (int r = 0; r < 7; ++r) five.push_back(CheckState::of(fp(1 + r % 5), r));
+  CheckState a = five[0], b = five[6];
+  for (int r = 1; r < 7; ++r) a.merge(five[static_cast<std::size_t>(r)]);
+  for (int r = 5; r >= 0; --r) b.merge(five[static_cast<std::size_t>(r)]);
+  CHECK(same(a, b));
+  CHECK(a.calls == 3);
+  CHECK(a.more == 1);
+  CHECK(a.report(7) ==
+        "mismatched collective calls: rank 2 called allreduce #7 (ring, sum, f32, 3 elements); "
+        "ranks 0, 5 called allreduce #7 (ring, sum, f32, 1 elements); ranks 1, 6 called "
+        "allreduce #7 (ring, sum, f32, 2 elements); ranks 3, 4 called other collectives");
+
+  // Beyond the masks' 256 ranks each call is named with its lowest rank.
+  CheckState big = CheckState::of(fp(10), 300);
+  big.merge(CheckState::of(fp(20), 280));
+  big.merge(CheckState::of(fp(10), 2));
+  CHECK(big.report(400) ==
+        "mismatched collective calls among 400 ranks (each call named with the lowest rank that "
+        "made it): rank 2 called allreduce #7 (ring, sum, f32, 10 elements); rank 280 called "
+        "allreduce #7 (ring, sum, f32, 20 elements)");
 }
 
 TEST_CASE("the fingerprint check through the node's segments and through messages alike") {

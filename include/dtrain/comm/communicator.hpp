@@ -48,9 +48,9 @@ inline std::size_t partition_count(std::size_t count, int parts, int i) noexcept
 ///
 /// Every method named "collective" must be called by all ranks in the same order with matching
 /// arguments; each call carries a fingerprint (sequence number, operation, dtype, count), and a
-/// mismatch raises RemoteError on every rank naming both calls. Every wait has a deadline
-/// (CommConfig::timeout_s, default 300 s); on expiry TimeoutError names the rank, the
-/// collective, its sequence number and the peer. After a failure the communicator refuses
+/// mismatch raises RemoteError on every rank naming each call and the ranks that made it. Every
+/// wait has a deadline (CommConfig::timeout_s, default 300 s); on expiry TimeoutError names the
+/// rank, the collective, its sequence number and the peer. After a failure the communicator refuses
 /// further collectives (RemoteError). Buffers are owned by the caller and lie in host memory;
 /// broadcast also accepts device memory when the transport's capabilities say it moves device
 /// memory (supports_device_memory), and every call refuses device memory otherwise.

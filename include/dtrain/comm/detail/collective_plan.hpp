@@ -10,11 +10,12 @@
 // the plan of its runner-up, which it times against its own now and then and changes to when
 // the ranks agree that it has become faster (adaptive.hpp). Every execution first exchanges call
 // fingerprints (dissemination, ceil(log2 p) rounds) so that mismatched calls fail on every rank
-// with both calls named. avg is a sum divided by p exactly once, by the rank that finishes each
-// element, so every rank ends with the same bits. 16-bit floats are widened to f32 once, reduced in
-// f32 and rounded once.
+// with each call and the ranks that made it named. avg is a sum divided by p exactly once, by the
+// rank that finishes each element, so every rank ends with the same bits. 16-bit floats are
+// widened to f32 once, reduced in f32 and rounded once.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <dtrain/comm/allreduce_algorithm.hpp>
 #include <dtrain/comm/detail/adaptive.hpp>
@@ -291,10 +293,7 @@ class PlanImpl final : public Job {
       check_in_segments(*w);
       return;
     }
-    const int r = ctx_.rank();
-    check_mine_ = CheckState{};
-    check_mine_.seen = ctx_.fingerprint();
-    check_mine_.seen_rank = r;
+    check_mine_ = CheckState::of(ctx_.fingerprint(), ctx_.rank());
     for (std::size_t i = 0; 2 * i + 1 < check_channels(); ++i) {
       ctx_.start(2 * i);
       ctx_.start(2 * i + 1);
@@ -302,19 +301,17 @@ class PlanImpl final : public Job {
       ctx_.wait(2 * i + 1);
       check_mine_.merge(check_peer_);
     }
-    if (check_mine_.mismatch)
+    if (check_mine_.mismatch())
       raise<RemoteError>(plan_label(ctx_.fingerprint(), ctx_.spec()),
-                         concat("mismatched collective calls: rank ", check_mine_.a_rank,
-                                " called ", describe(check_mine_.a), " but rank ",
-                                check_mine_.b_rank, " called ", describe(check_mine_.b)));
+                         check_mine_.report(ctx_.size()));
   }
   // Every rank leaves its fingerprint in its check line for check number c (one per checked
   // plan execution, in the same order on every rank), raises its check counter, and reads every
   // other rank's line once that rank's counter shows c: a barrier, and a comparison in which
-  // every rank sees the same fingerprints and so reports the same pair (rank 0's and the first
-  // that differs from it). Against the message rounds: one hand-off instead of ceil(log2 p)
-  // round trips through MPI (2 ranks here: 0.3-0.5 us less per call; benchmarks/RESULTS.md), but
-  // p - 1 lines to read, hence only up to kSegmentCheckRanks ranks. Two lines alternate: a rank
+  // every rank sees the same fingerprints and so reports the same groups of ranks by call.
+  // Against the message rounds: one hand-off instead of ceil(log2 p) round trips through MPI
+  // (2 ranks here: 0.3-0.5 us less per call; benchmarks/RESULTS.md), but p - 1 lines to read,
+  // hence only up to kSegmentCheckRanks ranks. Two lines alternate: a rank
   // writes check c + 2 only after reading every rank's check c + 1, which every rank raised after
   // reading check c. A rank that skipped a call reaches the others' next check with its
   // fingerprint of the call after: a mismatch, as with messages.
@@ -324,27 +321,27 @@ class PlanImpl final : public Job {
     const Fingerprint mine = ctx_.fingerprint();
     std::memcpy(w.check_line(r, c), &mine, sizeof(mine));
     counter_publish(w.check_flag(r), c + 1);
-    Fingerprint first = mine;
-    int differs = -1;
-    Fingerprint other;
+    Fingerprint all[kSegmentCheckRanks];
+    bool differs = false;
     for (int q = 0; q < p; ++q) {
-      Fingerprint f = mine;
+      all[q] = mine;
       if (q != r) {
         if (!counter_wait(w.check_flag(q), c + 1, ctx_.deadline(), check_spin_))
           ctx_.timeout(ctx_.transport_rank(q));
-        std::memcpy(&f, w.check_line(q, c), sizeof(f));
+        std::memcpy(&all[q], w.check_line(q, c), sizeof(Fingerprint));
       }
-      if (q == 0) {
-        first = f;
-      } else if (differs < 0 && f != first) {
-        differs = q;
-        other = f;
-      }
+      differs = differs || all[q] != all[0];
     }
-    if (differs >= 0)
-      raise<RemoteError>(plan_label(ctx_.fingerprint(), ctx_.spec()),
-                         concat("mismatched collective calls: rank 0 called ", describe(first),
-                                " but rank ", differs, " called ", describe(other)));
+    if (!differs) return;
+    std::vector<CallGroup> groups;
+    for (int q = 0; q < p; ++q) {
+      auto g = std::find_if(groups.begin(), groups.end(),
+                            [&](const CallGroup& x) { return x.call == all[q]; });
+      if (g == groups.end()) g = groups.insert(groups.end(), CallGroup{all[q], {}});
+      g->ranks.push_back(q);
+    }
+    raise<RemoteError>(plan_label(ctx_.fingerprint(), ctx_.spec()),
+                       mismatch_report(std::move(groups)));
   }
   static constexpr int kSegmentCheckRanks = 8;
 
