@@ -1,9 +1,9 @@
 // Example 20: in-situ training. A 2D heat-diffusion solver split over MPI ranks trains a small CNN
 // to predict its field --horizon steps ahead while it runs, beside an MLP of 5 x 5 neighbourhoods
 // at the same budget (same AdamW steps, schedule and all-reduce on the same tiles). Design:
-// - The solver is an ordinary MPI code (five-point stencil, periodic grid, rows split over the
-//   ranks) with its own halo exchange on MPI_COMM_WORLD; dtrain works on a duplicate, so the two
-//   never match each other's messages. Heat has an exact discrete solution to check against.
+// - The solver (heat_solver.hpp: five-point stencil, periodic grid, rows split over the ranks) is
+//   an ordinary MPI code with its own halo exchange on MPI_COMM_WORLD; dtrain works on a duplicate,
+//   so the two never match each other's messages. Heat has an exact discrete solution to check.
 // - Samples are per-rank tiles (the rank's rows plus `halo` ghost rows either side, and their
 //   change --horizon steps later): they never leave their rank, and the fully convolutional
 //   model applies to the whole field tile by tile, with the same halo exchange.
@@ -23,14 +23,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <dtrain/ckpt/hdf5.hpp>
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
-#include <dtrain/core/rng.hpp>
 #include <dtrain/core/timer.hpp>
 #include <dtrain/data/distributed_sampler.hpp>
 #include <dtrain/data/in_memory_dataset.hpp>
@@ -41,6 +39,8 @@
 
 #include "common/cli_mpi.hpp"
 #include "common/mpi_main.hpp"
+#include "heat_solver.hpp"
+#include "tiles.hpp"
 
 namespace {
 
@@ -58,139 +58,12 @@ constexpr double kR = 0.2, kRolloutBound = 0.3;
 constexpr int kReach = 4, kChannels = 8, kPatch = 5, kHidden = 32, kCapacity = 64, kOptSteps = 2;
 constexpr int kRollout = 8;
 
-double sum_ranks(double x) {
-  MPI_Allreduce(MPI_IN_PLACE, &x, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
-  return x;
-}
-
-// Rows [row0, row0 + rows) of the periodic grid, with `halo` ghost rows on each side.
-struct Grid {
-  int nx = 0, ny = 0, rows = 0, row0 = 0, halo = kReach, rank = 0, size = 1;
-  std::size_t cells() const { return std::size_t(rows + 2 * halo) * nx; }
-  std::size_t at(int i, int j) const { return std::size_t(i + halo) * nx + j; }
-  void exchange(std::vector<double>& u) const {
-    const int n = halo * nx, up = (rank + size - 1) % size, down = (rank + 1) % size;
-    auto one = [&](std::size_t send, int to, int tag, std::size_t recv, int from) {
-      MPI_Status st;
-      int count = 0;
-      MPI_Sendrecv(&u[send], n, MPI_DOUBLE, to, tag, &u[recv], n, MPI_DOUBLE, from, MPI_ANY_TAG,
-                   MPI_COMM_WORLD, &st);
-      MPI_Get_count(&st, MPI_DOUBLE, &count);
-      if (st.MPI_TAG != tag || count != n)  // a message of dtrain's would have another tag
-        throw std::runtime_error("insitu: rank " + std::to_string(rank) +
-                                 ": foreign message in the halo exchange");
-    };
-    one(at(0, 0), up, 1, at(rows, 0), down);
-    one(at(rows - halo, 0), down, 2, at(-halo, 0), up);
-  }
-  // One explicit step of u_t = D (u_xx + u_yy), then the halo exchange: ghost rows stay current.
-  void step(std::vector<double>& u, std::vector<double>& tmp, double r) const {
-    for (int i = 0; i < rows; ++i)
-      for (int j = 0; j < nx; ++j) {
-        const double c = u[at(i, j)], w = u[at(i, j ? j - 1 : nx - 1)];
-        const double e = u[at(i, j + 1 < nx ? j + 1 : 0)];
-        tmp[at(i, j)] = c + r * (u[at(i - 1, j)] + u[at(i + 1, j)] + w + e - 4 * c);
-      }
-    std::copy(tmp.begin() + at(0, 0), tmp.begin() + at(rows, 0), u.begin() + at(0, 0));
-    exchange(u);
-  }
-  double total(const std::vector<double>& u) const {
-    double s = 0;
-    for (std::size_t k = at(0, 0); k < at(rows, 0); ++k) s += u[k];
-    return sum_ranks(s);
-  }
-};
-
-// Solver check: a product of cosines decays by exactly 1 + r (2 cos a + 2 cos b - 4) per step.
-double fourier_decay_error(const Grid& g, double r, int steps) {
-  const double pi = 3.14159265358979323846, a = 2 * pi * 3 / g.nx, b = 2 * pi * 2 / g.ny;
-  std::vector<double> u(g.cells()), tmp(g.cells());
-  auto mode = [&](int i, int j) { return std::cos(a * j) * std::cos(b * (g.row0 + i)); };
-  for (int i = 0; i < g.rows; ++i)
-    for (int j = 0; j < g.nx; ++j) u[g.at(i, j)] = 1 + 0.5 * mode(i, j);
-  g.exchange(u);
-  for (int s = 0; s < steps; ++s) g.step(u, tmp, r);
-  const double amp = 0.5 * std::pow(1 + r * (2 * std::cos(a) + 2 * std::cos(b) - 4), steps);
-  double err = 0;
-  for (int i = 0; i < g.rows; ++i)
-    for (int j = 0; j < g.nx; ++j)
-      err = std::max(err, std::abs(u[g.at(i, j)] - 1 - amp * mode(i, j)));
-  MPI_Allreduce(MPI_IN_PLACE, &err, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-  return err;
-}
-
-// Warm and cold Gaussian blobs (2 to 6 cells wide, one per 16 x 16 cells) placed by the seed.
-void initial_field(const Grid& g, std::uint64_t seed, std::vector<double>& u) {
-  dtrain::RngStream rng(seed, 0x1b10b5);
-  std::fill(u.begin(), u.end(), 1.0);
-  auto dist = [](double p, double q, int n) {
-    return std::min(std::abs(p - q), n - std::abs(p - q));
-  };
-  for (int k = 0; k < std::max(8, g.nx * g.ny / 256); ++k) {
-    const double x = rng.uniform_double() * g.nx, y = rng.uniform_double() * g.ny;
-    const double amp = 2 * rng.uniform_double() - 1, s = 2 + 4 * rng.uniform_double();
-    for (int i = 0; i < g.rows; ++i)
-      for (int j = 0; j < g.nx; ++j) {
-        const double dx = dist(j, x, g.nx), dy = dist(g.row0 + i, y, g.ny);
-        if (dy < 5 * s) u[g.at(i, j)] += amp * std::exp(-(dx * dx + dy * dy) / (2 * s * s));
-      }
-  }
-  g.exchange(u);
-}
-
-// The simulation's checkpointed state on one rank.
-struct SimState {
-  long long step = 0, trained = 0, tiles = 0;
-  double initial_total = 0, first_error = -1;
-  std::vector<double> u, snap;  // the field and the snapshot waiting for its target (with halos)
-  dtrain::Shape shape;
-  template <class V>
-  void visit_state(V& v) {
-    v.scalar("step", step);
-    v.scalar("trained", trained);
-    v.scalar("tiles", tiles);  // read first on restore: the store grows to this size
-    v.scalar("initial_total", initial_total);
-    v.scalar("first_error", first_error);
-    v.tensor("u", dtrain::BufferView(u.data(), u.size(), dtrain::DType::f64), shape);
-    v.tensor("snap", dtrain::BufferView(snap.data(), snap.size(), dtrain::DType::f64), shape);
-  }
-};
-
-// A tile as the CNN sees it: (u - mean) / rms over the whole tile; returns the rms.
-double scale_tile(const std::vector<double>& u, float* x) {
-  double m = 0, ss = 0;
-  for (double v : u) m += v;
-  m /= double(u.size());
-  for (double v : u) ss += (v - m) * (v - m);
-  const double s = std::max(std::sqrt(ss / double(u.size())), 1e-30);
-  for (std::size_t k = 0; k < u.size(); ++k) x[k] = float((u[k] - m) / s);
-  return s;
-}
-
-// The MLP's inputs: for each own cell of a scaled tile, its neighbourhood minus its centre.
-void neighbourhoods(const Grid& g, const float* x, float* p) {
-  for (int i = 0; i < g.rows; ++i)
-    for (int j = 0; j < g.nx; ++j)
-      for (int di = -kPatch / 2; di <= kPatch / 2; ++di)
-        for (int dj = -kPatch / 2; dj <= kPatch / 2; ++dj)
-          *p++ = x[g.at(i + di, (j + dj + g.nx) % g.nx)] - x[g.at(i, j)];
-}
-
-std::uint64_t fnv1a(const void* data, std::size_t bytes, std::uint64_t h = 1469598103934665603ull) {
-  for (std::size_t i = 0; i < bytes; ++i)
-    h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
-  return h;
-}
-
 int run(const Config& cfg) {
-  Grid g;
-  MPI_Comm_rank(MPI_COMM_WORLD, &g.rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &g.size);
-  g.nx = int(cfg.nx), g.ny = int(cfg.ny), g.row0 = int(cfg.ny * g.rank / g.size);
-  g.rows = int(cfg.ny * (g.rank + 1) / g.size) - g.row0;
+  const Grid g = make_grid(cfg.nx, cfg.ny, kReach);
   auto say = [root = g.rank == 0](const char* format, auto... args) {
     if (root) std::printf(format, args...);
   };
+  auto verdict = [](bool ok) { return ok ? "ok" : "FAILED"; };
   if (g.rows < g.halo || kCapacity < cfg.batch) {
     say("insitu: need >= %d rows per rank and --batch <= %d\n", g.halo, kCapacity);
     return 2;
@@ -200,7 +73,7 @@ int run(const Config& cfg) {
   const double decay_err = fourier_decay_error(g, kR, 50);
   say("solver check: Fourier mode after 50 steps, max error %.2e against the exact discrete decay "
       "(%s)\n",
-      decay_err, decay_err < 1e-12 ? "ok" : "FAILED");
+      decay_err, verdict(decay_err < 1e-12));
 
   // The CNN lifts to C channels, runs a pre-activation residual block and projects back (the lift
   // and the projection alone are a linear 5 x 5 stencil). Named all-reduce algorithms fix the
@@ -233,12 +106,7 @@ int run(const Config& cfg) {
   dtrain::SamplerOptions sopt;
   sopt.drop_last = true;
   dtrain::DistributedSampler sampler(0, 0, 1, cfg.seed, sopt);  // world size 1: this rank's store
-  SimState sim;
-  sim.shape = dtrain::Shape{T, cfg.nx};
-  sim.u = std::vector<double>(tile);
-  initial_field(g, cfg.seed, sim.u);
-  sim.initial_total = g.total(sim.u);
-  sim.snap = sim.u;
+  SimState sim = initial_state(g, cfg.seed);
 
   // Everything a restart needs, listed once for save and restore.
   dtrain::Checkpointer ckpt(comm, cfg.run_dir);
@@ -271,16 +139,16 @@ int run(const Config& cfg) {
   std::vector<double> tmp(tile);
   dtrain::PassOptions eval;
   eval.training = false;
-  // Either model's prediction for the rank's own rows of a scaled tile, and its error relative to
-  // the target tile yt (over all ranks).
-  auto predict = [&](bool use_cnn, const float* x) {
-    if (!use_cnn) neighbourhoods(g, x, xm.data());
+  // Either model's prediction for the rank's own rows of the scaled tile xt, and its error
+  // relative to the target tile yt (over all ranks).
+  auto predict = [&](bool use_cnn) {
+    if (!use_cnn) neighbourhoods(g, kPatch, xt.data(), xm.data());
     const float* o =
-        use_cnn ? cnn.forward(x, 1, eval) + g.at(0, 0) : mlp.forward(xm.data(), own, eval);
+        use_cnn ? cnn.forward(xt.data(), 1, eval) + g.at(0, 0) : mlp.forward(xm.data(), own, eval);
     std::copy(o, o + own, pred.begin());
   };
   auto rel_error = [&](bool use_cnn) {
-    predict(use_cnn, xt.data());
+    predict(use_cnn);
     double e[2] = {0, 0};
     for (std::size_t k = 0; k < own; ++k) {
       const double y = yt[g.at(0, 0) + k];
@@ -299,7 +167,7 @@ int run(const Config& cfg) {
     store.read_pairs(idx, xb, yb);
     dtrain::Timer t;
     for (std::size_t b = 0; b < B; ++b) {
-      neighbourhoods(g, &xb[b * tile], &xm[b * own * nf]);
+      neighbourhoods(g, kPatch, &xb[b * tile], &xm[b * own * nf]);
       const auto y = yb.begin() + b * tile;
       std::copy(y + g.at(0, 0), y + g.at(g.rows, 0), ym.begin() + b * own);
     }
@@ -311,16 +179,8 @@ int run(const Config& cfg) {
     mlp_opt.step();
     t_mlp += t.seconds();
     dtrain::Timer tc;
-    // The CNN's loss: mean squared error over the rank's own rows (the halo rows only feed them).
     cnn.zero_grad();
-    const float* out = cnn.forward(xb.data(), B, pass);
-    last_loss = 0;
-    for (std::size_t k = 0; k < B * tile; ++k) {
-      const bool mine = k % tile >= g.at(0, 0) && k % tile < g.at(g.rows, 0);
-      const float d = mine ? out[k] - yb[k] : 0.0f;
-      dy[k] = 2 * d / float(B * own);
-      last_loss += double(d) * d / double(B * own);
-    }
+    last_loss = own_rows_mse(g, B, cnn.forward(xb.data(), B, pass), yb.data(), dy.data());
     cnn.backward(dy.data(), cnn_sync);
     t_cnn += tc.seconds();
   };
@@ -367,36 +227,28 @@ int run(const Config& cfg) {
   save();
   const double drift = std::abs(g.total(sim.u) - sim.initial_total) / std::abs(sim.initial_total);
 
-  // Rollout: each surrogate applied kRollout times (horizon steps each) to the final field, tile
-  // by tile with the halo exchange, against the solver; error relative to the field's change.
-  double err[3] = {0, 0, 0};
+  // Rollout: a surrogate applied kRollout times (horizon steps each) to the final field, tile by
+  // tile with the halo exchange, against the solver; error relative to the field's change.
   std::vector<double> v = sim.u;
   for (long long n = 0; n < kRollout * cfg.horizon; ++n) g.step(v, tmp, kR);
-  for (int m = 0; m < 2; ++m) {
+  const double change = g.distance2(v, sim.u);
+  auto rollout_error = [&](bool use_cnn) {
     std::vector<double> f = sim.u;
     for (int n = 0; n < kRollout; ++n) {
       const double per = scale_tile(f, xt.data()) * kR * double(cfg.horizon);
-      predict(m == 0, xt.data());
+      predict(use_cnn);
       for (std::size_t k = 0; k < own; ++k) f[g.at(0, 0) + k] += pred[k] * per;
       g.exchange(f);
     }
-    for (std::size_t k = g.at(0, 0); k < g.at(g.rows, 0); ++k) {
-      err[m] += (f[k] - v[k]) * (f[k] - v[k]);
-      if (m == 0) err[2] += (v[k] - sim.u[k]) * (v[k] - sim.u[k]);
-    }
-  }
-  for (double& e : err) e = sum_ranks(e);
-  const double cnn_roll = std::sqrt(err[0] / err[2]), mlp_roll = std::sqrt(err[1] / err[2]);
+    return std::sqrt(g.distance2(f, v) / change);
+  };
+  const double cnn_roll = rollout_error(true), mlp_roll = rollout_error(false);
 
-  // Replicas and the final state's fingerprint (field gathered in rank order, both models).
+  // Replicas and the final state's fingerprint (the whole field, both models).
   const bool same = dtrain::replicas_identical(comm, cnn) && dtrain::replicas_identical(comm, mlp);
   unsigned long long ph = fnv1a(cnn.parameter_span().data(), cnn.parameter_count() * sizeof(float));
   ph = fnv1a(mlp.parameter_span().data(), mlp.parameter_count() * sizeof(float), ph);
-  std::uint64_t fh = fnv1a(&sim.u[g.at(0, 0)], own * sizeof(double));
-  std::vector<std::uint64_t> all(g.size);
-  MPI_Gather(&fh, 1, MPI_UINT64_T, all.data(), 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  unsigned long long h = 1469598103934665603ull;
-  for (auto x : all) h = fnv1a(&x, sizeof x, h);
+  const unsigned long long h = g.fingerprint(sim.u);
 
   const bool trained = sim.trained > 0;
   const bool error_ok = !trained || (cnn_error >= 0 && cnn_error < sim.first_error);
@@ -405,13 +257,12 @@ int run(const Config& cfg) {
       drift < 1e-12 ? "conserved" : "NOT CONSERVED");
   if (trained) {
     say("CNN error on fresh snapshots: first %.4f, final %.4f (%s)\n", sim.first_error, cnn_error,
-        error_ok ? "ok" : "FAILED");
+        verdict(error_ok));
     say("rollout: %d x %lld steps, error relative to the field's change: CNN %.4f, MLP %.4f (CNN "
         "better, bound %.3f: %s)\n",
-        kRollout, cfg.horizon, cnn_roll, mlp_roll, kRolloutBound, rollout_ok ? "ok" : "FAILED");
-    say("budget: %lld optimizer steps each on the same tiles; training seconds on rank 0: CNN "
-        "%.2f, "
-        "MLP %.2f\n",
+        kRollout, cfg.horizon, cnn_roll, mlp_roll, kRolloutBound, verdict(rollout_ok));
+    say("budget: %lld optimizer steps each on the same tiles; training seconds on rank 0: "
+        "CNN %.2f, MLP %.2f\n",
         sim.trained, t_cnn, t_mlp);
   }
   say("replicas %s\n", same ? "bit-identical" : "DIFFER");
