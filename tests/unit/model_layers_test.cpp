@@ -1,10 +1,13 @@
 // Grid layers (convolutions, pooling, upsampling, residual blocks): gradients against float64
-// central finite differences, the convolution against a direct loop, the device functors against
-// the host lowering, shape errors that name the layer and both shapes.
+// central finite differences (check_gradients, itself checked on a planted wrong backward), the
+// convolution against a direct loop, the device functors against the host lowering, shape errors
+// that name the layer and both shapes.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,30 +45,42 @@ double gradient_error(const Entries& layers, std::int64_t batch, std::uint64_t s
   const auto targets = random_vec(static_cast<std::size_t>(batch * outs), seed + 3);
   std::vector<std::int32_t> labels;
   for (std::int64_t r = 0; r < batch; ++r) labels.push_back(static_cast<std::int32_t>(r % outs));
-  auto loss = [&] {
-    return classify ? m.forward_backward(x.data(), labels.data(), batch).get()
-                    : m.forward_backward(x.data(), targets.data(), batch, Loss::mse).get();
-  };
-  m.zero_grad();
-  loss();
-  const std::vector<double> g(m.gradient_span().begin(), m.gradient_span().end());
-  double num = 0, den_a = 0, den_b = 0;
-  const double h = 1e-5;
-  for (std::size_t i = 0; i < p.size(); ++i) {
-    const double keep = p[i];
-    p[i] = keep + h;
-    const double lp = loss();
-    p[i] = keep - h;
-    const double lm = loss();
-    p[i] = keep;
-    const double fd = (lp - lm) / (2 * h);
-    num += (g[i] - fd) * (g[i] - fd);
-    den_a += g[i] * g[i];
-    den_b += fd * fd;
-  }
-  REQUIRE(den_a > 0);
-  return std::sqrt(num) / std::max(std::sqrt(den_a), std::sqrt(den_b));
+  const GradientCheck gc =
+      classify ? check_gradients(m, x.data(), labels.data(), batch, Loss::softmax_cross_entropy)
+               : check_gradients(m, x.data(), targets.data(), batch, Loss::mse);
+  REQUIRE(gc.gradient_norm > 0);
+  REQUIRE(gc.checked == p.size());
+  return gc.relative_error;
 }
+
+// y = w * x elementwise with one weight, host only; its backward reports `skew` times the true
+// parameter gradient, so check_gradients must see a relative error near |skew - 1|.
+struct SkewedScale final : Layer<double, HostExec> {
+  explicit SkewedScale(double skew) : skew_(skew) {}
+  const char* kind() const noexcept override { return "skewed_scale"; }
+  Shape configure(const Shape& in) override { return in; }
+  std::vector<LayerParam> params() const override { return {{"w", {1}, 0}}; }
+  void init(std::uint64_t, std::uint64_t, double* host) override { host[0] = 1.5; }
+  void forward(stream_type, const double* x, double* y, std::int64_t rows,
+               const PassContext&) override {
+    for (std::int64_t i = 0; i < rows * input_size(); ++i) y[i] = parameters()[0] * x[i];
+  }
+  void backward(stream_type, const double* x, const double*, const double* dy, double* dx,
+                std::int64_t rows, const PassContext&) override {
+    for (std::int64_t i = 0; i < rows * input_size(); ++i) {
+      if (dx) dx[i] = parameters()[0] * dy[i];
+      gradients()[0] += skew_ * x[i] * dy[i];
+    }
+  }
+  double skew_;
+};
+struct SkewedScaleSpec {
+  double skew;
+  template <class T, class Exec>
+  std::unique_ptr<Layer<T, Exec>> make() const {
+    return std::make_unique<SkewedScale>(skew);
+  }
+};
 
 // Direct convolution of one sample (independent of the lowering): x [cin, d, h, w] padded to
 // three axes, weights [cout, cin, kd, kh, kw].
@@ -151,6 +166,27 @@ TEST_CASE("grid layers: gradients match float64 finite differences") {
         CHECK(gradient_error(cs.layers, batch, 17 + static_cast<std::uint64_t>(batch),
                              cs.classify) < 1e-6);
       }
+  }
+}
+
+TEST_CASE("check_gradients finds a backward that is off by 1%") {
+  for (const double skew : {1.0, 1.01}) {
+    CAPTURE(skew);
+    BasicSequential<double> m(Entries{Linear(3, 4), SkewedScaleSpec{skew}, Linear(4, 2)});
+    m.init(5);
+    const auto x = random_vec(3 * 6, 7, -1, 1);
+    const auto t = random_vec(2 * 6, 8);
+    const GradientCheck gc = check_gradients(m, x.data(), t.data(), 6, Loss::mse);
+    CHECK(gc.checked == m.parameter_count());
+    if (skew == 1.0)
+      CHECK(gc.relative_error < 1e-8);
+    else
+      CHECK(gc.relative_error > 1e-4);
+    // The arena holds the batch's analytic gradient afterwards, not the extra passes' sums.
+    std::vector<double> g(m.gradient_span().begin(), m.gradient_span().end());
+    m.zero_grad();
+    m.forward_backward(x.data(), t.data(), 6, Loss::mse);
+    CHECK(std::equal(g.begin(), g.end(), m.gradient_span().begin()));
   }
 }
 

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dtrain: umbrella for the model headers (layers, losses, metrics, Sequential, ParameterSet).
+// dtrain: umbrella for the model headers (layers, losses, metrics, Sequential, ParameterSet,
+// check_gradients).
 #pragma once
 
+#include <dtrain/model/gradient_check.hpp>
 #include <dtrain/model/layers.hpp>
 #include <dtrain/model/loss.hpp>
 #include <dtrain/model/metrics.hpp>
