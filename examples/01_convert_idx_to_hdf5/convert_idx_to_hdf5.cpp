@@ -19,13 +19,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
-#include <new>
 #include <string>
 #include <vector>
 
 #include <sys/stat.h>
-#include <zlib.h>
 
 #include <dtrain/data/hdf5.hpp>
 #include <dtrain/data/idx.hpp>
@@ -144,57 +141,6 @@ dtrain::detail::H5Handle write_dataset(hid_t file, const std::string& name,
   return d;
 }
 
-// An IDX header can declare far more data than its file holds; gzip files are decompressed into a
-// buffer of the declared size, so an absurd count would end in a bare std::bad_alloc. Deflate
-// cannot compress better than about 1032:1, which bounds what a file of this size can hold.
-void check_declared_size(const std::string& path) {
-  const char* op = "convert_idx_to_hdf5";
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
-    throw dtrain::make_error<dtrain::IoError>(
-        op, "cannot stat '" + path + "': " + std::strerror(errno));
-  gzFile z = ::gzopen(path.c_str(), "rb");
-  if (!z) throw dtrain::make_error<dtrain::IoError>(op, "zlib cannot open '" + path + "'");
-  unsigned char head[4 + 4 * 255] = {0};
-  const int got = ::gzread(z, head, 4);
-  const int ndim = got == 4 ? head[3] : 0;
-  const int dgot = ndim > 0 ? ::gzread(z, head + 4, static_cast<unsigned>(4 * ndim)) : 0;
-  ::gzclose(z);
-  if (got != 4 || dgot != 4 * ndim) return;  // too short: read_idx says exactly what is wrong
-  const std::size_t esize = dtrain::detail::idx_type_size(head[2]);
-  if (esize == 0) return;  // not an IDX type code: read_idx names it
-  long double declared = static_cast<long double>(esize);
-  std::string dims;
-  for (int i = 0; i < ndim; ++i) {
-    const unsigned char* d = head + 4 + 4 * i;
-    const std::uint32_t v = (std::uint32_t(d[0]) << 24) | (std::uint32_t(d[1]) << 16) |
-                            (std::uint32_t(d[2]) << 8) | std::uint32_t(d[3]);
-    declared *= v;
-    dims += (i ? " x " : "") + std::to_string(v);
-  }
-  const long double limit = 1032.0L * static_cast<long double>(st.st_size) + 4096.0L;
-  if (declared > limit) {
-    char text[64];
-    std::snprintf(text, sizeof text, "%.3Lg", declared);
-    throw dtrain::make_error<dtrain::IoError>(
-        op, "'" + path + "': the header declares [" + dims + "] elements of " +
-                std::to_string(esize) + " B (" + text + " B), more than a " +
-                std::to_string(static_cast<long long>(st.st_size)) +
-                " B file can hold; the file is damaged or not an IDX file");
-  }
-}
-
-// read_idx with the size check first, and out-of-memory reported with the file's name.
-dtrain::IdxArray read_checked(const std::string& path) {
-  check_declared_size(path);
-  try {
-    return dtrain::read_idx(path);
-  } catch (const std::bad_alloc&) {
-    throw dtrain::make_error<dtrain::IoError>("convert_idx_to_hdf5",
-                                              "not enough memory to read '" + path + "'");
-  }
-}
-
 struct Split {
   const char* group;  // "train" / "test"
   const char* stem;   // "train" / "t10k"
@@ -268,8 +214,8 @@ int main(int argc, char** argv) {
           file.get(), "source",
           "Fashion-MNIST (Zalando Research), converted from IDX files in " + args.src);
       for (const auto& s : splits) {
-        const dtrain::IdxArray images = read_checked(s.images);
-        const dtrain::IdxArray labels = read_checked(s.labels);
+        const dtrain::IdxArray images = dtrain::read_idx(s.images);
+        const dtrain::IdxArray labels = dtrain::read_idx(s.labels);
         // Same validation as the loader: counts, element type, label range.
         const dtrain::IdxDataset check(s.images, s.labels);
         if (images.type != 0x08 || labels.type != 0x08)
