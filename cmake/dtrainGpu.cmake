@@ -12,8 +12,12 @@
 # and avoids CMake's CUDA language needing a newer CMake for newer toolkits.
 #
 # dtrain_add_gpu_executable(NAME n SOURCE file DIALECT cuda|hip [DEFINES d...] [INCLUDES dir...]
-#                           [FLAGS flag...] [LIBS lib...] [HOST_LIBS lib...] [OUT var])
-#   builds ${CMAKE_CURRENT_BINARY_DIR}/<n> and a target <n> (part of ALL). DTRAIN_GPU_DIALECTS lists
+#                           [FLAGS flag...] [LIBS lib...] [HOST_LIBS lib...] [OUT var]
+#                           [COMPILE_CHECK])
+#   builds ${CMAKE_CURRENT_BINARY_DIR}/gpu/<n> and a target <n> (part of ALL). COMPILE_CHECK
+#   compiles for the first target of the dialect only, without optimisation (host and device):
+#   for a build that checks that a program compiles and never runs it (the binary does not load
+#   on the other targets). DTRAIN_GPU_DIALECTS lists
 #   the dialects whose compiler was found (cuda, hip); DTRAIN_GPU_INCLUDE_DIRS the include roots
 #   every unit gets (set by the includer: the installed include dir, or the source tree's roots).
 #   With cuBLAS / hipBLAS found, units get DTRAIN_HAVE_CUBLAS / DTRAIN_HAVE_HIPBLAS and the library.
@@ -48,10 +52,14 @@ if(DTRAIN_HAVE_CUDA)
   mark_as_advanced(DTRAIN_NVCC)
   if(DTRAIN_NVCC)
     list(APPEND DTRAIN_GPU_DIALECTS cuda)
-    set(_dtrain_cuda_flags -std=c++17 -x cu -O2 -ccbin "${CMAKE_CXX_COMPILER}")
+    set(_dtrain_cuda_flags -std=c++17 -x cu -ccbin "${CMAKE_CXX_COMPILER}")
+    set(_dtrain_cuda_targets "")
     foreach(_a IN LISTS DTRAIN_CUDA_ARCHS)
-      list(APPEND _dtrain_cuda_flags --generate-code "arch=compute_${_a},code=sm_${_a}")
+      list(APPEND _dtrain_cuda_targets --generate-code "arch=compute_${_a},code=sm_${_a}")
     endforeach()
+    set(_dtrain_cuda_full -O2 ${_dtrain_cuda_targets})
+    list(GET DTRAIN_CUDA_ARCHS 0 _a)
+    set(_dtrain_cuda_check -O0 -Xptxas -O0 --generate-code "arch=compute_${_a},code=sm_${_a}")
     set(_dtrain_cuda_libs -Xcompiler=-pthread)
     if(TARGET CUDA::cublas)
       list(APPEND _dtrain_cuda_flags -DDTRAIN_HAVE_CUBLAS=1)
@@ -118,10 +126,13 @@ if(DTRAIN_HAVE_HIP)
     endforeach()
     list(REMOVE_DUPLICATES _dtrain_hip_archs)
     set(DTRAIN_HIP_ARCHS_EFFECTIVE "${_dtrain_hip_archs}")
-    set(_dtrain_hip_flags -std=c++17 -O2)
+    set(_dtrain_hip_flags -std=c++17)
+    set(_dtrain_hip_full -O2)
     foreach(_a IN LISTS _dtrain_hip_archs)
-      list(APPEND _dtrain_hip_flags --offload-arch=${_a})
+      list(APPEND _dtrain_hip_full --offload-arch=${_a})
     endforeach()
+    list(GET _dtrain_hip_archs 0 _a)
+    set(_dtrain_hip_check -O0 --offload-arch=${_a})
     set(_dtrain_hip_libs -lpthread)
     find_path(DTRAIN_HIPBLAS_INCLUDE_DIR NAMES hipblas/hipblas.h hipblas.h PATHS /opt/rocm/include)
     find_library(DTRAIN_HIPBLAS_LIBRARY hipblas PATHS /opt/rocm/lib)
@@ -164,8 +175,15 @@ if(NOT DEFINED DTRAIN_GPU_DEPENDS)
 endif()
 
 function(dtrain_add_gpu_executable)
-  cmake_parse_arguments(A "" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;FLAGS;LIBS;HOST_LIBS" ${ARGN})
-  set(_exe "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}")
+  cmake_parse_arguments(A "COMPILE_CHECK" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;FLAGS;LIBS;HOST_LIBS" ${ARGN})
+  # The nvcc/hipcc programs go to a gpu/ folder: a file beside the custom target of the same name
+  # would be two rules for one path to Ninja.
+  set(_exe "${CMAKE_CURRENT_BINARY_DIR}/gpu/${A_NAME}")
+  set(_mode full)
+  if(A_COMPILE_CHECK)
+    set(_mode check)
+  endif()
+  file(MAKE_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/gpu")
   set(_defs "")
   foreach(_d IN LISTS A_DEFINES)
     list(APPEND _defs "-D${_d}")
@@ -179,11 +197,11 @@ function(dtrain_add_gpu_executable)
       list(APPEND _host_libs -Xlinker "${_l}")
     endforeach()
     add_custom_command(OUTPUT "${_exe}"
-      COMMAND "${DTRAIN_NVCC}" ${_dtrain_cuda_flags} -DDTRAIN_HAVE_CUDA=1 ${_defs} ${A_FLAGS}
+      COMMAND "${DTRAIN_NVCC}" ${_dtrain_cuda_flags} ${_dtrain_cuda_${_mode}} -DDTRAIN_HAVE_CUDA=1 ${_defs} ${A_FLAGS}
               ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${_host_libs}
               ${_dtrain_cuda_libs}
       DEPENDS "${A_SOURCE}" ${DTRAIN_GPU_DEPENDS}
-      COMMENT "nvcc (sm ${DTRAIN_CUDA_ARCHS}) ${A_NAME}" VERBATIM)
+      COMMENT "nvcc (${_dtrain_cuda_${_mode}}) ${A_NAME}" VERBATIM)
     add_custom_target(${A_NAME} ALL DEPENDS "${_exe}")
   elseif(A_DIALECT STREQUAL "hip" AND DTRAIN_HIP_LANGUAGE)
     set(_copy "${CMAKE_CURRENT_BINARY_DIR}/${A_NAME}.hip")
@@ -200,18 +218,23 @@ function(dtrain_add_gpu_executable)
       target_compile_definitions(${A_NAME} PRIVATE DTRAIN_HAVE_HIPBLAS=1)
       target_link_libraries(${A_NAME} PRIVATE "${DTRAIN_HIPBLAS_LIBRARY}")
     endif()
-    set_target_properties(${A_NAME} PROPERTIES HIP_STANDARD 17 HIP_ARCHITECTURES "${DTRAIN_HIP_ARCHS_EFFECTIVE}"
-      RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}")
+    set(_archs "${DTRAIN_HIP_ARCHS_EFFECTIVE}")
+    if(A_COMPILE_CHECK)
+      list(GET _archs 0 _archs)
+      target_compile_options(${A_NAME} PRIVATE -O0)
+    endif()
+    set_target_properties(${A_NAME} PROPERTIES HIP_STANDARD 17 HIP_ARCHITECTURES "${_archs}"
+      RUNTIME_OUTPUT_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/gpu")
   elseif(A_DIALECT STREQUAL "hip")
     if(NOT DTRAIN_HIPCC_TMPDIR)
       set(DTRAIN_HIPCC_TMPDIR "${CMAKE_BINARY_DIR}/hipcc-tmp")
       file(MAKE_DIRECTORY "${DTRAIN_HIPCC_TMPDIR}")
     endif()
     add_custom_command(OUTPUT "${_exe}"
-      COMMAND "${CMAKE_COMMAND}" -E env "TMPDIR=${DTRAIN_HIPCC_TMPDIR}" "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} -DDTRAIN_HAVE_HIP=1 ${_defs} ${A_FLAGS}
+      COMMAND "${CMAKE_COMMAND}" -E env "TMPDIR=${DTRAIN_HIPCC_TMPDIR}" "${DTRAIN_HIPCC}" ${_dtrain_hip_flags} ${_dtrain_hip_${_mode}} -DDTRAIN_HAVE_HIP=1 ${_defs} ${A_FLAGS}
               ${_dtrain_gpu_includes} "${A_SOURCE}" -o "${_exe}" ${A_LIBS} ${A_HOST_LIBS} ${_dtrain_hip_libs}
       DEPENDS "${A_SOURCE}" ${DTRAIN_GPU_DEPENDS}
-      COMMENT "hipcc (${DTRAIN_HIP_ARCHS_EFFECTIVE}) ${A_NAME}" VERBATIM)
+      COMMENT "hipcc (${_dtrain_hip_${_mode}}) ${A_NAME}" VERBATIM)
     add_custom_target(${A_NAME} ALL DEPENDS "${_exe}")
   else()
     message(FATAL_ERROR "dtrain_add_gpu_executable: DIALECT must be cuda or hip, got '${A_DIALECT}'")
