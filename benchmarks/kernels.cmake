@@ -28,9 +28,13 @@ foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
   elseif(DTRAIN_BENCHMARK_OPT)
     set(_kb_opt ${DTRAIN_BENCHMARK_OPT})
   endif()
+  set(_kb_check "")
+  if(DTRAIN_GPU_PROGRAMS_COMPILE_CHECK)
+    set(_kb_check COMPILE_CHECK)
+  endif()
   dtrain_add_gpu_executable(NAME kernels_bench_${_dialect}
     SOURCE "${CMAKE_CURRENT_LIST_DIR}/kernels_bench.cpp" DIALECT ${_dialect}
-    DEFINES ${_kb_defs} INCLUDES ${_kb_incs} HOST_LIBS ${_kb_libs} FLAGS ${_kb_opt})
+    DEFINES ${_kb_defs} INCLUDES ${_kb_incs} HOST_LIBS ${_kb_libs} FLAGS ${_kb_opt} ${_kb_check})
 endforeach()
 
 # conv_bench: forward + backward of a convolutional surrogate stack (Conv2d 1 -> 32 -> 32 -> 1,

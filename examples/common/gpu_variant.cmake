@@ -3,6 +3,7 @@
 #   base_cuda, base_hip, with DTRAIN_EXAMPLE_GPU=1 (examples/common/device.hpp: --device), the
 #   include directories and link libraries of the imported targets in USES, and examples/ on the
 #   include path. Nothing happens without a GPU compiler or when a USES target is missing.
+#   DTRAIN_GPU_PROGRAMS_COMPILE_CHECK: one target per dialect at -O0 (a compile check).
 # The GPU settings are directory variables: include this file at directory scope.
 if(DTRAIN_HAVE_CUDA OR DTRAIN_HAVE_HIP)
   include("${PROJECT_SOURCE_DIR}/cmake/dtrain_gpu.cmake")
@@ -35,8 +36,12 @@ function(dtrain_add_gpu_variants)
   endforeach()
   # The compiler's own system directory as -I would reorder the C++ library's include_next chain.
   list(REMOVE_ITEM _inc /usr/include /usr/local/include)
+  set(_check "")
+  if(DTRAIN_GPU_PROGRAMS_COMPILE_CHECK)
+    set(_check COMPILE_CHECK)
+  endif()
   foreach(_dialect IN LISTS DTRAIN_GPU_DIALECTS)
     dtrain_add_gpu_executable(NAME ${A_NAME}_${_dialect} SOURCE "${A_SOURCE}" DIALECT ${_dialect}
-      DEFINES DTRAIN_EXAMPLE_GPU=1 ${A_DEFINES} INCLUDES ${_inc} HOST_LIBS ${_libs})
+      DEFINES DTRAIN_EXAMPLE_GPU=1 ${A_DEFINES} INCLUDES ${_inc} HOST_LIBS ${_libs} ${_check})
   endforeach()
 endfunction()
