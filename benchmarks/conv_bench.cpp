@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // conv_bench: forward + backward of a convolutional surrogate stack on the host, one BLAS thread,
-// against the machine's measured FMA peak. The stack (defaults): Input{1, 64, 64}, Conv2d(1, 32,
-// 3).pad(1), ReLU, Conv2d(32, 32, 3).pad(1), ReLU, Conv2d(32, 1, 3).pad(1), MSE loss, batch 16:
+// against the machine's measured FMA peak (its widest vectors). The stack (defaults): Input{1, 64,
+// 64}, Conv2d(1, 32, 3).pad(1), ReLU, Conv2d(32, 32, 3).pad(1), ReLU, Conv2d(32, 1, 3).pad(1), MSE
+// loss, batch 16:
 // the shapes benchmarks/compare/conv_torch.py times in PyTorch. Prints the median step time and
 // GFLOP/s (2 x multiply-adds of the convolutions, times 3 for forward, input and weight
 // gradients, per second of the process's CPU time) and the fraction of the peak. Two ranks: run two
@@ -30,27 +31,37 @@ double cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// Single-precision FMA throughput of one core: 16 independent chains of 8-wide FMAs (AVX2 + FMA,
-// whatever the build flags; OpenBLAS picks such kernels at run time). 0 without AVX2 + FMA.
-__attribute__((target("avx2,fma"))) double fma_chains() {
-  using v8 = float __attribute__((vector_size(32)));
-  v8 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = v8{} + 1.0f * static_cast<float>(i) * 1e-3f;
-  const v8 a = v8{} + 0.999999f, b = v8{} + 1e-7f;
+// Single-precision FMA throughput of one core, in CPU time (a busy machine lowers it less than
+// wall time): 12 independent chains of W-lane FMAs, few enough to stay in registers without
+// -march flags (16 chains plus two constants spill to the stack and halve the figure).
+using f32x8 = float __attribute__((vector_size(32)));
+using f32x16 = float __attribute__((vector_size(64)));
+template <class vec>
+__attribute__((always_inline)) inline double fma_chains() {  // compiled for the caller's target
+  constexpr int W = sizeof(vec) / sizeof(float);
+  vec acc[12];
+  for (int i = 0; i < 12; ++i) acc[i] = vec{} + 1e-3f * static_cast<float>(i);
+  const vec a = vec{} + 0.999999f, b = vec{} + 1e-7f;
   const long iters = 20'000'000;
-  const double t0 = cpu_seconds();  // CPU time: a busy machine lowers it less than wall time
+  const double t0 = cpu_seconds();
   for (long k = 0; k < iters; ++k)
-    for (int i = 0; i < 16; ++i) acc[i] = acc[i] * a + b;
+    for (int i = 0; i < 12; ++i) acc[i] = acc[i] * a + b;
   const double t = cpu_seconds() - t0;
   float sink = 0;
   for (auto& v : acc)
-    for (int j = 0; j < 8; ++j) sink += v[j];
+    for (int j = 0; j < W; ++j) sink += v[j];
   if (sink == 12345.0f) std::printf(" ");
-  return 2.0 * 8 * 16 * static_cast<double>(iters) / t / 1e9;
+  return 2.0 * W * 12 * static_cast<double>(iters) / t / 1e9;
 }
-double fma_peak_gflops() {
+__attribute__((target("avx2,fma"))) double fma_peak_avx2() { return fma_chains<f32x8>(); }
+__attribute__((target("avx512f"))) double fma_peak_avx512() { return fma_chains<f32x16>(); }
+// The widest the CPU has: 16 lanes (AVX-512), else 8 (AVX2 + FMA), else 0.
+double fma_peak_gflops(const char** isa) {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? fma_chains() : 0.0;
+  if (__builtin_cpu_supports("avx512f")) return *isa = "AVX-512", fma_peak_avx512();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+    return *isa = "AVX2", fma_peak_avx2();
+  return *isa = "none", 0.0;
 }
 }  // namespace
 
@@ -85,11 +96,12 @@ int main(int argc, char** argv) {
   const double ms = times[times.size() / 2] * 1e3, cpu_ms = cpu[cpu.size() / 2] * 1e3;
   const double macs = static_cast<double>(batch * grid * grid) * 9.0 * double(ch + ch * ch + ch);
   const double gflops = 2.0 * macs * 3.0 / (cpu_ms * 1e-3) / 1e9;  // per CPU second
-  const double peak = fma_peak_gflops();
+  const char* isa = "";
+  const double peak = fma_peak_gflops(&isa);
   std::printf(
       "dtrain conv stack batch=%lld grid=%lld channels=%lld: median %.2f ms/step (%.2f ms CPU), "
-      "%.2f GFLOP/s of CPU time, %.0f%% of the measured FMA peak %.1f GFLOP/s\n",
+      "%.2f GFLOP/s of CPU time, %.0f%% of the measured %s FMA peak %.1f GFLOP/s\n",
       static_cast<long long>(batch), static_cast<long long>(grid), static_cast<long long>(ch), ms,
-      cpu_ms, gflops, 100.0 * gflops / peak, peak);
+      cpu_ms, gflops, 100.0 * gflops / peak, isa, peak);
   return 0;
 }
