@@ -11,7 +11,8 @@
 // over the ranks (a sharded optimizer state's layout) against saves of it held whole, with every
 // write strategy, and reports what rank 0 keeps for the next save. Restores are timed with both
 // restore strategies (rank 0 reads, every rank reads its share), alternately; --cold drops the
-// page cache before each.
+// page cache before each. Last, the checkpoint interval that the measured save and restore
+// times advise for a job MTBF of --mtbf-hours (Young/Daly).
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -22,9 +23,11 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <dtrain/ckpt/hdf5.hpp>
+#include <dtrain/ckpt/interval.hpp>
 #include <dtrain/core/rng.hpp>
 #include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
@@ -226,6 +229,7 @@ int main(int argc, char** argv) {
   std::string dir;
   double mib = 100;
   int saves = 5, keep = 3, steps = 20, passes = 10, restores = 3;
+  double mtbf_hours = 24;
   bool compare = false, parts = false, cold = false;
   {
     CLI::App app(
@@ -246,6 +250,8 @@ int main(int argc, char** argv) {
     dtrain_cli::add_int(app, "--restores", restores,
                         "restores timed per restore strategy (rank0, distributed), alternating", 1,
                         1000);
+    dtrain_cli::add_real(app, "--mtbf-hours", mtbf_hours,
+                         "the job's mean time between failures for the interval advice", 1e-3, 1e6);
     app.add_flag("--cold", cold,
                  "drop the page cache before each restore (root: /proc/sys/vm/drop_caches)");
     app.add_flag("--parts", parts,
@@ -258,6 +264,7 @@ int main(int argc, char** argv) {
     }
   }
   int code = 0;
+  double restore_seconds = 0;  // the faster restore strategy's median, for the interval advice
   try {
     Comm comm(MPI_COMM_WORLD);
     BenchModel model(mib);
@@ -389,6 +396,7 @@ int main(int argc, char** argv) {
           if (!step || *step != saves || c2.position != rank)
             dtrain::raise<dtrain::Error>("ckpt_bench", "restore returned the wrong checkpoint");
         }
+      restore_seconds = std::min(median(times[0]), median(times[1]));
       for (int which = 0; which < 2; ++which) {
         row(rank, cold ? "restore_latest, cold" : "restore_latest", dtrain::name_of(kinds[which]),
             bytes, median(times[which]), median(times[0]));
@@ -452,6 +460,22 @@ int main(int argc, char** argv) {
         std::printf("  %-22s %10.2f ms  (%+.1f%%)  blocked %.1f ms per save\n", "async save",
                     async.step * 1e3, 100.0 * (async.step - none.step) / none.step,
                     async.blocked * 1e3);
+        // How often to save: Young/Daly with the measured cost of a save to the step (the
+        // time the caller is blocked) and the measured restore.
+        std::printf(
+            "# interval advice (Young/Daly, include/dtrain/ckpt/interval.hpp): job MTBF %.1f h, "
+            "restart = restore %.2f s\n",
+            mtbf_hours, restore_seconds);
+        for (const auto& [name, cost] :
+             {std::pair{"sync save", sync.blocked}, std::pair{"async save", async.blocked}}) {
+          if (cost <= 0) continue;
+          const auto a =
+              dtrain::optimal_checkpoint_interval(cost, restore_seconds, mtbf_hours * 3600);
+          std::printf(
+              "  %-22s save every %.0f s of work (%.0f steps): %.2f s lost per failure, "
+              "overhead %.4f%%\n",
+              name, a.interval, a.interval / none.step, a.lost_per_failure, 100 * a.overhead);
+        }
       }
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 0) std::filesystem::remove_all(d);

@@ -1,8 +1,10 @@
-# Checkpoints: CRC32C and the blocks of a flat run (core only), the HDF5 Checkpointer over thread
+# Checkpoints: CRC32C, the interval model and the blocks of a flat run (core only), the HDF5 Checkpointer over thread
 # ranks, the SIGKILL test (with its helper writer), and the h5py / h5dump schema checks on a
 # sample file.
 dtrain_add_unit_test(NAME ckpt_crc32c_test IN test_ckpt SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_crc32c.cpp
   TIMEOUT 60)
+dtrain_add_unit_test(NAME ckpt_interval_test IN test_ckpt
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_interval.cpp TIMEOUT 60)
 dtrain_add_unit_test(NAME ckpt_flat_blocks_test IN test_ckpt
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_flat_blocks.cpp TIMEOUT 60)
 if(DTRAIN_HAVE_HDF5)
