@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -54,6 +55,9 @@ class DeviceError : public Error {
 };
 
 namespace detail {
+
+/// strerror's text for an errno value, for messages.
+inline std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
 /// The rank used to prefix messages raised by the calling thread; -1 when unknown.
 /// Set by transports and communicators (each loopback thread sets its own).

@@ -19,8 +19,6 @@
 
 namespace dtrain::detail {
 
-inline std::string errno_text(int e) { return std::string(std::strerror(e)); }
-
 /// fsync of a file or directory by path. A directory fsync makes a rename in it durable.
 inline void fsync_path(const std::string& path, bool directory, const char* operation) {
   int fd;

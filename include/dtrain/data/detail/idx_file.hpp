@@ -69,8 +69,6 @@ struct IdxFile {
   std::shared_ptr<const void> storage;
 };
 
-inline std::string errno_text(int e) { return std::strerror(e); }
-
 // Parses and validates the magic and dimensions; `read_more(buf, n)` returns the bytes it could
 // read. Returns the header size.
 template <class ReadFn>
