@@ -32,7 +32,7 @@ target_compile_options(dtrain_project_flags INTERFACE $<$<CONFIG:Release>:-UNDEB
 add_library(dtrain_test_main STATIC "${DTRAIN_TEST_SUPPORT_DIR}/doctest_main.cpp")
 target_link_libraries(dtrain_test_main PUBLIC doctest::doctest dtrain::core dtrain_project_flags)
 target_include_directories(dtrain_test_main PUBLIC "${PROJECT_SOURCE_DIR}/tests")
-if(DTRAIN_HAVE_MPI)
+if(DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY)  # for the MPI tests: none in a unit-only build
   add_library(dtrain_test_mpi_main STATIC "${DTRAIN_TEST_SUPPORT_DIR}/doctest_mpi_main.cpp")
   target_link_libraries(dtrain_test_mpi_main PUBLIC doctest::doctest dtrain::mpi dtrain_project_flags)
   target_include_directories(dtrain_test_mpi_main PUBLIC "${PROJECT_SOURCE_DIR}/tests")
@@ -67,7 +67,7 @@ endfunction()
 # environment, and run in parallel as before; a filter that selects no test case fails (see
 # tests/support/case_counter.hpp).
 option(DTRAIN_TEST_UNITY "Compile each test binary's sources in unity batches" ON)
-set(DTRAIN_TEST_UNITY_BATCH 6 CACHE STRING "test source files per unity translation unit")
+set(DTRAIN_TEST_UNITY_BATCH 6 CACHE STRING "test source files per unity translation unit (0: all of a binary in one)")
 
 # Test files the test binaries compile (names such as comm_allreduce_test.cpp), for a build that
 # runs only some of them (the ThreadSanitizer stage of .ci/run runs a few files' cases under TSan

@@ -34,7 +34,7 @@ for dialect in cuda hip; do
     -DCONSUMER_DIALECT=$dialect -DCMAKE_BUILD_TYPE=Release > "$work/gpu-$dialect-configure.log" 2>&1 || {
     cat "$work/gpu-$dialect-configure.log"; exit 1; }
   "$cmake" --build "$gdir" > "$work/gpu-$dialect-build.log" 2>&1 || { cat "$work/gpu-$dialect-build.log"; exit 1; }
-  test -x "$gdir/consumer_gpu"
+  test -x "$gdir/gpu/consumer_gpu"
   gpu_checked="$gpu_checked $dialect"
 done
 echo "install consumer: OK (builds, runs on 2 ranks; missing REQUIRED component names libibverbs-dev;" \
