@@ -197,6 +197,11 @@ struct CheckState {
     }
     CheckState m;  // both ascending lists merged, the first kCalls kept
     m.more = more | o.more;
+    auto take = [&m](int k, const CheckState& s, int x) {
+      m.call[k] = s.call[x];
+      m.lowest[k] = s.lowest[x];
+      std::memcpy(m.ranks[k], s.ranks[x], sizeof(m.ranks[k]));
+    };
     // A peer's count, bounded: it indexes arrays (a corrupt message garbles a report only).
     const int n = std::min(std::max(calls, 0), kCalls), on = std::min(std::max(o.calls, 0), kCalls);
     int i = 0, j = 0;
@@ -210,16 +215,10 @@ struct CheckState {
       }
       const int k = m.calls++;
       if (c <= 0) {
-        m.call[k] = call[i];
-        m.lowest[k] = lowest[i];
-        for (int w = 0; w < kWords; ++w) m.ranks[k][w] = ranks[i][w];
-        ++i;
+        take(k, *this, i++);
         if (c == 0) m.absorb(k, o, j++);
       } else {
-        m.call[k] = o.call[j];
-        m.lowest[k] = o.lowest[j];
-        for (int w = 0; w < kWords; ++w) m.ranks[k][w] = o.ranks[j][w];
-        ++j;
+        take(k, o, j++);
       }
     }
     *this = m;
