@@ -34,6 +34,10 @@ dtrain_add_unit_test(NAME unit_model_layers IN test_numeric
   LINK ${_dtrain_model_blas}
   TIMEOUT 120 OPTIMIZED)
 
+dtrain_add_unit_test(NAME unit_model_conv_direct IN test_numeric
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_conv_direct_test.cpp
+  TIMEOUT 120 OPTIMIZED)
+
 dtrain_add_unit_test(NAME unit_optim IN test_numeric
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/optim_test.cpp
   LINK ${_dtrain_model_blas}

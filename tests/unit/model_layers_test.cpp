@@ -124,10 +124,14 @@ TEST_CASE("grid layers: gradients match float64 finite differences") {
     Entries layers;
     bool classify = false;
   };
-  // Every stride-1 convolution runs once through each lowering (im2col, shifted views).
-  for (ConvLowering lowering : {ConvLowering::im2col, ConvLowering::shifted}) {
+  // Every stride-1 convolution runs once through each lowering (im2col, shifted views, and the
+  // direct kernel where the dilation is 1).
+  for (ConvLowering lowering :
+       {ConvLowering::im2col, ConvLowering::shifted, ConvLowering::direct}) {
     auto c = [lowering](Conv conv) {
-      return conv.stride == 1 ? conv.with_lowering(lowering) : conv;
+      const bool fits =
+          conv.stride == 1 && (lowering != ConvLowering::direct || conv.dilation == 1);
+      return fits ? conv.with_lowering(lowering) : conv;
     };
     // A convolution before the layer under test turns its input gradient into parameter
     // gradients, so every backward's dx is checked as well as the parameters.
@@ -204,8 +208,10 @@ TEST_CASE("convolution equals a direct loop, zero and periodic padding, any stri
       {Conv3d(2, 2, 3).periodic(1).with_stride(2), {2, 5, 4, 6}},
   };
   for (const auto& base : cases)
-    for (ConvLowering lowering : {ConvLowering::im2col, ConvLowering::shifted}) {
-      if (lowering == ConvLowering::shifted && base.conv.stride != 1) continue;
+    for (ConvLowering lowering :
+         {ConvLowering::im2col, ConvLowering::shifted, ConvLowering::direct}) {
+      if (lowering != ConvLowering::im2col && base.conv.stride != 1) continue;
+      if (lowering == ConvLowering::direct && base.conv.dilation != 1) continue;
       Case c = base;
       c.conv.with_lowering(lowering);
       BasicSequential<double> m({Input(c.in), c.conv});

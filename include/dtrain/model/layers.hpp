@@ -83,9 +83,11 @@ enum class Padding : unsigned char { zeros, periodic };
 /// How a convolution becomes GEMMs. `im2col`: each sample's windows copied into one matrix
 /// [in_channels x kernel cells, output cells], one GEMM against the weights. `shifted` (stride 1
 /// only): the sample copied once onto a padded grid, then one GEMM per kernel cell against a
-/// shifted view of it, so no window matrix is written. `automatic` picks by the rule measured in
-/// benchmarks/conv_bench.cpp (see ConvLayer::uses_shifted).
-enum class ConvLowering : unsigned char { automatic, im2col, shifted };
+/// shifted view of it, so no window matrix is written. `direct` (stride 1, dilation 1, host
+/// policies only): no GEMM, a register-blocked direct kernel compiled for AVX-512, AVX2 and
+/// portable vectors, chosen at run time (<dtrain/kernels/host/conv_direct.hpp>). `automatic` picks
+/// by the rule measured in benchmarks/conv_bench.cpp (see ConvLayer::lowering).
+enum class ConvLowering : unsigned char { automatic, im2col, shifted, direct };
 
 /// N-dimensional convolution (N = 1, 2, 3) over channels-first samples [in_channels, *grid]: the
 /// same kernel size, stride, padding and dilation on every axis. Weight [out_channels,

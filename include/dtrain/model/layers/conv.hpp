@@ -2,21 +2,29 @@
 // dtrain: N-dimensional convolution (Conv1d/2d/3d) as a Layer<T, Exec>, written once for every
 // policy: im2col turns each sample into a [in_channels * kernel cells, output cells] matrix, the
 // policy's GEMM multiplies it by the weights, col2im brings the input gradient back. The lowering
-// kernels live here, not in the policies: host functions (contiguous row copies; measured against
-// a direct kernel in benchmarks/conv_bench.cpp) on host-running policies, element-wise functors
-// through for_each_index on a device. Per sample, so the lowered matrix stays in cache and its
-// scratch is one sample's.
+// kernels live here, not in the policies: host functions (contiguous row copies) on host-running
+// policies, element-wise functors through for_each_index on a device. Per sample, so the lowered
+// matrix stays in cache and its scratch is one sample's.
+//
+// On host-running policies, float convolutions with stride 1, dilation 1 and more than one kernel
+// cell (any size up to 512 cells, zero or periodic padding, 1-, 2- and 3-D, any width and channel
+// count) skip the GEMM: they run the direct kernel of <dtrain/kernels/host/conv_direct.hpp>, when
+// this CPU has AVX2 or AVX-512 (the version is chosen once per process at run time; without
+// either, or for double, the lowering below stays). ConvLowering::direct forces it (double and
+// the portable version included); ConvLowering::im2col and ::shifted force the others.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/host_device.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/launch.hpp>
+#include <dtrain/kernels/host/conv_direct.hpp>
 #include <dtrain/model/layer.hpp>
 #include <dtrain/model/layers.hpp>
 
@@ -403,10 +411,31 @@ class ConvLayer final : public Layer<T, Exec> {
     }
     DTRAIN_REQUIRE(spec_.lowering != ConvLowering::shifted || spec_.stride == 1, kind(),
                    "the shifted lowering needs stride 1, not " << spec_.stride);
-    shifted_ =
-        spec_.lowering == ConvLowering::shifted || (spec_.lowering == ConvLowering::automatic &&
-                                                    spec_.stride == 1 && prefer_shifted(geometry_));
+    // The direct kernel: host code, unit stride and dilation, its tap offsets on the stack.
+    const bool direct_fits = runs_host_kernels_v<Exec> && spec_.stride == 1 &&
+                             spec_.dilation == 1 &&
+                             geometry_.kernel_cells() <= host::conv_direct_max_taps;
+    DTRAIN_REQUIRE(spec_.lowering != ConvLowering::direct || direct_fits, kind(),
+                   "the direct lowering needs a host policy, stride 1, dilation 1 and at most "
+                       << host::conv_direct_max_taps << " kernel cells, not stride " << spec_.stride
+                       << ", dilation " << spec_.dilation << ", " << geometry_.kernel_cells()
+                       << " cells");
+    isa_ = host::conv_isa();
+    lowering_ = spec_.lowering;
+    if (lowering_ == ConvLowering::automatic)
+      lowering_ = direct_fits && prefer_direct(geometry_, isa_)    ? ConvLowering::direct
+                  : spec_.stride == 1 && prefer_shifted(geometry_) ? ConvLowering::shifted
+                                                                   : ConvLowering::im2col;
+    shifted_ = lowering_ == ConvLowering::shifted;
     return out;
+  }
+
+  /// The automatic choice of the direct kernel (once it fits, see configure), from
+  /// benchmarks/conv_bench.cpp (RESULTS.md, "Convolutions"): float, more than one kernel cell
+  /// (a 1x1 convolution is a plain GEMM), and a CPU with AVX2 or AVX-512 (the portable version
+  /// is there for correctness, not speed).
+  static bool prefer_direct(const ConvGeometry& g, host::ConvIsa isa) {
+    return std::is_same_v<T, float> && g.kernel_cells() > 1 && isa != host::ConvIsa::portable;
   }
 
   /// The automatic choice for a stride-1 convolution, from benchmarks/conv_bench.cpp (RESULTS.md,
@@ -435,12 +464,17 @@ class ConvLayer final : public Layer<T, Exec> {
 
   /// Whether this layer lowers by shifted views (see ConvLowering) rather than im2col.
   bool uses_shifted() const noexcept { return shifted_; }
+  /// The lowering this layer runs (never `automatic` once configured).
+  ConvLowering lowering() const noexcept { return lowering_; }
+  /// The instruction set of the direct kernel (see host::conv_isa), fixed at configure.
+  host::ConvIsa direct_isa() const noexcept { return isa_; }
 
   void bind(Exec& exec, T* params, T* grads) override {
     Layer<T, Exec>::bind(exec, params, grads);
     Allocator& a = exec.allocator();
     const std::int64_t C = spec_.out_channels, Cin = spec_.in_channels;
     std::int64_t ones = geometry_.out_cells();
+    if (lowering_ == ConvLowering::direct) return bind_direct(exec);
     if (shifted_) {
       grid_ = detail::ShiftedGrid(geometry_);
       xpad_ = Tensor({Cin, grid_.plane}, dtype_of_v<T>, a);
@@ -463,6 +497,12 @@ class ConvLayer final : public Layer<T, Exec> {
   }
 
   void forward(stream_type s, const T* x, T* y, std::int64_t rows, const PassContext&) override {
+    if constexpr (runs_host_kernels_v<Exec>)
+      if (lowering_ == ConvLowering::direct)
+        return this->exec().host_kernel(s, "conv direct forward", &host::conv_direct_forward<T>,
+                                        plan_, isa_, rows, x, this->parameters(),
+                                        this->parameters() + weight_count(), y, buf(per_cell_),
+                                        buf(xpad_), buf(wide_));
     if (shifted_) return forward_shifted(s, x, y, rows);
     const std::int64_t K = geometry_.lowered_rows(), P = geometry_.out_cells();
     const std::int64_t C = spec_.out_channels;
@@ -482,6 +522,13 @@ class ConvLayer final : public Layer<T, Exec> {
                 const PassContext& ctx) override {
     (void)y;
     (void)ctx;
+    if constexpr (runs_host_kernels_v<Exec>)
+      if (lowering_ == ConvLowering::direct)
+        return this->exec().host_kernel(s, "conv direct backward", &host::conv_direct_backward<T>,
+                                        plan_, isa_, rows, x, dy,
+                                        static_cast<const T*>(this->parameters()),
+                                        this->gradients(), this->gradients() + weight_count(), dx,
+                                        buf(per_cell_), buf(xpad_), buf(dwide_), buf(dxpad_));
     if (shifted_) return backward_shifted(s, x, dy, dx, rows);
     const std::int64_t K = geometry_.lowered_rows(), P = geometry_.out_cells();
     const std::int64_t C = spec_.out_channels;
@@ -510,6 +557,25 @@ class ConvLayer final : public Layer<T, Exec> {
 
  private:
   static T* buf(Tensor& t) noexcept { return static_cast<T*>(t.raw()); }
+
+  // The direct kernel's scratch, zero-filled once (the kernels rely on the cells they never
+  // write staying zero): the padded input (xpad_), the wide output (wide_) and output gradient
+  // (dwide_), the wide input gradient (dxpad_) and the packed weights (per_cell_).
+  void bind_direct(Exec& exec) {
+    Allocator& a = exec.allocator();
+    const std::int64_t C = spec_.out_channels, Cin = spec_.in_channels;
+    plan_ = host::ConvDirectPlan(Cin, C, geometry_.in, geometry_.kernel, geometry_.pad,
+                                 geometry_.periodic);
+    auto zeros = [&](Tensor& t, std::int64_t rows, std::int64_t cols) {
+      t = Tensor({rows, cols}, dtype_of_v<T>, a);
+      exec.fill(exec.compute_stream(), buf(t), static_cast<std::size_t>(rows * cols), T(0));
+    };
+    zeros(xpad_, Cin, plan_.x_stride);
+    zeros(wide_, C, plan_.y_stride);
+    zeros(dwide_, C, plan_.dy_stride);
+    zeros(dxpad_, Cin, plan_.dx_stride);
+    zeros(per_cell_, C * Cin, plan_.taps);
+  }
 
   // Weights as one [out, in] matrix per kernel cell.
   void reorder_weights(stream_type s) {
@@ -595,9 +661,12 @@ class ConvLayer final : public Layer<T, Exec> {
   Conv spec_;
   ConvGeometry geometry_;
   bool shifted_ = false;
+  ConvLowering lowering_ = ConvLowering::im2col;
+  host::ConvIsa isa_ = host::ConvIsa::portable;
+  host::ConvDirectPlan plan_;
   detail::ShiftedGrid grid_;
   Tensor col_, dcol_, ones_;                                   // im2col
-  Tensor xpad_, dxpad_, wide_, dwide_, per_cell_, dper_cell_;  // shifted
+  Tensor xpad_, dxpad_, wide_, dwide_, per_cell_, dper_cell_;  // shifted, direct (bind_direct)
 };
 
 }  // namespace dtrain

@@ -1,0 +1,510 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dtrain: the host's direct convolution (stride 1, dilation 1, zero or periodic padding, any kernel
+// size, 1-, 2- or 3-D, float or double): forward, input gradient, weight and bias gradient, with
+// no lowered matrix and no GEMM.
+//
+// Layout. Each sample's channels are copied onto a padded grid (in + 2 pad cells per axis, the
+// border zero or wrapped) and laid out flat, so that kernel cell t reads the grid `offset(t)`
+// cells to the right of the output cell it serves: output cell (d, h, w) becomes the "wide" index
+// (d * padded[1] + h) * padded[2] + w, and a row of output cells plus the padding columns between
+// rows is one contiguous range. The kernels run over those ranges in tiles of a fixed width, so
+// they have no per-row tails; the few wide cells that are not output cells are computed and
+// dropped (a crop after the forward, a fold after the input gradient).
+//
+// Register tiles. The forward keeps C output channels x NV vectors of pixels in registers and
+// walks input channels and kernel cells: each step loads NV input vectors and broadcasts C
+// weights (6 x 4 x 16 floats with AVX-512, as measured in benchmarks/compare/conv_candidates.cpp).
+// The input gradient is the same kernel over the output gradient with the weights transposed and
+// the offsets mirrored. The weight gradient keeps C output channels x G kernel cells of partial
+// dot products in registers.
+//
+// Instruction sets. A header-only library is compiled without -march flags, so the kernels are
+// templates over the vector width, instantiated once per instruction set inside functions marked
+// `target("avx512f,fma")` and `target("avx2,fma")` (every helper is always_inline and takes no
+// vector arguments, so it is compiled for its caller's set), plus a portable version of 16-byte
+// vectors. host::conv_isa() picks one per process with __builtin_cpu_supports the first time it is
+// asked; the x86 versions exist only in x86 host compilations (not in the device passes of nvcc
+// or hipcc, not on other CPUs), where the portable one is the only one.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include <dtrain/core/error.hpp>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__CUDA_ARCH__) && !defined(__HIP_DEVICE_COMPILE__)
+#define DTRAIN_CONV_DIRECT_X86 1
+#else
+#define DTRAIN_CONV_DIRECT_X86 0
+#endif
+
+namespace dtrain {
+namespace host {
+
+/// The instruction sets the direct convolution is compiled for: `portable` (16-byte vectors, any
+/// CPU), `avx2` (AVX2 + FMA, x86 only) and `avx512` (AVX-512F + FMA, x86 only).
+enum class ConvIsa : unsigned char { portable, avx2, avx512 };
+
+inline const char* conv_isa_name(ConvIsa isa) noexcept {
+  return isa == ConvIsa::avx512 ? "avx512" : isa == ConvIsa::avx2 ? "avx2" : "portable";
+}
+
+/// Whether this build has `isa` and this CPU runs it. Local, thread-safe.
+inline bool conv_isa_supported(ConvIsa isa) noexcept {
+  if (isa == ConvIsa::portable) return true;
+#if DTRAIN_CONV_DIRECT_X86
+  __builtin_cpu_init();
+  if (isa == ConvIsa::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+namespace detail {
+inline ConvIsa best_conv_isa() noexcept {
+  static const ConvIsa best = conv_isa_supported(ConvIsa::avx512) ? ConvIsa::avx512
+                              : conv_isa_supported(ConvIsa::avx2) ? ConvIsa::avx2
+                                                                  : ConvIsa::portable;
+  return best;
+}
+// -1: no override; otherwise the ConvIsa that conv_isa() returns.
+inline std::atomic<int> conv_isa_override{-1};
+}  // namespace detail
+
+/// The instruction set that convolution layers configured from now on use: the widest this CPU
+/// runs, unless force_conv_isa chose another. Local, thread-safe.
+inline ConvIsa conv_isa() noexcept {
+  const int forced = detail::conv_isa_override.load(std::memory_order_relaxed);
+  return forced < 0 ? detail::best_conv_isa() : static_cast<ConvIsa>(forced);
+}
+
+/// Makes layers configured from now on use `isa` (tests compare the versions); throws
+/// InvalidArgument when this CPU or build lacks it. Returns the previous choice. Local; affects
+/// the whole process.
+inline ConvIsa force_conv_isa(ConvIsa isa) {
+  DTRAIN_REQUIRE(conv_isa_supported(isa), "conv",
+                 "this CPU or build lacks the " << conv_isa_name(isa) << " convolution kernels");
+  const ConvIsa previous = conv_isa();
+  detail::conv_isa_override.store(static_cast<int>(isa), std::memory_order_relaxed);
+  return previous;
+}
+
+/// Most kernel cells the direct convolution takes (its tap offsets live on the stack).
+inline constexpr std::int64_t conv_direct_max_taps = 512;
+
+/// The extents and buffer strides of one direct convolution, trivially copyable. Scratch per
+/// sample (the caller allocates it zero-filled once, at the strides below, and keeps it):
+/// `xpad` [in_channels, x_stride], `ywide` [out_channels, y_stride], `dywide` [out_channels,
+/// dy_stride], `dxwide` [in_channels, dx_stride].
+struct ConvDirectPlan {
+  std::int64_t in_channels = 0, out_channels = 0;
+  std::int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, kernel[3] = {1, 1, 1}, pad[3] = {0, 0, 0};
+  bool periodic = false;
+  std::int64_t padded[3] = {1, 1, 1};  // in + 2 pad
+  std::int64_t taps = 1, last_offset = 0, wide = 1;
+  std::int64_t x_stride = 0, y_stride = 0, dy_stride = 0, dx_stride = 0;
+
+  /// Every tile width of every instruction set divides this.
+  static constexpr std::int64_t round = 64;
+  static std::int64_t round_up(std::int64_t n) { return (n + round - 1) / round * round; }
+
+  ConvDirectPlan() = default;
+  ConvDirectPlan(std::int64_t cin, std::int64_t cout, const std::int64_t (&in_ext)[3],
+                 const std::int64_t (&kernel_ext)[3], const std::int64_t (&pads)[3], bool wrap)
+      : in_channels(cin), out_channels(cout), periodic(wrap) {
+    taps = 1;
+    for (int a = 0; a < 3; ++a) {
+      in[a] = in_ext[a], kernel[a] = kernel_ext[a], pad[a] = pads[a];
+      padded[a] = in[a] + 2 * pad[a];
+      out[a] = padded[a] - kernel[a] + 1;
+      taps *= kernel[a];
+    }
+    last_offset = flat(kernel[0] - 1, kernel[1] - 1, kernel[2] - 1);
+    wide = flat(out[0] - 1, out[1] - 1, out[2] - 1) + 1;
+    const std::int64_t grid = padded[0] * padded[1] * padded[2];
+    y_stride = round_up(wide);
+    x_stride = round_up(std::max(grid, y_stride + last_offset)) + round;
+    dy_stride = last_offset + std::max(y_stride, round_up(grid)) + 2 * round;
+    dx_stride = round_up(grid) + 2 * round;
+  }
+  /// Wide index of padded-grid cell (d, h, w).
+  std::int64_t flat(std::int64_t d, std::int64_t h, std::int64_t w) const {
+    return (d * padded[1] + h) * padded[2] + w;
+  }
+  std::int64_t in_cells() const { return in[0] * in[1] * in[2]; }
+  std::int64_t out_cells() const { return out[0] * out[1] * out[2]; }
+};
+
+namespace detail {
+
+#define DTRAIN_CONV_INLINE inline __attribute__((always_inline))
+
+// A vector of N bytes of T, and the same vector at any address of a T (loads and stores through
+// it: `memcpy` into an array of vectors made GCC keep the array in memory).
+template <class T, int N>
+struct ConvVec {
+  typedef T type __attribute__((vector_size(N)));
+  typedef T unaligned __attribute__((vector_size(N), aligned(alignof(T)), may_alias));
+};
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+// GCC 12 reports the forward tile's accumulators as maybe uninitialized for double with 64-byte
+// vectors; every one is assigned before use.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+/// The register-tiled loops for one vector width. B: vector bytes; CB x NV: forward tile
+/// (output channels x vectors); WC x WG: weight-gradient tile (output channels x kernel cells).
+template <class T, int B, int CB, int NV, int WC, int WG>
+struct ConvTiles {
+  using V = typename ConvVec<T, B>::type;
+  using U = typename ConvVec<T, B>::unaligned;
+  static constexpr int L = B / static_cast<int>(sizeof(T));
+  static constexpr int W = NV * L;  // pixels per forward tile
+  static_assert(ConvDirectPlan::round % W == 0, "tiles divide the plan's rounding");
+
+  // out[co][p] = bias[co] + sum over ci, t of w[(ci * taps + t) * cout + co] * in[ci][p + off[t]]
+  // for output channels co0 .. co0 + C - 1 and pixels p0 .. p0 + W - 1.
+  template <int C>
+  DTRAIN_CONV_INLINE static void tile(const T* in, std::int64_t in_stride, std::int64_t cin,
+                                      const T* w, std::int64_t cout, const std::int64_t* off,
+                                      std::int64_t taps, const T* bias, T* out,
+                                      std::int64_t out_stride, std::int64_t co0, std::int64_t p0) {
+    V acc[C][NV];
+    for (int c = 0; c < C; ++c) {
+      const V b = (bias ? bias[co0 + c] : T(0)) - V{};
+      for (int v = 0; v < NV; ++v) acc[c][v] = b;
+    }
+    for (std::int64_t ci = 0; ci < cin; ++ci) {
+      const T* x = in + ci * in_stride + p0;
+      const T* wc = w + ci * taps * cout + co0;
+      for (std::int64_t t = 0; t < taps; ++t) {
+        V xv[NV];
+        for (int v = 0; v < NV; ++v) xv[v] = *reinterpret_cast<const U*>(x + off[t] + v * L);
+        const T* wt = wc + t * cout;
+        for (int c = 0; c < C; ++c) {
+          const V b = wt[c] - V{};  // a broadcast: w - 0 is w, so no add is emitted
+          for (int v = 0; v < NV; ++v) acc[c][v] += b * xv[v];
+        }
+      }
+    }
+    for (int c = 0; c < C; ++c)
+      for (int v = 0; v < NV; ++v)
+        *reinterpret_cast<U*>(out + (co0 + c) * out_stride + p0 + v * L) = acc[c][v];
+  }
+
+  // The forward over wide cells [begin, end) (rounded up to whole tiles), every output channel.
+  DTRAIN_CONV_INLINE static void forward(const T* in, std::int64_t in_stride, std::int64_t cin,
+                                         const T* w, std::int64_t cout, const std::int64_t* off,
+                                         std::int64_t taps, const T* bias, T* out,
+                                         std::int64_t out_stride, std::int64_t begin,
+                                         std::int64_t end) {
+    // Pixel tiles outside, channel blocks inside: a tile's input rows stay in L1 across blocks.
+    for (std::int64_t p0 = begin; p0 < end; p0 += W) {
+      std::int64_t co = 0;
+      for (; co + CB <= cout; co += CB)
+        tile<CB>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+      if (CB > 2)
+        for (; co + 2 <= cout; co += 2)
+          tile<2>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+      for (; co < cout; ++co)
+        tile<1>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+    }
+  }
+
+  // dw[co][ci][t0 + g] += sum over p < count of dy[co][p] * x[ci][p + off[t0 + g]], for output
+  // channels co0 .. co0 + C - 1 and G kernel cells.
+  template <int C, int G>
+  DTRAIN_CONV_INLINE static void wgrad_tile(const T* x, const T* dy, std::int64_t dy_stride,
+                                            std::int64_t count, const std::int64_t* off,
+                                            std::int64_t t0, std::int64_t co0, std::int64_t ci,
+                                            std::int64_t cin, std::int64_t taps, T* dw) {
+    V acc[C][G] = {};
+    for (std::int64_t p = 0; p < count; p += L) {
+      V d[C];
+      for (int c = 0; c < C; ++c)
+        d[c] = *reinterpret_cast<const U*>(dy + (co0 + c) * dy_stride + p);
+      for (int g = 0; g < G; ++g) {
+        V xv = *reinterpret_cast<const U*>(x + p + off[t0 + g]);
+#if DTRAIN_CONV_DIRECT_X86 && !defined(__clang__)
+        // One load per kernel cell: GCC would otherwise fold it into each of the C FMAs. (Clang
+        // checks the operand against the template's own target, before inlining, and refuses it.)
+        asm("" : "+v"(xv));
+#endif
+        for (int c = 0; c < C; ++c) acc[c][g] += d[c] * xv;
+      }
+    }
+    for (int c = 0; c < C; ++c)
+      for (int g = 0; g < G; ++g) {
+        T sum = 0;
+        for (int j = 0; j < L; ++j) sum += acc[c][g][j];
+        dw[((co0 + c) * cin + ci) * taps + t0 + g] += sum;
+      }
+  }
+
+  template <int C>
+  DTRAIN_CONV_INLINE static void wgrad_cells(const T* x, const T* dy, std::int64_t dy_stride,
+                                             std::int64_t count, const std::int64_t* off,
+                                             std::int64_t co0, std::int64_t ci, std::int64_t cin,
+                                             std::int64_t taps, T* dw) {
+    std::int64_t t = 0;
+    for (; t + WG <= taps; t += WG)
+      wgrad_tile<C, WG>(x, dy, dy_stride, count, off, t, co0, ci, cin, taps, dw);
+    for (; t + 3 <= taps; t += 3)
+      wgrad_tile<C, 3>(x, dy, dy_stride, count, off, t, co0, ci, cin, taps, dw);
+    for (; t < taps; ++t) wgrad_tile<C, 1>(x, dy, dy_stride, count, off, t, co0, ci, cin, taps, dw);
+  }
+
+  // Weight gradient [cout, cin, taps] and bias gradient [cout] of one sample, accumulated. count:
+  // wide cells to sum over, a multiple of L (dy is zero past the output cells).
+  DTRAIN_CONV_INLINE static void weight_grad(const T* x, std::int64_t x_stride, std::int64_t cin,
+                                             const T* dy, std::int64_t dy_stride, std::int64_t cout,
+                                             const std::int64_t* off, std::int64_t taps,
+                                             std::int64_t count, T* dw, T* db) {
+    std::int64_t co = 0;
+    for (; co + WC <= cout; co += WC)
+      for (std::int64_t ci = 0; ci < cin; ++ci)
+        wgrad_cells<WC>(x + ci * x_stride, dy, dy_stride, count, off, co, ci, cin, taps, dw);
+    for (; co < cout; ++co)
+      for (std::int64_t ci = 0; ci < cin; ++ci)
+        wgrad_cells<1>(x + ci * x_stride, dy, dy_stride, count, off, co, ci, cin, taps, dw);
+    for (co = 0; co < cout; ++co) {
+      V acc = {};
+      for (std::int64_t p = 0; p < count; p += L) {
+        acc += *reinterpret_cast<const U*>(dy + co * dy_stride + p);
+      }
+      T sum = 0;
+      for (int j = 0; j < L; ++j) sum += acc[j];
+      db[co] += sum;
+    }
+  }
+};
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+// Register budgets: AVX-512 has 32 vector registers (6 x 4 accumulators + 4 inputs + 1 weight;
+// 3 x 9 partial sums + 3 + 1), AVX2 and SSE 16 (2 x 4 + 4 + 1; 2 x 6 + 2 + 1).
+template <class T>
+using ConvTilesAvx512 = ConvTiles<T, 64, 6, 4, 3, 9>;
+template <class T>
+using ConvTilesAvx2 = ConvTiles<T, 32, 2, 4, 2, 6>;
+template <class T>
+using ConvTilesPortable = ConvTiles<T, 16, 2, 4, 2, 6>;
+
+/// Arguments of one run of the tiled loops (see ConvTiles::forward and ::weight_grad).
+template <class T>
+struct ConvTileCall {
+  const T* in;
+  std::int64_t in_stride, cin;
+  const T* w;
+  std::int64_t cout;
+  const std::int64_t* off;
+  std::int64_t taps;
+  const T* bias;
+  T* out;
+  std::int64_t out_stride, begin, end;
+};
+template <class T>
+struct ConvWgradCall {
+  const T* x;
+  std::int64_t x_stride, cin;
+  const T* dy;
+  std::int64_t dy_stride, cout;
+  const std::int64_t* off;
+  std::int64_t taps, count;
+  T* dw;
+  T* db;
+};
+
+// One entry pair per instruction set; `flatten` pulls every helper into the target function.
+#define DTRAIN_CONV_ENTRIES(suffix, tiles, attributes)                                      \
+  template <class T>                                                                        \
+  attributes void conv_tiles_##suffix(const ConvTileCall<T>& a) {                           \
+    tiles<T>::forward(a.in, a.in_stride, a.cin, a.w, a.cout, a.off, a.taps, a.bias, a.out,  \
+                      a.out_stride, a.begin, a.end);                                        \
+  }                                                                                         \
+  template <class T>                                                                        \
+  attributes void conv_wgrad_##suffix(const ConvWgradCall<T>& a) {                          \
+    tiles<T>::weight_grad(a.x, a.x_stride, a.cin, a.dy, a.dy_stride, a.cout, a.off, a.taps, \
+                          a.count, a.dw, a.db);                                             \
+  }
+DTRAIN_CONV_ENTRIES(portable, ConvTilesPortable, __attribute__((flatten)))
+#if DTRAIN_CONV_DIRECT_X86
+DTRAIN_CONV_ENTRIES(avx2, ConvTilesAvx2, __attribute__((target("avx2,fma"), flatten)))
+DTRAIN_CONV_ENTRIES(avx512, ConvTilesAvx512, __attribute__((target("avx512f,fma"), flatten)))
+#endif
+#undef DTRAIN_CONV_ENTRIES
+#undef DTRAIN_CONV_INLINE
+
+template <class T>
+void conv_tiles(ConvIsa isa, const ConvTileCall<T>& a) {
+#if DTRAIN_CONV_DIRECT_X86
+  if (isa == ConvIsa::avx512) return conv_tiles_avx512(a);
+  if (isa == ConvIsa::avx2) return conv_tiles_avx2(a);
+#endif
+  conv_tiles_portable(a);
+}
+template <class T>
+void conv_wgrad(ConvIsa isa, const ConvWgradCall<T>& a) {
+#if DTRAIN_CONV_DIRECT_X86
+  if (isa == ConvIsa::avx512) return conv_wgrad_avx512(a);
+  if (isa == ConvIsa::avx2) return conv_wgrad_avx2(a);
+#endif
+  conv_wgrad_portable(a);
+}
+
+// Wide offset of every kernel cell: off[t] = flat(kd, kh, kw), t in kernel order.
+inline void conv_offsets(const ConvDirectPlan& p, std::int64_t* off) {
+  std::int64_t t = 0;
+  for (std::int64_t kd = 0; kd < p.kernel[0]; ++kd)
+    for (std::int64_t kh = 0; kh < p.kernel[1]; ++kh)
+      for (std::int64_t kw = 0; kw < p.kernel[2]; ++kw) off[t++] = p.flat(kd, kh, kw);
+}
+
+// Input coordinate of padded coordinate q on `axis`, or -1 (zero padding).
+inline std::int64_t conv_source(const ConvDirectPlan& p, int axis, std::int64_t q) {
+  const std::int64_t i = q - p.pad[axis], n = p.in[axis];
+  if (i >= 0 && i < n) return i;
+  if (!p.periodic) return -1;
+  return ((i % n) + n) % n;
+}
+
+// One sample x [cin, in cells] onto the padded grid (borders zero or wrapped).
+template <class T>
+void conv_pad(const ConvDirectPlan& p, const T* x, T* xpad) {
+  for (std::int64_t c = 0; c < p.in_channels; ++c)
+    for (std::int64_t d = 0; d < p.padded[0]; ++d)
+      for (std::int64_t h = 0; h < p.padded[1]; ++h) {
+        T* dst = xpad + c * p.x_stride + p.flat(d, h, 0);
+        const std::int64_t sd = conv_source(p, 0, d), sh = conv_source(p, 1, h);
+        if (sd < 0 || sh < 0) {
+          std::fill(dst, dst + p.padded[2], T(0));
+          continue;
+        }
+        const T* src = x + ((c * p.in[0] + sd) * p.in[1] + sh) * p.in[2];
+        for (std::int64_t w = 0; w < p.padded[2]; ++w) {
+          const std::int64_t sw = conv_source(p, 2, w);
+          dst[w] = sw < 0 ? T(0) : src[sw];
+        }
+      }
+}
+
+}  // namespace detail
+
+/// Forward of `rows` samples: y [rows, cout, out cells] = conv(x [rows, cin, in cells], w [cout,
+/// cin, taps]) + bias. Scratch: wpack [cin * taps * cout] and the plan's xpad and ywide. Local,
+/// blocking; the caller owns every buffer.
+template <class T>
+void conv_direct_forward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, const T* x, const T* w,
+                         const T* bias, T* y, T* wpack, T* xpad, T* ywide) {
+  const std::int64_t cin = p.in_channels, cout = p.out_channels, taps = p.taps;
+  std::int64_t off[conv_direct_max_taps];
+  detail::conv_offsets(p, off);
+  // Weights as [cin, taps, cout]: a tile's C output channels are adjacent.
+  for (std::int64_t co = 0; co < cout; ++co)
+    for (std::int64_t ci = 0; ci < cin; ++ci)
+      for (std::int64_t t = 0; t < taps; ++t)
+        wpack[(ci * taps + t) * cout + co] = w[(co * cin + ci) * taps + t];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    detail::conv_pad(p, x + r * cin * p.in_cells(), xpad);
+    detail::conv_tiles<T>(
+        isa, {xpad, p.x_stride, cin, wpack, cout, off, taps, bias, ywide, p.y_stride, 0, p.wide});
+    // Crop: output cell (d, h, w) is wide cell flat(d, h, w).
+    T* ys = y + r * cout * p.out_cells();
+    for (std::int64_t co = 0; co < cout; ++co)
+      for (std::int64_t d = 0; d < p.out[0]; ++d)
+        for (std::int64_t h = 0; h < p.out[1]; ++h) {
+          const T* src = ywide + co * p.y_stride + p.flat(d, h, 0);
+          std::copy(src, src + p.out[2], ys + ((co * p.out[0] + d) * p.out[1] + h) * p.out[2]);
+        }
+  }
+}
+
+/// Backward of `rows` samples: dw [cout, cin, taps] and db [cout] += this batch's gradients, and
+/// dx [rows, cin, in cells] = the input gradient unless dx is null. Scratch: wpack [cout * taps *
+/// cin] and the plan's xpad, dywide and dxwide. Local, blocking; the caller owns every buffer.
+template <class T>
+void conv_direct_backward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, const T* x, const T* dy,
+                          const T* w, T* dw, T* db, T* dx, T* wpack, T* xpad, T* dywide,
+                          T* dxwide) {
+  const std::int64_t cin = p.in_channels, cout = p.out_channels, taps = p.taps;
+  const std::int64_t margin = p.last_offset;
+  std::int64_t off[conv_direct_max_taps], mirrored[conv_direct_max_taps];
+  detail::conv_offsets(p, off);
+  // The input gradient at wide cell j sums w[co][ci][t] * dy at wide cell j - off[t]: the forward
+  // kernel over dywide (stored `margin` cells in) with offsets margin - off[t] and the weights as
+  // [cout, taps, cin].
+  for (std::int64_t t = 0; t < taps; ++t) mirrored[t] = margin - off[t];
+  if (dx)
+    for (std::int64_t co = 0; co < cout; ++co)
+      for (std::int64_t ci = 0; ci < cin; ++ci)
+        for (std::int64_t t = 0; t < taps; ++t)
+          wpack[(co * taps + t) * cin + ci] = w[(co * cin + ci) * taps + t];
+  // Wide cells the fold reads: the centre with zero padding, the whole grid with periodic.
+  const std::int64_t grid = p.padded[0] * p.padded[1] * p.padded[2];
+  const std::int64_t lo = p.periodic ? 0 : p.flat(p.pad[0], p.pad[1], p.pad[2]);
+  const std::int64_t hi =
+      p.periodic
+          ? grid
+          : p.flat(p.pad[0] + p.in[0] - 1, p.pad[1] + p.in[1] - 1, p.pad[2] + p.in[2] - 1) + 1;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    detail::conv_pad(p, x + r * cin * p.in_cells(), xpad);
+    // dy onto the wide layout; the cells between rows and past the output stay zero from the
+    // caller's initial fill, so every sum below may run over whole vectors.
+    const T* dys = dy + r * cout * p.out_cells();
+    for (std::int64_t co = 0; co < cout; ++co)
+      for (std::int64_t d = 0; d < p.out[0]; ++d)
+        for (std::int64_t h = 0; h < p.out[1]; ++h) {
+          const T* src = dys + ((co * p.out[0] + d) * p.out[1] + h) * p.out[2];
+          std::copy(src, src + p.out[2], dywide + co * p.dy_stride + margin + p.flat(d, h, 0));
+        }
+    detail::conv_wgrad<T>(isa, {xpad, p.x_stride, cin, dywide + margin, p.dy_stride, cout, off,
+                                taps, p.y_stride, dw, db});
+    if (!dx) continue;
+    detail::conv_tiles<T>(isa, {dywide, p.dy_stride, cout, wpack, cin, mirrored, taps, nullptr,
+                                dxwide, p.dx_stride, lo, hi});
+    // Fold: input cell i on an axis collects padded cell i + pad, and with periodic padding the
+    // copies of it at i + pad -/+ n.
+    T* dxs = dx + r * cin * p.in_cells();
+    auto candidates = [&](int a, std::int64_t i, std::int64_t* q) {
+      int n = 0;
+      q[n++] = i + p.pad[a];
+      if (p.periodic) {
+        if (i + p.pad[a] - p.in[a] >= 0) q[n++] = i + p.pad[a] - p.in[a];
+        if (i + p.pad[a] + p.in[a] < p.padded[a]) q[n++] = i + p.pad[a] + p.in[a];
+      }
+      return n;
+    };
+    for (std::int64_t c = 0; c < cin; ++c)
+      for (std::int64_t d = 0; d < p.in[0]; ++d)
+        for (std::int64_t h = 0; h < p.in[1]; ++h) {
+          std::int64_t qd[3], qh[3], qw[3];
+          const int nd = candidates(0, d, qd), nh = candidates(1, h, qh);
+          const T* src = dxwide + c * p.dx_stride;
+          T* dst = dxs + ((c * p.in[0] + d) * p.in[1] + h) * p.in[2];
+          if (nd == 1 && nh == 1 && !p.periodic) {
+            std::copy(src + p.flat(qd[0], qh[0], p.pad[2]),
+                      src + p.flat(qd[0], qh[0], p.pad[2]) + p.in[2], dst);
+            continue;
+          }
+          for (std::int64_t wi = 0; wi < p.in[2]; ++wi) {
+            const int nw = candidates(2, wi, qw);
+            T sum = 0;
+            for (int a = 0; a < nd; ++a)
+              for (int b = 0; b < nh; ++b)
+                for (int e = 0; e < nw; ++e) sum += src[p.flat(qd[a], qh[b], qw[e])];
+            dst[wi] = sum;
+          }
+        }
+  }
+}
+
+}  // namespace host
+}  // namespace dtrain
