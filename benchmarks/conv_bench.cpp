@@ -7,7 +7,9 @@
 // GFLOP/s (2 x multiply-adds of the convolutions, times 3 for forward, input and weight
 // gradients, per second of the process's CPU time) and the fraction of the peak. Two ranks: run two
 // copies under mpiexec (each prints its own line). Usage: conv_bench [batch] [grid] [channels]
-// [reps]
+// [reps] [isa]; isa (avx512, avx2, portable) forces the direct kernel's instruction set
+// (host::force_conv_isa): with `portable` the layers' automatic choice is the GEMM lowering (im2col
+// or shifted views), so one binary times both paths.
 #include <time.h>
 
 #include <algorithm>
@@ -15,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <vector>
 
 #include <dtrain/core/rng.hpp>
@@ -70,6 +73,14 @@ int main(int argc, char** argv) {
   const std::int64_t grid = argc > 2 ? std::atoll(argv[2]) : 64;
   const std::int64_t ch = argc > 3 ? std::atoll(argv[3]) : 32;
   const int reps = argc > 4 ? std::atoi(argv[4]) : 30;
+  if (argc > 5) {
+    const std::string isa = argv[5];
+    for (auto v : {dtrain::host::ConvIsa::avx512, dtrain::host::ConvIsa::avx2,
+                   dtrain::host::ConvIsa::portable})
+      if (isa == dtrain::host::conv_isa_name(v)) dtrain::host::force_conv_isa(v);
+    if (isa != dtrain::host::conv_isa_name(dtrain::host::conv_isa()))
+      return std::fprintf(stderr, "conv_bench: unknown or unsupported isa %s\n", argv[5]), 2;
+  }
   dtrain::blas::apply_threads(1);  // one BLAS thread per process
   dtrain::HostBlasExec exec;       // GEMM through CBLAS
   dtrain::BasicSequential<float, dtrain::HostBlasExec> model(
@@ -96,12 +107,18 @@ int main(int argc, char** argv) {
   const double ms = times[times.size() / 2] * 1e3, cpu_ms = cpu[cpu.size() / 2] * 1e3;
   const double macs = static_cast<double>(batch * grid * grid) * 9.0 * double(ch + ch * ch + ch);
   const double gflops = 2.0 * macs * 3.0 / (cpu_ms * 1e-3) / 1e9;  // per CPU second
+  // The lowering of the middle convolution (all three choose alike on this stack).
+  const char* lowerings[] = {"automatic", "im2col", "shifted", "direct"};
+  const auto& mid =
+      dynamic_cast<const dtrain::ConvLayer<float, dtrain::HostBlasExec>&>(model.layer(2));
+  const auto lowering = lowerings[static_cast<int>(mid.lowering())];
   const char* isa = "";
   const double peak = fma_peak_gflops(&isa);
   std::printf(
-      "dtrain conv stack batch=%lld grid=%lld channels=%lld: median %.2f ms/step (%.2f ms CPU), "
-      "%.2f GFLOP/s of CPU time, %.0f%% of the measured %s FMA peak %.1f GFLOP/s\n",
-      static_cast<long long>(batch), static_cast<long long>(grid), static_cast<long long>(ch), ms,
-      cpu_ms, gflops, 100.0 * gflops / peak, isa, peak);
+      "dtrain conv stack batch=%lld grid=%lld channels=%lld (%s, %s): median %.2f ms/step (%.2f "
+      "ms CPU), %.2f GFLOP/s of CPU time, %.0f%% of the measured %s FMA peak %.1f GFLOP/s\n",
+      static_cast<long long>(batch), static_cast<long long>(grid), static_cast<long long>(ch),
+      lowering, dtrain::host::conv_isa_name(mid.direct_isa()), ms, cpu_ms, gflops,
+      100.0 * gflops / peak, isa, peak);
   return 0;
 }
