@@ -4,12 +4,14 @@ compares the final parameters and AdamW state bit for bit (the model and optimiz
 each run's last checkpoint, read with h5py, every CRC32C checked: a sharded run's moments as
 written from the ranks' parts).
 
-usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--np P] [--steps S]
+usage: ex10_bitident.py MPIEXEC TRAINER WORKDIR [--runs N] [--derived-runs D] [--np P] [--steps S]
                         [--modes tuning,reproducible,resume[,resume_reproducible]
                                  [,resume_auto][,fused][,sharded][,resume_sharded]
                                  [,resume_sharded_parallel][,none]]
 
-Modes (each N runs from scratch, each in its own run directory):
+Modes (each N runs from scratch, each in its own run directory; the modes whose parameters must
+equal another mode's, and resume_auto, D runs: that the runs of one setting agree with each other
+is what the N runs of tuning and reproducible check):
   tuning        DTRAIN_TUNING_FILE shared by the runs; the first run finds no file, calibrates
                 and writes it, the later runs read it and choose the same algorithms
   reproducible  DTRAIN_COMM_REPRODUCIBLE=1: every all-reduce adds in rank order
@@ -95,6 +97,7 @@ def main():
     ap.add_argument("trainer")
     ap.add_argument("work")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--derived-runs", type=int, default=1)
     ap.add_argument("--np", type=int, default=3)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--modes", default="tuning,reproducible,resume")
@@ -153,7 +156,8 @@ def main():
                 run_job(a.mpiexec, a.trainer, a.np, opts(run_dir), envs[resumes[m]],
                         "reference run")
                 digests[resumes[m]] = [final_digest(run_dir, a.steps)]
-            for i in range(a.runs):
+            runs = a.derived_runs if m in resumes or m == "resume_auto" else a.runs
+            for i in range(runs):
                 run_dir = os.path.join(a.work, "%s-%02d" % (m, i))
                 extra = step_args.get(m, [])
                 if m in interrupted:
@@ -184,7 +188,7 @@ def main():
                 choices.setdefault(m, []).append(choice)
                 shutil.rmtree(run_dir)
             print("%-12s %d runs, %d distinct parameter sets: %s" %
-                  (m, a.runs, len(set(digests[m])), " ".join(digests[m])), flush=True)
+                  (m, runs, len(set(digests[m])), " ".join(digests[m])), flush=True)
             # Which parameter set each all-reduce choice gave.
             for ch in sorted(set(choices[m])):
                 sets = sorted({d for d, c in zip(digests[m], choices[m]) if c == ch})

@@ -16,37 +16,48 @@ h5lib=/usr/lib/x86_64-linux-gnu/hdf5/mpich
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/transports" -I"$root/kernels" -I/usr/include/x86_64-linux-gnu/mpich -I"$h5inc")
 libs=(-L"$h5lib" -Wl,-rpath,"$h5lib" -lhdf5 -L/usr/lib/x86_64-linux-gnu -lmpich -lz)
-# fuzz_one TARGET: builds (when stale) and fuzzes one target; its output goes to fuzz_TARGET.log.
-fuzz_one() {
-  local t=$1
-  local bin="$out/fuzz_$t"
+# build_one TARGET: builds fuzz_TARGET when stale; fuzz_one TARGET WALL_SECONDS: fuzzes it.
+build_one() {
+  local t=$1 bin="$out/fuzz_$1"
   if [ ! -x "$bin" ] || [ "$here/fuzz_$t.cpp" -nt "$bin" ]; then
     echo "fuzz: building $bin"
-    clang++ "${flags[@]}" "$here/fuzz_$t.cpp" -o "$bin" "${libs[@]}" || return 1
+    clang++ "${flags[@]}" "$here/fuzz_$t.cpp" -o "$bin" "${libs[@]}"
   fi
+}
+fuzz_one() {
+  local t=$1 wall=$2
   local work="$out/corpus_$t"  # new inputs found in this run; the kept corpus is read-only input
   mkdir -p "$work"
   local dirs=("$work" "$here/corpus/$t")
   # Regressions exist only for targets that have crashed once (git keeps no empty folders).
   [ -d "$here/regressions/$t" ] && dirs+=("$here/regressions/$t")
-  echo "fuzz: $t for ${secs} s"
+  echo "fuzz: $t for ${wall} s"
   # LeakSanitizer off: HDF5 keeps library-lifetime allocations (third-party, see .ci/lsan.supp).
-  (cd "$out" && ASAN_OPTIONS=detect_leaks=0 "$bin" -max_total_time="$secs" -timeout=10 \
+  (cd "$out" && ASAN_OPTIONS=detect_leaks=0 "$out/fuzz_$t" -max_total_time="$wall" -timeout=10 \
      -rss_limit_mb=1024 -max_len=4096 -print_final_stats=1 \
      "${dirs[@]}" 2>&1 | tail -n 12)
 }
-# Each target is one single-threaded process: as many run at once as there are cores, so each
-# still gets a whole core for its seconds (on 2 cores, 3 targets take 2 x SECONDS, not 3 x).
-jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 targets=(idx ckpt_manifest hdf5_open)
+jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
+# The builds, as many at once as there are cores.
 running=0
 for t in "${targets[@]}"; do
   if [ "$running" -ge "$jobs" ]; then
     wait -n || true
     running=$((running - 1))
   fi
-  (if fuzz_one "$t" > "$out/fuzz_$t.log" 2>&1; then echo 0; else echo 1; fi) > "$out/fuzz_$t.status" &
+  (if build_one "$t" > "$out/fuzz_$t.log" 2>&1; then echo 0; else echo 1; fi) > "$out/fuzz_$t.status" &
   running=$((running + 1))
+done
+wait
+# Every target fuzzes at once, each a single-threaded process: with more targets than cores they
+# run for SECONDS x targets / cores, so each still gets SECONDS of a core (on 2 cores, 3 targets
+# take 1.5 x SECONDS, where running them two at a time took 2 x SECONDS with a core idle).
+wall=$secs
+if [ "${#targets[@]}" -gt "$jobs" ]; then wall=$(( (secs * ${#targets[@]} + jobs - 1) / jobs )); fi
+for t in "${targets[@]}"; do
+  [ "$(cat "$out/fuzz_$t.status")" = 0 ] || continue
+  (if fuzz_one "$t" "$wall" >> "$out/fuzz_$t.log" 2>&1; then echo 0; else echo 1; fi) > "$out/fuzz_$t.status" &
 done
 wait
 status=0

@@ -6,11 +6,12 @@
 #   root) and a file size limit, each failing a save. Each checks that the job ends within the
 #   short communicator deadline plus a margin, what the first error line says and that the newest
 #   checkpoint is intact (h5py, every CRC32C). About 2-9 s each.
-# - ex10_bitident (tests/fault/ex10_bitident.py): 3 runs at 3 ranks each with a shared tuning file,
-#   in reproducible mode and interrupted/resumed give one parameter set per mode; --step fused,
-#   --step sharded and sharded runs interrupted/resumed (their checkpoints assemble the AdamW
-#   moments' parts on rank 0, or with --ckpt-strategy parallel_rank0 every rank writes its own
-#   parts) give the reproducible mode's set (about 40 s).
+# - ex10_bitident (tests/fault/ex10_bitident.py), 3 ranks: 3 runs with a shared tuning file and 3
+#   in reproducible mode each give one parameter set; one run of each derived mode gives the set
+#   of its reference: interrupted/resumed (tuning file), --step fused, --step sharded and sharded
+#   runs interrupted/resumed (their checkpoints assemble the AdamW moments' parts on rank 0, or
+#   with --ckpt-strategy parallel_rank0 every rank writes its own parts) give the reproducible
+#   mode's set; resumed without either keeps the run directory's calibration (about 20 s).
 # Label mpi;fault; skipped (77) without h5py. Registered once the examples are known (they are
 # configured after the tests).
 if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUILD_EXAMPLES)
