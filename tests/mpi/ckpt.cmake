@@ -15,4 +15,16 @@ if(DTRAIN_HAVE_HDF5)
   dtrain_add_mpi_test(NAME ckpt_mpi_communicator_test IN test_mpi
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_mpi_communicator.cpp NP 1 2 3 LINK dtrain::hdf5
     TIMEOUT 120)
+  # Multi-level checkpoints: every rank a fake node, partner copies as MPI messages; and (by
+  # tests/mpi/ckpt_levels_private_dir.sh, skipped without mount namespaces) one local_dir path
+  # that is a private tmpfs on every rank.
+  dtrain_add_mpi_test(NAME ckpt_mpi_levels_test IN test_mpi
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_mpi_levels.cpp NP 2 3 LINK dtrain::hdf5 TIMEOUT 120)
+  foreach(np 2 3)
+    add_test(NAME ckpt_mpi_levels_private_dir_np${np}
+      COMMAND bash ${CMAKE_CURRENT_LIST_DIR}/ckpt_levels_private_dir.sh ${MPIEXEC_EXECUTABLE}
+              $<TARGET_FILE:test_mpi> ${np})
+    set_tests_properties(ckpt_mpi_levels_private_dir_np${np} PROPERTIES TIMEOUT 120
+      PROCESSORS ${np} LABELS "mpi" SKIP_RETURN_CODE 77 ENVIRONMENT "DTRAIN_TEST_WATCHDOG_S=115")
+  endforeach()
 endif()

@@ -23,6 +23,11 @@ if(DTRAIN_HAVE_HDF5)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_communicator.cpp LINK dtrain::hdf5 dtrain::loopback
     TIMEOUT 120)
 
+  # Multi-level checkpoints (node-local, partner, shared) with fake nodes and a directory each.
+  dtrain_add_unit_test(NAME ckpt_levels_test IN test_ckpt
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_levels.cpp LINK dtrain::hdf5 dtrain::loopback
+    TIMEOUT 120)
+
   set(_ckpt_helpers "${CMAKE_CURRENT_LIST_DIR}/../ckpt")
   add_executable(ckpt_kill_writer ${_ckpt_helpers}/kill_writer.cpp)
   target_link_libraries(ckpt_kill_writer PRIVATE dtrain::core dtrain::hdf5 dtrain_project_flags)

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -114,5 +115,86 @@ TEST_CASE("SIGKILL during a save leaves the previous checkpoint loadable and tra
     CHECK(diff.find("model") == std::string::npos);
     CHECK(diff.find("opt") == std::string::npos);
   });
+  fs::remove_all(dir);
+}
+
+// The same with multi-level checkpoints (2 ranks as 2 fake nodes): the writer is killed while
+// checkpoint 2 is being written at one level (node-local, the partner copy, the shared flush).
+// Nothing is lost: what was published before the kill restores, at the level that holds it.
+TEST_CASE("SIGKILL during each level's write: the previous checkpoint restores") {
+  const std::string dir =
+      (fs::temp_directory_path() / ("dtrain_ckpt_kill_levels_" + std::to_string(::getpid())))
+          .string();
+  const char* file = "ckpt-000000000002.h5";
+  for (const std::string level : {"node0", "node1", "shared"}) {
+    CAPTURE(level);
+    fs::remove_all(dir);
+    const int base = wait_status(spawn_writer(dir, "levels-base", "1"));
+    REQUIRE(WIFEXITED(base));
+    REQUIRE(WEXITSTATUS(base) == 0);
+    REQUIRE(fs::exists(dir + "/shared/ckpt-000000000001.h5"));
+    // Killed once the temporary of checkpoint 2 at this level holds some data.
+    const std::string tmp = dir + "/" + level + "/." + file + ".tmp";
+    bool killed_mid_write = false;
+    long used_mib = 0;
+    for (const char* mib : {"192", "512"}) {
+      used_mib = std::atol(mib);
+      const pid_t pid = spawn_writer(dir, "levels-big", mib);
+      const auto start = std::chrono::steady_clock::now();
+      bool seen = false;
+      while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+        std::error_code ec;
+        const auto size = fs::file_size(tmp, ec);
+        if (!ec && size > (8u << 20)) {
+          seen = true;
+          ::kill(pid, SIGKILL);
+          break;
+        }
+        if (waitpid(pid, nullptr, WNOHANG) == pid) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      if (seen) {
+        const int st = wait_status(pid);
+        killed_mid_write = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+      }
+      if (killed_mid_write) break;
+      for (const char* d : {"/node0/", "/node1/", "/shared/"}) fs::remove(dir + d + file);
+    }
+    REQUIRE(killed_mid_write);
+    CHECK_FALSE(fs::exists(dir + "/" + level + "/" + file));
+    // Checkpoint 2 is complete at the levels written before the one killed; step 1 everywhere.
+    const std::int64_t newest = level == "node0" ? 1 : 2;
+    auto restore = [&](std::int64_t want, dtrain::CheckpointLevel where) {
+      const long mib = want == 1 ? 1 : used_mib;
+      dtrain::test::run_ranks(2, [&](dtrain::test::ThreadComm& comm) {
+        dtrain::CheckpointOptions o;
+        o.levels.local_dir = dir + "/node" + std::to_string(comm.rank());
+        o.levels.node = comm.rank();
+        dtrain::Checkpointer<dtrain::test::ThreadComm> ckpt(comm, dir + "/shared", o);
+        CHECK_FALSE(fs::exists(tmp));  // the half-written file was discarded at start
+        dtrain::test::FakeRun run(0), expected(0);
+        dtrain::test::BigState big(mib);
+        for (std::int64_t s = 1; s <= want; ++s) expected.step(comm);
+        const auto step =
+            ckpt.restore_latest(dtrain::named("model", run.model),
+                                dtrain::named("optimizer", run.opt), dtrain::named("big", big));
+        REQUIRE(step.has_value());
+        CHECK(*step == want);
+        CHECK(ckpt.restored_level() == where);
+        CHECK(big.holds(static_cast<std::uint32_t>(want)));
+        CHECK(dtrain::test::first_difference(expected, run).find("model") == std::string::npos);
+      });
+    };
+    restore(newest, dtrain::CheckpointLevel::local);
+    if (newest == 2) {  // written on node 0 before the kill; its older copy stays too
+      fs::remove(dir + "/node0/" + std::string(file));
+      fs::remove(dir + "/node1/" + std::string(file));
+      restore(1, dtrain::CheckpointLevel::local);
+    }
+    // Without the node-local directories the shared level still has checkpoint 1.
+    fs::remove_all(dir + "/node0");
+    fs::remove_all(dir + "/node1");
+    restore(1, dtrain::CheckpointLevel::shared);
+  }
   fs::remove_all(dir);
 }

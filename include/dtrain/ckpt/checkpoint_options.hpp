@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: BSD-3-Clause
-// dtrain: the settings of a Checkpointer and its write strategies. Plain data, no dependencies.
+// dtrain: the settings of a Checkpointer, its write strategies and its checkpoint levels. Plain
+// data; the levels can be read from the environment (<dtrain/core/env.hpp>).
 #pragma once
 
 #include <cstdint>
 #include <string>
+
+#include <dtrain/core/env.hpp>
 
 namespace dtrain {
 
@@ -53,6 +56,49 @@ constexpr const char* name_of(RestoreStrategy s) noexcept {
   return "?";
 }
 
+/// Multi-level checkpoints (docs/checkpoints.md, "Multi-level checkpoints"): every save goes to a
+/// node-local directory first (level 1), is copied to the next node's local directory (level 2,
+/// the partner copy) and every `shared_every`-th one is copied to the run directory by a
+/// background thread (level 3, the shared level). Off while `local_dir` is empty. Plain data.
+struct CheckpointLevelOptions {
+  /// The node-local directory (tmpfs such as /dev/shm/<job>, local NVMe, $TMPDIR): the same path
+  /// names a different directory on every node. Never guessed: empty = levels off, every save
+  /// goes to the run directory as before.
+  std::string local_dir;
+  /// maybe_save saves (to the node-local level) when step % local_every == 0 (0: only as
+  /// every_steps / every_seconds say).
+  std::int64_t local_every = 0;
+  /// Also write every node-local checkpoint into the local directory of the next node (node
+  /// n + 1, the last node's partner is node 0), so that a lost node never takes the only copy
+  /// with it. Without effect on one node.
+  bool partner = true;
+  /// Copy every shared_every-th node-local save to the run directory (the shared level), in the
+  /// background (0: never).
+  int shared_every = 1;
+  /// This rank's node (any label; equal labels = one node, numbered in the order of their lowest
+  /// rank). -1: the communicator's own grouping, comm.transport().node_map() (real hostnames, or
+  /// DTRAIN_RANKS_PER_NODE's fake nodes); a communicator without one needs it set.
+  int node = -1;
+  /// Deadline of each partner transfer (sending or receiving one checkpoint file), seconds.
+  double transfer_timeout_seconds = 600;
+
+  /// These settings, overridden by DTRAIN_CKPT_LOCAL_DIR, DTRAIN_CKPT_LOCAL_EVERY (0 .. 2^62),
+  /// DTRAIN_CKPT_PARTNER (boolean) and DTRAIN_CKPT_SHARED_EVERY (0 .. 2^30) where they are set,
+  /// parsed strictly (InvalidArgument naming the variable).
+  CheckpointLevelOptions with_env() const {
+    CheckpointLevelOptions c = *this;
+    if (const auto v = env::get("DTRAIN_CKPT_LOCAL_DIR")) c.local_dir = *v;
+    c.local_every = env::get_int("DTRAIN_CKPT_LOCAL_EVERY", c.local_every, 0, 1ll << 62);
+    c.partner = env::get_bool("DTRAIN_CKPT_PARTNER", c.partner);
+    c.shared_every =
+        static_cast<int>(env::get_int("DTRAIN_CKPT_SHARED_EVERY", c.shared_every, 0, 1 << 30));
+    return c;
+  }
+  /// The defaults overridden by the environment (with_env).
+  static CheckpointLevelOptions from_env() { return CheckpointLevelOptions{}.with_env(); }
+  bool enabled() const noexcept { return !local_dir.empty(); }
+};
+
 /// Settings of a Checkpointer. Plain data.
 struct CheckpointOptions {
   std::int64_t every_steps = 0;  ///< maybe_save saves when step % every_steps == 0 (0: never)
@@ -81,6 +127,8 @@ struct CheckpointOptions {
   /// for and ends the job (MPI_Abort through the transport's abort hook); the checkpoints already
   /// published are intact. <= 0: no deadline.
   double parallel_write_timeout_seconds = 3600;
+  /// Node-local, partner and shared levels (off unless levels.local_dir is set).
+  CheckpointLevelOptions levels;
 };
 
 }  // namespace dtrain

@@ -31,6 +31,7 @@
 #include <dtrain/ckpt/detail/assemble.hpp>
 #include <dtrain/ckpt/detail/collectives.hpp>
 #include <dtrain/ckpt/detail/fs.hpp>
+#include <dtrain/ckpt/detail/levels.hpp>
 #include <dtrain/ckpt/detail/manifest.hpp>
 #include <dtrain/ckpt/detail/objects.hpp>
 #include <dtrain/ckpt/detail/restore.hpp>
@@ -50,6 +51,24 @@
 namespace dtrain {
 
 struct Hdf5Format;  // <dtrain/ckpt/hdf5.hpp>
+
+/// Where a restore found its checkpoint (CheckpointLevelOptions).
+enum class CheckpointLevel : unsigned char {
+  none,     ///< nothing restored yet
+  local,    ///< the node-local directory of rank 0's node
+  partner,  ///< another node's local directory (the partner copy), copied back to rank 0's node
+  shared,   ///< the run directory
+};
+
+constexpr const char* name_of(CheckpointLevel l) noexcept {
+  switch (l) {
+    case CheckpointLevel::none: return "none";
+    case CheckpointLevel::local: return "node-local";
+    case CheckpointLevel::partner: return "partner";
+    case CheckpointLevel::shared: return "shared";
+  }
+  return "?";
+}
 
 /// Saves a training run's state every N steps and/or T seconds into one verified HDF5 file per
 /// checkpoint (written under a temporary name, fsynced, then renamed), keeps the last K, and on
@@ -82,6 +101,7 @@ class Checkpointer {
   Checkpointer(Comm& comm, std::string run_dir, CheckpointOptions options = {})
       : comm_(comm), dir_(std::move(run_dir)), opt_(std::move(options)) {
     std::exception_ptr err;
+    int node_label = 0;
     try {
       const char* op = "Checkpointer";
       DTRAIN_REQUIRE(!dir_.empty(), op, "empty run directory");
@@ -92,6 +112,7 @@ class Checkpointer {
                      "invalid file prefix '" << opt_.prefix << "'");
       strategy_ = resolve_strategy();
       restore_ = resolve_restore();
+      if (levels_on()) node_label = check_levels();
       if (comm_.rank() == 0) {
         detail::make_directories(dir_, op);
         for (const auto& t : detail::list_stale_temporaries(dir_, opt_.prefix)) {
@@ -103,6 +124,22 @@ class Checkpointer {
       err = std::current_exception();
     }
     detail::ckpt_agree(comm_, err, "Checkpointer");
+    if (!levels_on()) return;
+    nodes_ = detail::ckpt_node_layout(comm_, node_label);
+    try {
+      if (nodes_.is_leader(comm_.rank())) {
+        detail::make_directories(opt_.levels.local_dir, "Checkpointer");
+        for (const auto& t : detail::list_stale_temporaries(opt_.levels.local_dir, opt_.prefix)) {
+          DTRAIN_LOG(info, "removing " << t << " left by an interrupted checkpoint save");
+          detail::remove_file_quietly(t);
+        }
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+    detail::ckpt_agree(comm_, err, "Checkpointer");
+    if (comm_.rank() == 0 && opt_.levels.partner && nodes_.nodes() == 1)
+      DTRAIN_LOG(info, "checkpoint levels: one node, so no partner copies");
   }
 
   /// Local. Waits for a background write still running (errors are logged: call wait() first
@@ -127,6 +164,9 @@ class Checkpointer {
   /// save().
   bool due(std::int64_t step) {
     bool by_step = opt_.every_steps > 0 && step > 0 && step % opt_.every_steps == 0;
+    if (levels_on() && opt_.levels.local_every > 0 && step > 0 &&
+        step % opt_.levels.local_every == 0)
+      by_step = true;
     if (opt_.every_seconds > 0) {
       std::vector<std::int64_t> flag{
           comm_.rank() == 0 && now_seconds() - last_save_time_ >= opt_.every_seconds ? 1 : 0};
@@ -161,6 +201,9 @@ class Checkpointer {
     } catch (...) {
       err = std::current_exception();
     }
+    // A background flush to the shared level that failed since the last call is reported here,
+    // on every rank, as a failed asynchronous write is.
+    if (!err && flusher_) err = flusher_->take_error();
     detail::ckpt_agree(comm_, err, op);
     // Replicated objects must have the same structure on every rank (same visit order, names,
     // dtypes and shapes), or the file would mix them.
@@ -196,7 +239,9 @@ class Checkpointer {
     job.target.tmp_path = temp_path_for(step);
     job.target.final_path = path_for(step);
 
-    if (strategy_ == CheckpointStrategy::rank0 && opt_.async) {
+    if (levels_on()) {
+      save_levels(job, op);
+    } else if (strategy_ == CheckpointStrategy::rank0 && opt_.async) {
       pending_ = detail::save_rank0_async<Format>(comm_, job, arena_);
       pending_step_ = step;
       has_pending_ = true;
@@ -233,6 +278,14 @@ class Checkpointer {
   std::optional<std::int64_t> restore_latest(const Named<Ts>&... objects) {
     finish_pending("checkpoint restore");
     detail::CkptChoice<Format> c;
+    if (levels_on()) {
+      if (!choose_levels(c)) return std::nullopt;
+      detail::restore_objects(comm_, opt_, c.m, c.file, source_of(c), objects...);
+      mark_saved(c.m.step);
+      if (comm_.rank() == 0)
+        DTRAIN_LOG(info, "restored step " << c.m.step << " from " << level_text_);
+      return c.m.step;
+    }
     if (!choose(c, nullptr)) return std::nullopt;
     detail::restore_objects(comm_, opt_, c.m, c.file, source_of(c), objects...);
     mark_saved(c.m.step);
@@ -263,19 +316,52 @@ class Checkpointer {
     return c.m.step;
   }
 
-  /// Collective, blocking: waits for a background write and throws its error on every rank.
-  void wait() { finish_pending("checkpoint wait"); }
+  /// Collective, blocking: waits for a background write, and for the flush to the shared level
+  /// with levels (at most wait_timeout_seconds), and throws their error on every rank.
+  void wait() {
+    finish_pending("checkpoint wait");
+    if (!levels_on()) return;
+    std::exception_ptr err;
+    if (flusher_) {
+      try {
+        if (!flusher_->wait_idle(opt_.wait_timeout_seconds))
+          raise<TimeoutError>(
+              "checkpoint wait",
+              detail::concat("the flush to the shared level is still running after ",
+                             opt_.wait_timeout_seconds, " s"));
+        err = flusher_->take_error();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    detail::ckpt_agree(comm_, err, "checkpoint wait");
+  }
 
   /// Local. Path of the file that holds checkpoint `step`.
-  std::string path_for(std::int64_t step) const {
-    char digits[32];
-    std::snprintf(digits, sizeof digits, "%012lld", static_cast<long long>(step));
-    return dir_ + "/" + opt_.prefix + "-" + digits + Format::extension;
-  }
+  std::string path_for(std::int64_t step) const { return dir_ + "/" + file_name(step); }
   /// Local. Checkpoint files in the run directory, newest first (valid or not).
   std::vector<detail::FoundCheckpoint> files() const {
     return detail::list_checkpoint_files(dir_, opt_.prefix, Format::extension);
   }
+  /// Local. Path of checkpoint `step` in this rank's node-local directory (levels).
+  std::string local_path_for(std::int64_t step) const {
+    return opt_.levels.local_dir + "/" + file_name(step);
+  }
+  /// Local. Checkpoint files in this rank's node-local directory, newest first (levels).
+  std::vector<detail::FoundCheckpoint> local_files() const {
+    if (!levels_on()) return {};
+    return detail::list_checkpoint_files(opt_.levels.local_dir, opt_.prefix, Format::extension);
+  }
+  /// Local. The level the last restore_latest restored from (the same on every rank), and the
+  /// node whose directory held it (-1 for the shared level).
+  CheckpointLevel restored_level() const noexcept { return restored_level_; }
+  int restored_node() const noexcept { return restored_node_; }
+  /// Local. This rank's node and the number of nodes, as the levels number them (node 0 holds
+  /// rank 0); 0 and 1 without levels.
+  int node() const { return nodes_.node_of.empty() ? 0 : nodes_.node_of[comm_.rank()]; }
+  int nodes() const { return nodes_.node_of.empty() ? 1 : nodes_.nodes(); }
+  /// Local. Whether a flush to the shared level is running or queued (rank 0; false elsewhere).
+  bool flush_in_progress() const { return flusher_ && flusher_->busy(); }
   const std::string& run_dir() const noexcept { return dir_; }
   const CheckpointOptions& options() const noexcept { return opt_; }
   /// The strategy in use after resolving `automatic`.
@@ -382,10 +468,243 @@ class Checkpointer {
     return s;
   }
 
-  std::string temp_path_for(std::int64_t step) const {
+  std::string file_name(std::int64_t step) const {
     char digits[32];
     std::snprintf(digits, sizeof digits, "%012lld", static_cast<long long>(step));
-    return dir_ + "/." + opt_.prefix + "-" + digits + Format::extension + ".tmp";
+    return opt_.prefix + "-" + digits + Format::extension;
+  }
+  std::string temp_path_for(std::int64_t step) const {
+    return dir_ + "/." + file_name(step) + ".tmp";
+  }
+  // Where checkpoint `step` goes in directory `dir` (the run directory or the node-local one).
+  detail::CkptTarget target_in(const std::string& dir, std::int64_t step) const {
+    detail::CkptTarget t;
+    t.dir = dir;
+    t.prefix = opt_.prefix;
+    t.extension = Format::extension;
+    t.keep_last = opt_.keep_last;
+    t.tmp_path = dir + "/." + file_name(step) + ".tmp";
+    t.final_path = dir + "/" + file_name(step);
+    return t;
+  }
+
+  bool levels_on() const noexcept { return opt_.levels.enabled(); }
+
+  // The constructor's checks of the level options; returns this rank's node label.
+  int check_levels() const {
+    const char* op = "Checkpointer";
+    const CheckpointLevelOptions& l = opt_.levels;
+    DTRAIN_REQUIRE(
+        strategy_ == CheckpointStrategy::rank0 && !opt_.async && restore_ == RestoreStrategy::rank0,
+        op,
+        "checkpoint levels need the rank0 write and restore strategies without async "
+        "(the node-local file is written by rank 0 and flushed in the background)");
+    DTRAIN_REQUIRE(l.local_every >= 0, op, "levels.local_every must be >= 0");
+    DTRAIN_REQUIRE(l.shared_every >= 0, op, "levels.shared_every must be >= 0");
+    DTRAIN_REQUIRE(l.transfer_timeout_seconds > 0, op,
+                   "levels.transfer_timeout_seconds must be > 0");
+    const int label = detail::ckpt_node_label(comm_, l.node);
+    DTRAIN_REQUIRE(label >= 0, op,
+                   "checkpoint levels: this communicator does not say which node a rank is on "
+                   "(no transport().node_map()); set CheckpointLevelOptions::node");
+    return label;
+  }
+
+  // Collective: the node-local save (rank 0 writes into its node's directory), the partner
+  // copy (rank 0 sends the file to the next node's leader), and every shared_every-th time
+  // the start of the background flush to the run directory.
+  void save_levels(detail::CkptSaveJob& job, const char* op) {
+    const std::int64_t step = job.m.step;
+    job.target = target_in(opt_.levels.local_dir, step);
+    detail::save_rank0<Format>(comm_, job, op);
+    std::exception_ptr err;
+    if (opt_.levels.partner && nodes_.nodes() > 1) {
+      const int dst = nodes_.leader[static_cast<std::size_t>(nodes_.partner(0))];
+      err = detail::ckpt_transfer_file(
+          comm_, 0, dst, local_path_for(step), target_in(opt_.levels.local_dir, step),
+          opt_.levels.transfer_timeout_seconds, "checkpoint partner copy");
+    }
+    ++local_saves_;
+    if (comm_.rank() == 0 && !err && opt_.levels.shared_every > 0 &&
+        local_saves_ % opt_.levels.shared_every == 0) {
+      try {
+        if (!flusher_) flusher_ = std::make_unique<detail::CkptFlusher>();
+        flusher_->submit(step, local_path_for(step), target_in(dir_, step));
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    detail::ckpt_agree(comm_, err, op);
+  }
+
+  // Collective: the newest checkpoint that is complete and verified at some level, tried per
+  // step, newest first: rank 0's node-local directory, then the other nodes' (partner copies,
+  // copied back into rank 0's node-local directory first), then the run directory. Damaged
+  // files are renamed to .damaged where they lie. False when no level holds any checkpoint;
+  // IoError on every rank when files exist but none is valid.
+  bool choose_levels(detail::CkptChoice<Format>& c) {
+    const char* op = "checkpoint restore";
+    const int rank = comm_.rank();
+    const char* ext = Format::extension;
+    // What each node's leader holds (unverified, by name).
+    std::vector<unsigned char> mine;
+    if (nodes_.is_leader(rank))
+      for (const auto& f : local_files()) {
+        const auto* b = reinterpret_cast<const unsigned char*>(&f.step);
+        mine.insert(mine.end(), b, b + sizeof f.step);
+      }
+    const auto held = detail::ckpt_gather_blobs(comm_, mine, /*to_all=*/false);
+    // Rank 0 tries the candidates in order; a copy on another node is moved to rank 0 first,
+    // which every rank learns from one broadcast {what, step, node} per try:
+    // what 1 = node `node` sends its copy of `step`, 2 = done, found, 3 = done, none found.
+    std::exception_ptr err;
+    std::vector<std::int64_t> action(4, 0);
+    auto set_aside = [](const std::string& path) {
+      DTRAIN_LOG(warn, "renaming damaged checkpoint " << path << " to " << path << ".damaged");
+      try {
+        detail::rename_path(path, path + ".damaged", "checkpoint restore");
+      } catch (const std::exception& e) {
+        DTRAIN_LOG(warn, e.what());
+      }
+    };
+    if (rank == 0) {
+      struct Try {
+        std::int64_t step;
+        int node;  // -1: the shared level
+      };
+      std::vector<Try> tries;
+      std::vector<std::int64_t> steps;
+      std::vector<std::vector<std::int64_t>> on_node(static_cast<std::size_t>(nodes_.nodes()));
+      for (int n = 0; n < nodes_.nodes(); ++n) {
+        const auto& blob =
+            held[static_cast<std::size_t>(nodes_.leader[static_cast<std::size_t>(n)])];
+        for (std::size_t i = 0; i + 8 <= blob.size(); i += 8) {
+          std::int64_t s;
+          std::memcpy(&s, blob.data() + i, 8);
+          on_node[static_cast<std::size_t>(n)].push_back(s);
+          steps.push_back(s);
+        }
+      }
+      const bool any_local = !steps.empty();
+      const auto shared = detail::list_checkpoint_files(dir_, opt_.prefix, ext);
+      for (const auto& f : shared) steps.push_back(f.step);
+      std::sort(steps.rbegin(), steps.rend());
+      steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
+      auto has = [](const std::vector<std::int64_t>& v, std::int64_t s) {
+        return std::find(v.begin(), v.end(), s) != v.end();
+      };
+      for (const std::int64_t s : steps) {
+        for (int k = 0; k < nodes_.nodes(); ++k)  // node 0, then its partner, then the rest
+          if (has(on_node[static_cast<std::size_t>(k)], s)) tries.push_back({s, k});
+        if (std::any_of(shared.begin(), shared.end(), [&](const auto& f) { return f.step == s; }))
+          tries.push_back({s, -1});
+      }
+      if (!any_local && !shared.empty())
+        DTRAIN_LOG(warn,
+                   "no node-local checkpoint on any of the "
+                       << nodes_.nodes()
+                       << " nodes (a restart on other nodes?): falling back to the shared level "
+                       << dir_);
+      std::string tried;
+      for (const Try& t : tries) {
+        std::string path;
+        if (t.node > 0) {
+          action = {1, t.step, t.node, 0};
+          detail::ckpt_bcast_i64(comm_, action, 0);
+          const int src = nodes_.leader[static_cast<std::size_t>(t.node)];
+          std::exception_ptr e = detail::ckpt_transfer_file(
+              comm_, src, 0, std::string(), target_in(opt_.levels.local_dir, t.step),
+              opt_.levels.transfer_timeout_seconds, "checkpoint restore from a partner copy");
+          if (e) {
+            tried += "\n  step " + std::to_string(t.step) + " on node " + std::to_string(t.node) +
+                     ": " + detail::classify(e).second;
+            DTRAIN_LOG(warn, "the copy of step "
+                                 << t.step << " on node " << t.node
+                                 << " could not be used: " << detail::classify(e).second);
+            continue;
+          }
+          path = local_path_for(t.step);
+        } else {
+          path = t.node == 0 ? local_path_for(t.step) : path_for(t.step);
+        }
+        try {
+          c.m = Format::verify(path);
+          c.file = path;
+          restored_level_ = t.node == 0  ? CheckpointLevel::local
+                            : t.node > 0 ? CheckpointLevel::partner
+                                         : CheckpointLevel::shared;
+          restored_node_ = t.node;
+          break;
+        } catch (const IoError& e) {
+          DTRAIN_LOG(warn, "skipping damaged checkpoint " << path << ": " << e.what());
+          tried += "\n  " + path + ": " + e.what();
+          set_aside(path);
+        } catch (...) {
+          err = std::current_exception();
+          break;
+        }
+      }
+      if (!err && !tries.empty() && c.file.empty())
+        err = std::make_exception_ptr(make_error<IoError>(
+            op,
+            detail::concat("no valid checkpoint at any level (node-local ", opt_.levels.local_dir,
+                           ", partner copies, shared ", dir_, "); tried:", tried)));
+      if (!err && !c.file.empty()) {
+        try {
+          c.reader = std::make_unique<typename Format::Reader>(c.file);
+        } catch (...) {
+          err = std::current_exception();
+        }
+      }
+      action = {c.file.empty() ? 3 : 2, static_cast<std::int64_t>(restored_level_), restored_node_,
+                0};
+      detail::ckpt_bcast_i64(comm_, action, 0);
+    } else {
+      while (true) {
+        detail::ckpt_bcast_i64(comm_, action, 0);
+        if (action[0] != 1) break;
+        const std::int64_t step = action[1];
+        const int node = static_cast<int>(action[2]);
+        const int src = nodes_.leader[static_cast<std::size_t>(node)];
+        std::string path;
+        if (rank == src) {
+          // Only a copy that verifies is sent; a damaged one is set aside here.
+          path = local_path_for(step);
+          try {
+            (void)Format::verify(path);
+          } catch (const IoError& e) {
+            DTRAIN_LOG(warn, "skipping damaged partner copy " << path << ": " << e.what());
+            set_aside(path);
+            path.clear();
+          } catch (const std::exception& e) {
+            DTRAIN_LOG(warn, "partner copy " << path << ": " << e.what());
+            path.clear();
+          }
+        }
+        std::exception_ptr e = detail::ckpt_transfer_file(comm_, src, 0, path, detail::CkptTarget{},
+                                                          opt_.levels.transfer_timeout_seconds,
+                                                          "checkpoint restore from a partner copy");
+        if (e && rank == src && !path.empty())
+          DTRAIN_LOG(warn, "sending " << path << " failed: " << detail::classify(e).second);
+      }
+      if (action[0] == 2) {
+        restored_level_ = static_cast<CheckpointLevel>(action[1]);
+        restored_node_ = static_cast<int>(action[2]);
+      }
+    }
+    detail::ckpt_agree(comm_, err, op);
+    if (action[0] != 2) return false;
+    if (rank == 0) {
+      const std::string where = restored_level_ == CheckpointLevel::local
+                                    ? "the node-local level on node 0 (" + c.file + ")"
+                                : restored_level_ == CheckpointLevel::partner
+                                    ? "the partner copy on node " + std::to_string(restored_node_) +
+                                          " (rebuilt as " + c.file + ")"
+                                    : "the shared level (" + c.file + ")";
+      level_text_ = where;
+      if (const auto& hook = detail::ckpt_restore_hook()) hook(c.file);
+    }
+    return true;
   }
 
   void mark_saved(std::int64_t step) {
@@ -435,6 +754,12 @@ class Checkpointer {
   detail::PartsArena parts_;     // tensors assembled from the ranks' parts; rank 0 only
   bool has_pending_ = false;
   std::int64_t pending_step_ = -1;
+  detail::CkptNodes nodes_;                       // with levels: every rank's node
+  std::int64_t local_saves_ = 0;                  // node-local saves by this object
+  std::unique_ptr<detail::CkptFlusher> flusher_;  // rank 0: copies to the shared level
+  CheckpointLevel restored_level_ = CheckpointLevel::none;
+  int restored_node_ = -1;
+  std::string level_text_;  // rank 0: where the last restore came from, for the log
 };
 
 }  // namespace dtrain
