@@ -11,8 +11,10 @@
 // over the ranks (a sharded optimizer state's layout) against saves of it held whole, with every
 // write strategy, and reports what rank 0 keeps for the next save. Restores are timed with both
 // restore strategies (rank 0 reads, every rank reads its share), alternately; --cold drops the
-// page cache before each. Last, the checkpoint interval that the measured save and restore
-// times advise for a job MTBF of --mtbf-hours (Young/Daly).
+// page cache before each. Then the checkpoint interval that the measured save and restore
+// times advise for a job MTBF of --mtbf-hours (Young/Daly). --levels LOCALDIR last times what a
+// step is blocked by a multi-level save (node-local in LOCALDIR, partner copy, background flush
+// to DIR) against a save to DIR, and prints the interval advice per level.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -23,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -231,6 +234,8 @@ int main(int argc, char** argv) {
   int saves = 5, keep = 3, steps = 20, passes = 10, restores = 3;
   double mtbf_hours = 24;
   bool compare = false, parts = false, cold = false;
+  std::string levels_dir;
+  double local_fraction = 0.85;
   {
     CLI::App app(
         "ckpt_bench: checkpoint save bandwidth against a plain write + fsync of the same bytes, "
@@ -258,6 +263,15 @@ int main(int argc, char** argv) {
                  "also time saves of the model held in parts (rank r keeps block r of every "
                  "tensor, as a sharded optimizer state), interleaved with saves of the whole "
                  "model, with every write strategy");
+    app.add_option("--levels", levels_dir,
+                   "also time multi-level saves with this node-local directory (e.g. /dev/shm/x): "
+                   "the step's blocked time against a save to --dir, and the interval advice per "
+                   "level")
+        ->type_name("LOCALDIR");
+    dtrain_cli::add_real(app, "--local-fraction", local_fraction,
+                         "share of failures the node-local and partner levels recover from (the "
+                         "rest need the shared level)",
+                         0, 1);
     if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
       MPI_Finalize();
       return code;
@@ -479,6 +493,94 @@ int main(int argc, char** argv) {
       }
       MPI_Barrier(MPI_COMM_WORLD);
       if (rank == 0) std::filesystem::remove_all(d);
+    }
+    if (!levels_dir.empty()) {
+      // Multi-level saves: what a step is blocked by a save to the shared level (--dir) against
+      // a node-local save (--levels), alone and with the partner copy (every rank a node of its
+      // own), and with the background flush to --dir running; alternated, so that the same
+      // noise falls on each.
+      const std::string d = dir + "/levels-shared";
+      auto level_opts = [&](bool partner, int shared_every) {
+        dtrain::CheckpointOptions o;
+        o.keep_last = 2;
+        o.levels.local_dir = levels_dir + "/node" + std::to_string(rank);
+        o.levels.node = rank;
+        o.levels.partner = partner;
+        o.levels.shared_every = shared_every;
+        return o;
+      };
+      dtrain::CheckpointOptions so;
+      so.keep_last = 2;
+      dtrain::Checkpointer<Comm> shared_only(comm, d + "-only", so);
+      dtrain::Checkpointer<Comm> local(comm, d + "-unused", level_opts(false, 0));
+      dtrain::Checkpointer<Comm> partner(comm, d + "-unused", level_opts(true, 0));
+      dtrain::Checkpointer<Comm> flushed(comm, d, level_opts(true, 1));
+      std::vector<double> t_shared, t_local, t_partner, t_flushed, t_flush;
+      auto timed = [&](dtrain::Checkpointer<Comm>& c, std::int64_t k, std::vector<double>& out) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        dtrain::Timer t;
+        c.save(k, dtrain::named("model", model), dtrain::per_rank("cursor", cursor));
+        out.push_back(max_over_ranks(t.seconds()));
+      };
+      for (int k = 1; k <= saves; ++k) {
+        timed(shared_only, k, t_shared);
+        timed(local, k, t_local);
+        timed(partner, k, t_partner);
+        timed(flushed, k, t_flushed);
+        dtrain::Timer t;  // the flush itself, after the save returned
+        flushed.wait();
+        t_flush.push_back(max_over_ranks(t.seconds()) + t_flushed.back());
+        model.step();
+      }
+      const double shared_s = median(t_shared), local_s = median(t_local),
+                   partner_s = median(t_partner), flushed_s = median(t_flushed),
+                   flush_s = median(t_flush);
+      if (rank == 0) {
+        std::printf("# levels: node-local %s, shared %s, %d ranks = %d nodes, median of %d\n",
+                    levels_dir.c_str(), dir.c_str(), p, p, saves);
+        std::printf("  %-44s %10s %8s\n", "blocked per save", "time(ms)", "/shared");
+        auto line = [&](const char* what, double v) {
+          std::printf("  %-44s %10.1f %8.3f\n", what, v * 1e3, v / shared_s);
+        };
+        line("shared level (run directory), synchronous", shared_s);
+        line("node-local", local_s);
+        line("node-local + partner copy", partner_s);
+        line("node-local + partner + shared flush started", flushed_s);
+        line("  (save + background flush until done)", flush_s);
+        // Young/Daly per level: the node-local + partner level recovers from the share
+        // --local-fraction of the failures (one node lost), the shared level from the rest; each
+        // level's save cost is what it costs the step (the flush: its own duration, the bound on
+        // how often it can run).
+        std::printf(
+            "# interval advice per level (Young/Daly): job MTBF %.1f h; %.0f%% of failures "
+            "recoverable from node-local/partner, the rest from shared; restart = restore %.2f "
+            "s\n",
+            mtbf_hours, 100 * local_fraction, restore_seconds);
+        const double m = mtbf_hours * 3600;
+        double local_interval = 0;
+        for (const auto& [name, cost, share] :
+             {std::tuple{"node-local + partner", partner_s, local_fraction},
+              std::tuple{"shared (flush)", flush_s, 1 - local_fraction},
+              std::tuple{"shared only (no levels)", shared_s, 1.0}}) {
+          if (cost <= 0 || share <= 0) continue;
+          const auto a = dtrain::optimal_checkpoint_interval(cost, restore_seconds, m / share);
+          std::printf(
+              "  %-26s cost %.3f s, MTBF %.1f h: save every %.0f s of work: %.2f s lost per "
+              "failure, overhead %.4f%%",
+              name, cost, m / share / 3600, a.interval, a.lost_per_failure, 100 * a.overhead);
+          if (local_interval > 0 && share < 1)
+            std::printf(" (shared_every = %.0f)", std::max(1.0, a.interval / local_interval));
+          std::printf("\n");
+          if (local_interval == 0) local_interval = a.interval;
+        }
+      }
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (rank == 0) {
+        std::filesystem::remove_all(d);
+        std::filesystem::remove_all(d + "-only");
+        std::filesystem::remove_all(d + "-unused");
+      }
+      std::filesystem::remove_all(levels_dir + "/node" + std::to_string(rank));
     }
     if (rank == 0) std::printf("# checkpoints left in %s\n", dir.c_str());
   } catch (const std::exception& e) {
