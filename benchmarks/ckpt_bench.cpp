@@ -31,10 +31,12 @@
 
 #include <dtrain/ckpt/hdf5.hpp>
 #include <dtrain/ckpt/interval.hpp>
+#include <dtrain/comm/communicator.hpp>
 #include <dtrain/core/rng.hpp>
 #include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/core/timer.hpp>
+#include <dtrain/transports/mpi.hpp>
 
 #include "ckpt/mpi_comm.hpp"
 #include "common/cli_mpi.hpp"
@@ -498,7 +500,11 @@ int main(int argc, char** argv) {
       // Multi-level saves: what a step is blocked by a save to the shared level (--dir) against
       // a node-local save (--levels), alone and with the partner copy (every rank a node of its
       // own), and with the background flush to --dir running; alternated, so that the same
-      // noise falls on each.
+      // noise falls on each. Over dtrain's MPI communicator, as a training job has it: the
+      // partner copy travels as point-to-point messages.
+      dtrain::MpiTransport transport(MPI_COMM_WORLD);
+      dtrain::Communicator lcomm(transport);
+      using LComm = decltype(lcomm);
       const std::string d = dir + "/levels-shared";
       auto level_opts = [&](bool partner, int shared_every) {
         dtrain::CheckpointOptions o;
@@ -511,12 +517,12 @@ int main(int argc, char** argv) {
       };
       dtrain::CheckpointOptions so;
       so.keep_last = 2;
-      dtrain::Checkpointer<Comm> shared_only(comm, d + "-only", so);
-      dtrain::Checkpointer<Comm> local(comm, d + "-unused", level_opts(false, 0));
-      dtrain::Checkpointer<Comm> partner(comm, d + "-unused", level_opts(true, 0));
-      dtrain::Checkpointer<Comm> flushed(comm, d, level_opts(true, 1));
+      dtrain::Checkpointer<LComm> shared_only(lcomm, d + "-only", so);
+      dtrain::Checkpointer<LComm> local(lcomm, d + "-unused", level_opts(false, 0));
+      dtrain::Checkpointer<LComm> partner(lcomm, d + "-unused", level_opts(true, 0));
+      dtrain::Checkpointer<LComm> flushed(lcomm, d, level_opts(true, 1));
       std::vector<double> t_shared, t_local, t_partner, t_flushed, t_flush;
-      auto timed = [&](dtrain::Checkpointer<Comm>& c, std::int64_t k, std::vector<double>& out) {
+      auto timed = [&](dtrain::Checkpointer<LComm>& c, std::int64_t k, std::vector<double>& out) {
         MPI_Barrier(MPI_COMM_WORLD);
         dtrain::Timer t;
         c.save(k, dtrain::named("model", model), dtrain::per_rank("cursor", cursor));
