@@ -23,6 +23,12 @@ if(DTRAIN_HAVE_HDF5)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_communicator.cpp LINK dtrain::hdf5 dtrain::loopback
     TIMEOUT 120)
 
+  # Fully sharded training's checkpoints: replicated and fully sharded runs resume from each
+  # other's files, on other world sizes too.
+  dtrain_add_unit_test(NAME ckpt_fully_sharded_test IN test_ckpt
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_fully_sharded.cpp LINK dtrain::hdf5 dtrain::loopback
+    TIMEOUT 120)
+
   # Multi-level checkpoints (node-local, partner, shared) with fake nodes and a directory each.
   dtrain_add_unit_test(NAME ckpt_levels_test IN test_ckpt
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_levels.cpp LINK dtrain::hdf5 dtrain::loopback

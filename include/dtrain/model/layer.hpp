@@ -122,6 +122,18 @@ class Layer {
     grads_ = grads;
   }
 
+  /// Moves the layer to other slices of the same size (exec memory; null for a layer without
+  /// parameters, and for the gradients during a forward): a fully sharded model gathers a unit's
+  /// parameters into a working buffer before its forward and its backward, and its gradients go
+  /// to a working buffer of their own (FullyShardedSync). No allocation, no kernel. A layer that
+  /// keeps pointers derived from its slices, or holds other layers, overrides this and calls it
+  /// first; one that reads parameters() and gradients() at each call (the built-in layers) need
+  /// not.
+  virtual void rebind(T* params, T* grads) {
+    params_ = params;
+    grads_ = grads;
+  }
+
   /// Makes room for `rows` samples of per-sample scratch (exec memory), when a batch is larger
   /// than any before. Replacing the old scratch is safe: the policy's deallocation orders itself
   /// after the queued work that uses it.

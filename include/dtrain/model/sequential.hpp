@@ -17,6 +17,7 @@
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
+#include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_state.hpp>
 #include <dtrain/exec/exec_traits.hpp>
@@ -26,6 +27,7 @@
 #include <dtrain/model/layers/residual.hpp>
 #include <dtrain/model/loss.hpp>
 #include <dtrain/model/metrics.hpp>
+#include <dtrain/model/parameter_units.hpp>
 #include <dtrain/model/pending_loss.hpp>
 
 namespace dtrain {
@@ -238,6 +240,12 @@ class BasicSequential {
   /// parameters are generated on the host and uploaded).
   void init(std::uint64_t seed) {
     seed_ = seed;
+    if (sharded_) {
+      init_parts(seed);
+      forward_count_ = 0;
+      zero_grad();
+      return;
+    }
     Tensor host(Shape{static_cast<std::int64_t>(params_.size())}, dtype_of_v<T>,
                 exec_->host_allocator());
     T* h = static_cast<T*>(host.raw());
@@ -258,8 +266,88 @@ class BasicSequential {
   std::size_t layer_count() const noexcept { return layers_.size(); }
   /// Layer i (for its shapes and kind; the model owns it).
   const Layer<T, Exec>& layer(std::size_t i) const { return *layers_.at(i); }
-  /// Number of learnable scalars (elements of each arena).
-  std::size_t parameter_count() const noexcept { return params_.size(); }
+  /// Number of learnable scalars (elements of each whole arena).
+  std::size_t parameter_count() const noexcept { return arena_count_; }
+  /// Offset (elements) of layer i's parameters in the whole arenas.
+  std::size_t layer_offset(std::size_t i) const { return offsets_.at(i); }
+
+  /// Fully sharded mode; FullyShardedSync calls it (every rank alike, with its own parts), users
+  /// need not. From now on the arenas hold this rank's `parts` only (one per unit, inside it,
+  /// ascending), back to back: parameters() and gradients() are those compact arenas, and
+  /// arena_parts() says which elements of the whole arenas they hold. Before each unit's forward
+  /// and backward the model asks `provider` (borrowed: it must outlive the model or detach
+  /// first) for the unit's whole parameters, and its backward accumulates into the provider's
+  /// gradient buffer. `units` must tile the layers and the arena in order (plan_parameter_units).
+  /// Local, blocking; the whole arenas are freed. Throws InvalidArgument on units or parts that
+  /// do not fit, or when sharded already.
+  void shard_parameters(std::vector<ParameterUnit> units, StateParts parts,
+                        UnitProvider& provider) {
+    constexpr const char* op = "Sequential::shard_parameters";
+    DTRAIN_REQUIRE(!sharded_, op, "the model is fully sharded already");
+    DTRAIN_REQUIRE(!units.empty() && units.size() == parts.size(), op,
+                   units.size() << " units and " << parts.size() << " parts");
+    std::size_t layer = 0, offset = 0, held = 0;
+    std::vector<std::size_t> unit_of(layers_.size(), 0), starts;
+    for (std::size_t u = 0; u < units.size(); ++u) {
+      const ParameterUnit& x = units[u];
+      std::size_t count = 0;
+      for (std::size_t i = x.first_layer; i < x.end_layer && i < layers_.size(); ++i) {
+        count += layers_[i]->param_count();
+        unit_of[i] = u;
+      }
+      DTRAIN_REQUIRE(x.first_layer == layer && x.end_layer > x.first_layer &&
+                         x.end_layer <= layers_.size() && x.offset == offset && x.count == count,
+                     op,
+                     "unit " << u << " (layers [" << x.first_layer << ", " << x.end_layer
+                             << "), elements [" << x.offset << ", " << x.offset + x.count
+                             << ")) does not continue the units before it over " << layers_.size()
+                             << " layers");
+      const auto& [first, n] = parts[u];
+      DTRAIN_REQUIRE(first >= x.offset && n <= x.count && first - x.offset <= x.count - n, op,
+                     "part [" << first << ", " << first + n << ") outside unit " << u);
+      starts.push_back(held);
+      held += n;
+      layer = x.end_layer;
+      offset += count;
+    }
+    DTRAIN_REQUIRE(layer == layers_.size() && offset == arena_count_, op,
+                   "the units end at layer " << layer << " and element " << offset << " of "
+                                             << layers_.size() << " layers and " << arena_count_
+                                             << " elements");
+    Allocator& a = exec_->allocator();
+    Tensor p({static_cast<std::int64_t>(held)}, dtype_of_v<T>, a);
+    Tensor g({static_cast<std::int64_t>(held)}, dtype_of_v<T>, a);
+    for (std::size_t u = 0; u < parts.size(); ++u)
+      if (parts[u].second)
+        exec_->copy_d2d(stream(), static_cast<T*>(p.raw()) + starts[u],
+                        static_cast<const T*>(params_.raw()) + parts[u].first,
+                        parts[u].second * sizeof(T));
+    if (held) exec_->fill(stream(), static_cast<T*>(g.raw()), held, T(0));
+    exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
+    params_ = std::move(p);
+    grads_ = std::move(g);
+    units_ = std::move(units);
+    parts_ = std::move(parts);
+    part_starts_ = std::move(starts);
+    unit_of_ = std::move(unit_of);
+    provider_ = &provider;
+    sharded_ = true;
+    for (auto& l : layers_) l->rebind(nullptr, nullptr);
+  }
+  /// Whether the arenas hold this rank's parts only (shard_parameters).
+  bool fully_sharded() const noexcept { return sharded_; }
+  /// Elements of the whole arenas (as parameter_count()).
+  std::size_t arena_count() const noexcept { return arena_count_; }
+  /// While fully sharded: the elements of the whole arenas that parameters() and gradients()
+  /// hold, back to back (ascending, one per unit); empty otherwise.
+  const StateParts& arena_parts() const noexcept { return parts_; }
+  /// While fully sharded: the units (empty otherwise).
+  const std::vector<ParameterUnit>& units() const noexcept { return units_; }
+  /// Forgets `provider` if it is the model's (FullyShardedSync's destructor calls this). The
+  /// model stays sharded; its passes throw InvalidArgument from then on. Local.
+  void detach_provider(const UnitProvider* provider) noexcept {
+    if (provider_ == provider) provider_ = nullptr;
+  }
 
   /// The whole parameter arena (dtype of T, exec memory, space tagged). The model owns it; the
   /// view stays valid for the model's lifetime and may be written (optimizers, broadcasts,
@@ -275,7 +363,11 @@ class BasicSequential {
 
   /// Queues the zeroing of the gradient arena (gradients accumulate over backward calls until
   /// then). Local, non-blocking.
-  void zero_grad() { exec_->fill(stream(), static_cast<T*>(grads_.raw()), grads_.size(), T(0)); }
+  void zero_grad() {
+    // A sharded model's reduce-scatters still running write into the parts: finished first.
+    if (sharded_ && provider_) provider_->gradients_zeroed();
+    exec_->fill(stream(), static_cast<T*>(grads_.raw()), grads_.size(), T(0));
+  }
 
   /// Runs the layers on `x` (host memory, [batch, in_features]; copied, so it may be reused on
   /// return). Returns the output [batch, out_features] in exec memory, owned by the model and
@@ -305,13 +397,17 @@ class BasicSequential {
   /// on the last one. Local; queued on the compute stream.
   void backward(const T* dy, GradSink on_ready = {}) {
     DTRAIN_REQUIRE(forwarded_, "Sequential::backward", "no forward pass to differentiate");
+    check_provider("Sequential::backward");
     const T* grad_out = dy;
     for (std::size_t ri = layers_.size(); ri-- > 0;) {
+      if (sharded_ && ri + 1 == units_[unit_of_[ri]].end_layer) enter_unit(unit_of_[ri], true);
       const T* x = ri == 0 ? static_cast<const T*>(input_.raw()) : act(ri - 1);
       T* dx = ri == 0 ? nullptr : static_cast<T*>(dbuf_[ri % 2].raw());
       layers_[ri]->backward(stream(), x, act(ri), grad_out, dx, batch_, ctx_);
       const std::size_t count = layers_[ri]->param_count();
       if (on_ready && count) on_ready(offsets_[ri], count);
+      if (sharded_ && ri == units_[unit_of_[ri]].first_layer)
+        provider_->backward_done(unit_of_[ri]);
       grad_out = dx;
     }
   }
@@ -421,10 +517,18 @@ class BasicSequential {
   /// Checkpoint protocol: every learnable tensor under its ParameterInfo name with its true
   /// shape (device tensors staged through host memory, see StateMirror), then the init
   /// seed and the training step counter. Blocking.
+  ///
+  /// While fully sharded, a saving visitor that takes parts (the checkpointer's) gets this
+  /// rank's parts of each tensor (tensor_parts), so the file is the one an unsharded model
+  /// writes; other saving visitors are refused (InvalidArgument); loading reads each tensor whole
+  /// into a host buffer of its size and keeps this rank's part.
   template <class V>
   void visit_state(V& v) {
-    for (const auto& p : info_)
-      state_mirror_.visit(*exec_, v, p.name, params_, p.offset, p.count, p.shape);
+    if (sharded_)
+      visit_parts(v);
+    else
+      for (const auto& p : info_)
+        state_mirror_.visit(*exec_, v, p.name, params_, p.offset, p.count, p.shape);
     std::int64_t seed = static_cast<std::int64_t>(seed_);
     v.scalar("seed", seed);
     v.scalar("step_count", forward_count_);
@@ -450,6 +554,93 @@ class BasicSequential {
 
   stream_type stream() const { return exec_->compute_stream(); }
   const T* act(std::size_t i) const { return static_cast<const T*>(acts_[i].raw()); }
+
+  void check_provider(const char* op) const {
+    DTRAIN_REQUIRE(!sharded_ || provider_, op,
+                   "the model is fully sharded but its FullyShardedSync is gone");
+  }
+  // Points the unit's layers at the unit's whole parameters (and, in a backward, its gradient
+  // buffer) that the provider holds now.
+  void enter_unit(std::size_t u, bool backward) {
+    const ParameterUnit& x = units_[u];
+    T* p = static_cast<T*>(provider_->acquire(u, backward));
+    T* g = backward ? static_cast<T*>(provider_->gradient_buffer(u)) : nullptr;
+    for (std::size_t i = x.first_layer; i < x.end_layer; ++i) {
+      const bool has = layers_[i]->param_count() > 0;
+      const std::size_t at = offsets_[i] - x.offset;
+      layers_[i]->rebind(has && p ? p + at : nullptr, has && g ? g + at : nullptr);
+    }
+  }
+  // This rank's piece of the tensor at [offset, offset + count) of the whole arena: where it
+  // starts in the compact arena, where in the tensor, and how many elements (0: none).
+  struct Piece {
+    std::size_t at = 0, first = 0, count = 0;
+  };
+  Piece piece_of(std::size_t offset, std::size_t count, std::size_t layer) const {
+    const std::size_t u = unit_of_[layer];
+    const auto& [pf, pn] = parts_[u];
+    const std::size_t lo = std::max(pf, offset), hi = std::min(pf + pn, offset + count);
+    if (lo >= hi) return {};
+    return {part_starts_[u] + (lo - pf), lo - offset, hi - lo};
+  }
+  // init() of a fully sharded model: each layer's values drawn into a host buffer of its own
+  // size, this rank's piece of it kept.
+  void init_parts(std::uint64_t seed) {
+    std::vector<T> scratch;
+    for (std::size_t i = 0; i < layers_.size(); ++i) {
+      const std::size_t n = layers_[i]->param_count();
+      scratch.assign(n, T(0));
+      layers_[i]->init(seed, i, n ? scratch.data() : nullptr);
+      if (!n) continue;
+      const Piece c = piece_of(offsets_[i], n, i);
+      if (!c.count) continue;
+      exec_->copy_h2d(stream(), static_cast<T*>(params_.raw()) + c.at, scratch.data() + c.first,
+                      c.count * sizeof(T));
+      exec_synchronize(*exec_, stream(), exec_timeout_s(), "Sequential::init");
+    }
+    if (provider_) provider_->parameters_changed();
+  }
+  template <class V>
+  void visit_parts(V& v) {
+    constexpr const char* op = "Sequential::visit_state";
+    if (!v.loading()) {
+      if constexpr (visitor_takes_parts<V>::value) {
+        exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
+        part_mirrors_.resize(info_.size());
+        for (std::size_t k = 0; k < info_.size(); ++k) {
+          const ParameterInfo& p = info_[k];
+          const Piece c = piece_of(p.offset, p.count, p.layer);
+          StateParts parts;
+          if (c.count) parts.emplace_back(c.first, c.count);
+          BufferView held = params_.view().slice(c.count ? c.at : 0, c.count);
+          if constexpr (Exec::space != Space::host) {
+            Tensor& m = part_mirrors_[k];
+            if (m.size() != c.count)
+              m = Tensor({static_cast<std::int64_t>(c.count)}, dtype_of_v<T>,
+                         exec_->host_allocator());
+            if (c.count) exec_->copy_d2h(stream(), m.raw(), held.data, held.bytes());
+            exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
+            held = m.view();
+          }
+          v.tensor_parts(p.name, held, p.shape, parts);
+        }
+        return;
+      }
+      raise<InvalidArgument>(op,
+                             "the parameters are held in parts (fully sharded): only a "
+                             "checkpointer's save takes them as they are");
+    }
+    for (const ParameterInfo& p : info_) {
+      Tensor whole({static_cast<std::int64_t>(p.count)}, dtype_of_v<T>, exec_->host_allocator());
+      v.tensor(p.name, whole.view(), p.shape);
+      const Piece c = piece_of(p.offset, p.count, p.layer);
+      if (c.count)
+        exec_->copy_h2d(stream(), static_cast<T*>(params_.raw()) + c.at,
+                        static_cast<const T*>(whole.raw()) + c.first, c.count * sizeof(T));
+      exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
+    }
+    if (provider_) provider_->parameters_changed();
+  }
 
   static std::vector<entry_type> entries(const std::vector<LayerSpec>& layers) {
     return std::vector<entry_type>(layers.begin(), layers.end());
@@ -512,6 +703,7 @@ class BasicSequential {
     }
     sizes_.insert(sizes_.begin(), static_cast<std::int64_t>(element_count(shapes_.front())));
     Allocator& a = exec_->allocator();
+    arena_count_ = total;
     params_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
     grads_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
     loss_exec_ = Tensor({static_cast<std::int64_t>(loss_slots)}, DType::f64, a);
@@ -573,10 +765,13 @@ class BasicSequential {
     if (options.training) ++forward_count_;
     batch_ = batch;
     forwarded_ = true;
+    check_provider("Sequential::forward");
     const T* in = static_cast<const T*>(input_.raw());
     for (std::size_t i = 0; i < layers_.size(); ++i) {
+      if (sharded_ && i == units_[unit_of_[i]].first_layer) enter_unit(unit_of_[i], false);
       T* out = static_cast<T*>(acts_[i].raw());
       layers_[i]->forward(stream(), in, out, batch, ctx_);
+      if (sharded_ && i + 1 == units_[unit_of_[i]].end_layer) provider_->forward_done(unit_of_[i]);
       in = out;
     }
     return in;
@@ -631,6 +826,15 @@ class BasicSequential {
   std::vector<ParameterInfo> info_;
   Tensor params_, grads_;
   StateMirror<Exec> state_mirror_;  // host side of the parameters for checkpoints (devices)
+  std::size_t arena_count_ = 0;     // elements of the whole arenas
+  // Fully sharded mode (shard_parameters): params_ and grads_ hold parts_ back to back (part u
+  // from part_starts_[u]); unit_of_[i] is layer i's unit; provider_ gathers the units.
+  bool sharded_ = false;
+  std::vector<ParameterUnit> units_;
+  StateParts parts_;
+  std::vector<std::size_t> part_starts_, unit_of_;
+  detail::MovablePtr<UnitProvider> provider_;
+  std::vector<Tensor> part_mirrors_;  // host copies of this rank's parts for a save (devices)
   // Exec memory: input copy, layer outputs, input gradients (ping-pong), uploaded labels,
   // targets and sample ids, the loss gradient, and one loss value per slot.
   Tensor input_;

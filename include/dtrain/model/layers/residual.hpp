@@ -90,6 +90,12 @@ class ResidualLayer final : public Layer<T, Exec> {
       body_[j]->bind(exec, params ? params + offsets_[j] : nullptr,
                      grads ? grads + offsets_[j] : nullptr);
   }
+  void rebind(T* params, T* grads) override {
+    Layer<T, Exec>::rebind(params, grads);
+    for (std::size_t j = 0; j < body_.size(); ++j)
+      body_[j]->rebind(params ? params + offsets_[j] : nullptr,
+                       grads ? grads + offsets_[j] : nullptr);
+  }
   void reserve(std::int64_t rows) override {
     if (rows <= rows_) return;
     Allocator& a = this->exec().allocator();

@@ -23,6 +23,15 @@
 namespace dtrain {
 namespace detail {
 
+// A model whose arenas may hold parts of larger ones (a fully sharded Sequential).
+template <class M, class = void>
+struct has_arena_parts : std::false_type {};
+template <class M>
+struct has_arena_parts<M, std::void_t<decltype(bool(std::declval<const M&>().fully_sharded())),
+                                      decltype(std::size_t(std::declval<const M&>().arena_count())),
+                                      decltype(StateParts(std::declval<const M&>().arena_parts()))>>
+    : std::true_type {};
+
 /// The operation names an optimizer's errors and warnings carry.
 struct OptimizerLabels {
   const char* name;           // "Sgd"
@@ -63,15 +72,48 @@ class ElementwiseOptimizer {
       : ElementwiseOptimizer(ExecHolder<Exec>(std::make_unique<Exec>(alloc)), params, grads,
                              schedule, options) {}
   /// Same, on any model exposing parameters() and gradients() (e.g. Sequential), on the model's
-  /// policy when it has one.
+  /// policy when it has one. A fully sharded model's arenas hold its parts of the whole arenas
+  /// (arena_parts()): the optimizer then holds the state of those parts only (hold_parts).
   template <class M, class = std::enable_if_t<has_arenas<M>::value>>
   ElementwiseOptimizer(M& model, Schedule schedule, options_type options = {})
       : ElementwiseOptimizer(ExecHolder<Exec>::of_model(model), model.parameters(),
-                             model.gradients(), schedule, options) {}
+                             model.gradients(), schedule, options) {
+    if constexpr (has_arena_parts<M>::value)
+      if (model.fully_sharded()) hold_parts(model.arena_count(), model.arena_parts());
+  }
+
+  /// Fully sharded arenas: the parameter and gradient views given at construction hold the
+  /// elements `parts` (first element, count; ascending, disjoint; their counts add up to the
+  /// views' size) of whole arenas of n elements, back to back. From then on offsets are the whole
+  /// arena's (update(offset, count) within one part; step() updates every part), the state is
+  /// held for the parts only (sharded for good: unshard_state refuses) and a checkpoint saves
+  /// and loads it as the whole arena's state. Call it before the first step. Local, blocking.
+  /// Throws InvalidArgument on parts that do not fit.
+  void hold_parts(std::size_t n, const StateShards::Parts& parts) {
+    std::size_t total = 0;
+    for (const auto& part : parts) total += part.second;
+    DTRAIN_REQUIRE(total == params_.count && n >= total, Rule::labels.shard_state,
+                   "parts of " << total << " elements for arenas of " << params_.count
+                               << " elements held of " << n);
+    DTRAIN_REQUIRE(step_ == 0 && !compact_, Rule::labels.shard_state,
+                   "hold_parts comes before the first step, once");
+    state_ = StateArenas<Exec, Rule::states>(Rule::state_names(), n, params_.dtype,
+                                             Rule::uses_state(opt_));
+    state_.shard(exec_.get(), parts, Rule::labels.shard_state);
+    arena_elements_ = n;
+    compact_ = true;
+    for (const auto& part : parts)
+      if (part.second) compact_parts_.push_back(part);
+  }
+  /// Whether the arenas hold parts of larger ones (hold_parts).
+  bool holds_parts() const noexcept { return compact_; }
 
   /// Queues one update with lr = schedule.lr(step_count()) and advances the step. Local.
   void step() {
-    update(0, params_.count);
+    if (compact_)
+      for (const auto& [first, count] : compact_parts_) update(first, count);
+    else
+      update(0, params_.count);
     complete_step();
   }
   /// Queues the current step's update of elements [offset, offset + count) only, without
@@ -81,14 +123,16 @@ class ElementwiseOptimizer {
   /// outside the arena, or, while the state is sharded (shard_state), on one that is not inside
   /// one of its parts.
   void update(std::size_t offset, std::size_t count) {
-    check_range(offset, count, params_.count, Rule::labels.update);
+    check_range(offset, count, arena_elements_, Rule::labels.update);
     if (count == 0) return;
     const std::size_t at = state_.locate(offset, count, Rule::labels.update);
     const typename Rule::params_type h = Rule::params(opt_, schedule_.lr(step_), step_);
+    // Held parts: the parameters and gradients lie where the state does.
+    const std::size_t where = compact_ ? at : offset;
     if (params_.dtype == DType::f32)
-      run<float>(offset, at, count, h);
+      run<float>(where, at, count, h);
     else
-      run<double>(offset, at, count, h);
+      run<double>(where, at, count, h);
   }
   /// Ends a step whose elements were all given to update(). Local.
   void complete_step() noexcept { ++step_; }
@@ -122,7 +166,11 @@ class ElementwiseOptimizer {
   /// Whole-sized arenas again, this rank's parts in place and zeros elsewhere: still partial
   /// until the parts of the other ranks are gathered into them (GradientSync::gather_state).
   /// Nothing when not sharded. Local, blocking.
-  void unshard_state() { state_.unshard(exec_.get(), Rule::labels.unshard_state); }
+  void unshard_state() {
+    DTRAIN_REQUIRE(!compact_, Rule::labels.unshard_state,
+                   "the arenas hold parts (hold_parts): the state stays in parts");
+    state_.unshard(exec_.get(), Rule::labels.unshard_state);
+  }
   /// Elements per state arena in memory: the arena's, or while sharded its parts' total (0 when
   /// the state is not used).
   std::size_t state_elements() const noexcept { return state_.elements(); }
@@ -157,7 +205,8 @@ class ElementwiseOptimizer {
         grads_(grads),
         schedule_(schedule),
         opt_(options),
-        state_(Rule::state_names(), params.count, params.dtype, Rule::uses_state(options)) {
+        state_(Rule::state_names(), params.count, params.dtype, Rule::uses_state(options)),
+        arena_elements_(params.count) {
     check_param_grad(params, grads, Rule::labels.name, Exec::space);
     Rule::check_options(options);
   }
@@ -179,6 +228,9 @@ class ElementwiseOptimizer {
   Schedule schedule_;
   options_type opt_;
   StateArenas<Exec, Rule::states> state_;  // made on first use
+  std::size_t arena_elements_ = 0;         // of the whole arenas (hold_parts: more than held)
+  bool compact_ = false;                   // the arenas hold compact_parts_ (hold_parts)
+  StateShards::Parts compact_parts_;
   std::int64_t step_ = 0;
 };
 

@@ -1,0 +1,423 @@
+// SPDX-License-Identifier: BSD-3-Clause
+// dtrain: fully sharded training (parameters, gradients and optimizer state each held as 1/p per
+// rank). The model's layers are grouped into units; before a unit's forward and again before
+// its backward its parameters are all-gathered into a working buffer, and its gradients are
+// reduce-scattered into this rank's part as soon as its backward is queued. The next unit's
+// all-gather runs while the current one computes.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include <dtrain/comm/collective_handle.hpp>
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/reduce_op.hpp>
+#include <dtrain/core/error.hpp>
+#include <dtrain/core/state.hpp>
+#include <dtrain/core/tensor.hpp>
+#include <dtrain/exec/exec_traits.hpp>
+#include <dtrain/model/parameter_units.hpp>
+
+namespace dtrain {
+
+/// Options of FullyShardedSync.
+struct FullyShardedOptions {
+  /// The first layer of each unit (ascending, the first 0). Empty: units by `unit_bytes`.
+  std::vector<std::size_t> unit_starts;
+  /// 0: each layer with parameters starts a unit (layers without parameters join the unit
+  /// before them). Otherwise consecutive layers are joined while a unit's parameters stay within
+  /// this many bytes (a larger layer is a unit of its own).
+  std::size_t unit_bytes = 0;
+  /// Working buffers for whole units' parameters, 2 or 3: the unit computing and 1 or 2 units
+  /// gathered ahead of it.
+  int buffers = 2;
+  /// Gather the next units while the current one computes (false: each unit when it is needed).
+  bool prefetch = true;
+  /// Greater than 0: wait(optimizer) scales the gradients so that their global L2 norm (over
+  /// every rank's parts) is at most this, before the update.
+  double max_grad_norm = 0;
+};
+
+namespace detail {
+// The collectives of a fully sharded model, planned once; hides the transport type.
+struct UnitCollectives {
+  virtual ~UnitCollectives() = default;
+  virtual CollectiveHandle gather(std::size_t unit) = 0;
+  virtual CollectiveHandle scatter(std::size_t unit, bool accumulate) = 0;
+  virtual double sum(double x) = 0;
+};
+
+template <class Transport>
+struct PlannedUnits final : UnitCollectives {
+  explicit PlannedUnits(Communicator<Transport>& c) : comm(&c) {
+    one = Tensor({1}, DType::f64, default_allocator());
+  }
+  Communicator<Transport>* comm;
+  // Per unit (none for a unit without parameters): the all-gather of this rank's part into the
+  // unit's working buffer, the reduce-scatter of its gradient buffer into this rank's part, and
+  // the same into a scratch part (gradients accumulated over several backward passes).
+  std::vector<CollectivePlan<Transport>> gathers, scatters, accumulating;
+  std::vector<std::size_t> index;  // unit -> plan index
+  Tensor one;
+  CollectiveHandle gather(std::size_t u) override { return gathers[index[u]].start(); }
+  CollectiveHandle scatter(std::size_t u, bool accumulate) override {
+    return accumulate ? accumulating[index[u]].start() : scatters[index[u]].start();
+  }
+  double sum(double x) override {
+    *static_cast<double*>(one.raw()) = x;
+    comm->allreduce(one.view(), ReduceOp::sum);
+    return *static_cast<const double*>(one.raw());
+  }
+};
+}  // namespace detail
+
+/// Fully sharded data parallelism over a Sequential model (BasicSequential<T, Exec> with host
+/// memory): each rank holds 1/p of every unit's parameters and gradients (the model's arenas
+/// become those parts, Sequential::shard_parameters) and an optimizer made from the model
+/// afterwards holds the state of those parts only. A unit is a run of consecutive layers
+/// (FullyShardedOptions). Before a unit's forward and again before its backward its parameters
+/// are all-gathered into one of `buffers` working buffers the size of the largest unit (the
+/// last units of a forward are still there for the backward and are not gathered again);
+/// during its backward its gradients accumulate into one of two working gradient buffers, and
+/// the buffer is reduce-scattered (averaged) into this rank's part as soon as the unit's
+/// backward is queued, while earlier units compute. With `prefetch` the next units' all-gathers
+/// start while the current unit computes, in forward and in backward; collectives run on the
+/// communicator's progress machinery as every non-blocking collective does.
+///
+/// The step: model.zero_grad(); model.forward_backward(...) (one or several micro-batches);
+/// sync.wait(optimizer) (the gradients complete, optionally clipped to a global norm, each part
+/// updated, and the first units gathered for the next forward). Every rank ends each step with
+/// the parameters the unsharded step gives: the same bits on 2 ranks, and in reproducible mode
+/// (rank-order sums in the reduce-scatter as in the all-reduce) on any number, with one backward
+/// per step; gradients accumulated over micro-batches are averaged per pass and added, which
+/// agrees with the unsharded step to rounding.
+///
+/// Collective use: every rank constructs it alike and runs the same passes (training and
+/// evaluation forwards alike: each gathers) in the same order. Local object of one rank, used
+/// by the model's thread; the communicator and the model must outlive it; the model stays
+/// sharded after it is gone, its passes refused.
+template <class Model>
+class FullyShardedSync final : public UnitProvider {
+ public:
+  using value_type = typename Model::value_type;
+  using exec_type = typename Model::exec_type;
+
+  /// Local (plans the collectives). Shards `model` (its parameters must be the same on every
+  /// rank, e.g. init with the same seed): frees its whole arenas and keeps this rank's parts.
+  /// Throws InvalidArgument for device memory, bad unit starts or a buffer count other than 2
+  /// or 3.
+  template <class Transport>
+  FullyShardedSync(Communicator<Transport>& comm, Model& model, FullyShardedOptions options = {})
+      : model_(&model), exec_(&model.exec()), options_(std::move(options)) {
+    using T = value_type;
+    constexpr const char* op = "FullyShardedSync";
+    DTRAIN_REQUIRE(exec_type::space == Space::host, op,
+                   "fully sharded training needs host memory (the model runs on "
+                       << name_of(exec_type::space) << " memory)");
+    DTRAIN_REQUIRE(options_.buffers == 2 || options_.buffers == 3, op,
+                   "buffers must be 2 or 3, got " << options_.buffers);
+    rank_ = comm.rank();
+    size_ = comm.size();
+    std::vector<std::size_t> counts;
+    for (std::size_t i = 0; i < model.layer_count(); ++i)
+      counts.push_back(model.layer(i).param_count());
+    units_ = plan_parameter_units(counts, options_.unit_starts, options_.unit_bytes / sizeof(T));
+    StateParts parts;
+    for (const ParameterUnit& u : units_) {
+      parts.emplace_back(u.offset + partition_begin(u.count, size_, rank_),
+                         partition_count(u.count, size_, rank_));
+      largest_ = std::max(largest_, u.count);
+      largest_part_ = std::max(largest_part_, parts.back().second);
+    }
+    model.shard_parameters(units_, parts, *this);
+    parts_ = parts;
+    std::size_t at = 0;
+    for (const auto& part : parts_) {
+      starts_.push_back(at);
+      at += part.second;
+    }
+    Allocator& a = exec_->allocator();
+    const auto big = static_cast<std::int64_t>(std::max<std::size_t>(largest_, 1));
+    const auto small = static_cast<std::int64_t>(std::max<std::size_t>(largest_part_, 1));
+    slots_.resize(static_cast<std::size_t>(options_.buffers));
+    for (Slot& s : slots_) s.buffer = Tensor({big}, dtype_of_v<T>, a);
+    for (GradSlot& g : grad_slots_) {
+      g.buffer = Tensor({big}, dtype_of_v<T>, a);
+      g.scratch = Tensor({small}, dtype_of_v<T>, a);
+    }
+    auto planned = std::make_unique<detail::PlannedUnits<Transport>>(comm);
+    const BufferView params = model.parameters(), grads = model.gradients();
+    bool first = true;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      planned->index.push_back(planned->gathers.size());
+      const std::size_t c = units_[u].count;
+      if (c == 0) continue;
+      const std::size_t k = u % slots_.size(), g = u % 2;
+      const BufferView part = params.slice(starts_[u], parts_[u].second);
+      const BufferView gpart = grads.slice(starts_[u], parts_[u].second);
+      // The first gather of a pass checks the call fingerprints (a rank out of step); the rest
+      // follow it in a fixed order.
+      planned->gathers.push_back(
+          comm.plan_allgather(part, slots_[k].buffer.view().slice(0, c), first));
+      planned->scatters.push_back(comm.plan_reduce_scatter(grad_slots_[g].buffer.view().slice(0, c),
+                                                           gpart, ReduceOp::avg, false));
+      planned->accumulating.push_back(comm.plan_reduce_scatter(
+          grad_slots_[g].buffer.view().slice(0, c),
+          grad_slots_[g].scratch.view().slice(0, parts_[u].second), ReduceOp::avg, false));
+      first = false;
+    }
+    collectives_ = std::move(planned);
+    fresh_.assign(units_.size(), 1);
+    reduced_.assign(units_.size(), 0);
+  }
+
+  FullyShardedSync(const FullyShardedSync&) = delete;
+  FullyShardedSync& operator=(const FullyShardedSync&) = delete;
+  /// Waits for its running collectives; the model keeps its parts and refuses passes.
+  ~FullyShardedSync() override {
+    model_->detach_provider(this);
+    for (Slot& s : slots_) finish_quietly(s.pending);
+    for (GradSlot& g : grad_slots_) finish_quietly(g.pending);
+  }
+
+  // ---- UnitProvider (called by the model) --------------------------------------------------
+
+  void* acquire(std::size_t u, bool backward) override {
+    if (!backward && u == 0) {
+      // A new forward: what earlier passes left in the buffers may predate an update, except
+      // what wait(optimizer) gathered after its update.
+      if (!primed_) invalidate();
+      primed_ = false;
+    }
+    if (units_[u].count == 0) return nullptr;
+    Slot& s = slot_of(u);
+    if (s.unit != u) start_gather(u);
+    if (s.pending.valid()) s.pending.wait();
+    if (options_.prefetch)
+      for (int d = 1; d < options_.buffers; ++d) {
+        const std::size_t v = backward ? u - static_cast<std::size_t>(d) : u + d;
+        if (backward ? u < static_cast<std::size_t>(d) : v >= units_.size()) break;
+        if (units_[v].count && slot_of(v).unit != v) start_gather(v);
+      }
+    return s.buffer.raw();
+  }
+  void forward_done(std::size_t) override {}
+  void* gradient_buffer(std::size_t u) override {
+    using T = value_type;
+    const std::size_t c = units_[u].count;
+    if (c == 0) return nullptr;
+    GradSlot& g = grad_slots_[u % 2];
+    finish_scatter(g);
+    exec_->fill(exec_->compute_stream(), static_cast<T*>(g.buffer.raw()), c, T(0));
+    return g.buffer.raw();
+  }
+  void backward_done(std::size_t u) override {
+    if (units_[u].count == 0) {
+      reduced_[u] = 1;
+      return;
+    }
+    GradSlot& g = grad_slots_[u % 2];
+    // The gradients are read by the progress thread: the kernels that write them ran.
+    exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
+                     "FullyShardedSync (gradients of a unit)");
+    const bool accumulate = !fresh_[u];
+    g.pending = collectives_->scatter(u, accumulate);
+    g.unit = u;
+    g.accumulate = accumulate;
+    fresh_[u] = 0;
+    reduced_[u] = 1;
+    traffic_ += units_[u].count;
+  }
+  void gradients_zeroed() override {
+    for (GradSlot& g : grad_slots_) finish_scatter(g);
+    std::fill(fresh_.begin(), fresh_.end(), 1);
+  }
+  void parameters_changed() override {
+    invalidate();
+    primed_ = false;
+  }
+
+  // ---- the step ------------------------------------------------------------------------------
+
+  /// Collective, blocking: completes the gradients' reduce-scatters (this rank's parts of the
+  /// model's gradients() now hold the average over the ranks). Throws InvalidArgument when no
+  /// backward ran since the last step. The whole units gathered before it are not reused by the
+  /// next forward (the caller may change the parameters: clip_grad_norm, an optimizer step).
+  void wait() {
+    std::exception_ptr first;
+    for (GradSlot& g : grad_slots_) {
+      try {
+        finish_scatter(g);
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+    }
+    const bool any = std::any_of(reduced_.begin(), reduced_.end(), [](char r) { return r != 0; });
+    const bool all = std::all_of(reduced_.begin(), reduced_.end(), [](char r) { return r != 0; });
+    std::fill(reduced_.begin(), reduced_.end(), 0);
+    primed_ = false;
+    if (first) std::rethrow_exception(first);
+    DTRAIN_REQUIRE(
+        any && all, "FullyShardedSync::wait",
+        any ? "a backward pass did not reach every unit" : "no backward pass since the last step");
+  }
+
+  /// wait(), then (with FullyShardedOptions::max_grad_norm) the global-norm clipping, then
+  /// `opt`'s update of this rank's part of each unit and its complete_step(), then (with
+  /// prefetch) the first units' all-gathers for the next forward. `opt` is anything with
+  /// update(offset, count) in whole-arena offsets and complete_step(), such as an Sgd or AdamW
+  /// made from the sharded model. Collective, blocking.
+  template <class Optimizer>
+  void wait(Optimizer& opt) {
+    wait();
+    if (options_.max_grad_norm > 0) clip_grad_norm(options_.max_grad_norm);
+    for (const auto& [first, count] : parts_)
+      if (count) opt.update(first, count);
+    opt.complete_step();
+    if (options_.prefetch) {
+      // The updates queued on the compute stream are what the gathers send.
+      exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
+                       "FullyShardedSync::wait (the update)");
+      invalidate();
+      for (std::size_t u = 0; u < units_.size() && u < slots_.size(); ++u)
+        if (units_[u].count) start_gather(u);
+      primed_ = true;
+    }
+  }
+
+  /// Collective, blocking, after wait(): scales this rank's parts of the gradients so that the
+  /// global L2 norm over every rank's parts is at most `max_norm`, and returns the norm before
+  /// (sum of squares in double, summed over the ranks: in reproducible mode in rank order).
+  /// Agrees with clip_grad_norm on the whole gradients to rounding. A non-finite norm is
+  /// returned unchanged and nothing is scaled.
+  double clip_grad_norm(double max_norm) {
+    using T = value_type;
+    DTRAIN_REQUIRE(max_norm > 0, "FullyShardedSync::clip_grad_norm",
+                   "max_norm must be positive, got " << max_norm);
+    const BufferView g = model_->gradients();
+    double local = 0;
+    if (g.count) {
+      exec_->sum_squares(exec_->compute_stream(), static_cast<const T*>(g.data), g.count, &local);
+      exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
+                       "FullyShardedSync::clip_grad_norm");
+    }
+    const double norm = std::sqrt(collectives_->sum(local));
+    last_norm_ = norm;
+    if (std::isfinite(norm) && norm > max_norm && g.count)
+      exec_->scale(exec_->compute_stream(), static_cast<T*>(g.data), g.count,
+                   static_cast<T>(max_norm / (norm + 1e-6)));
+    return norm;
+  }
+  /// The norm the last clipping saw (0 before any).
+  double last_grad_norm() const noexcept { return last_norm_; }
+
+  // ---- layout and memory ---------------------------------------------------------------------
+
+  std::size_t unit_count() const noexcept { return units_.size(); }
+  const ParameterUnit& unit(std::size_t i) const { return units_.at(i); }
+  /// This rank's part of unit i: (first element of the whole arena, count).
+  std::pair<std::size_t, std::size_t> part(std::size_t i) const { return parts_.at(i); }
+  /// Elements of the largest unit (the size of every working buffer).
+  std::size_t largest_unit() const noexcept { return largest_; }
+  /// Elements of this rank's parts together (of each of parameters, gradients, optimizer state).
+  std::size_t held_elements() const noexcept { return model_->parameters().count; }
+  /// Bytes of the working buffers: `buffers` for parameters, two for gradients and two scratch
+  /// parts for accumulation.
+  std::size_t working_bytes() const noexcept {
+    std::size_t b = 0;
+    for (const Slot& s : slots_) b += s.buffer.bytes();
+    for (const GradSlot& g : grad_slots_) b += g.buffer.bytes() + g.scratch.bytes();
+    return b;
+  }
+  /// Elements all-gathered and reduce-scattered so far (whole units; each rank sends and
+  /// receives (p-1)/p of them): against an all-reduce's 2 per element and step, 3 when each
+  /// unit is gathered twice.
+  std::uint64_t elements_moved() const noexcept { return traffic_; }
+  /// All-gathers started so far.
+  std::uint64_t gathers() const noexcept { return gathers_; }
+
+ private:
+  struct Slot {
+    Tensor buffer;
+    std::size_t unit = npos;
+    CollectiveHandle pending;
+  };
+  struct GradSlot {
+    Tensor buffer, scratch;
+    std::size_t unit = npos;
+    bool accumulate = false;
+    CollectiveHandle pending;
+  };
+  static constexpr std::size_t npos = static_cast<std::size_t>(-1);
+
+  Slot& slot_of(std::size_t u) { return slots_[u % slots_.size()]; }
+
+  void start_gather(std::size_t u) {
+    Slot& s = slot_of(u);
+    if (s.pending.valid()) s.pending.wait();
+    // The buffer's previous unit is read by kernels queued before now.
+    exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
+                     "FullyShardedSync (a working buffer)");
+    s.unit = u;
+    s.pending = collectives_->gather(u);
+    traffic_ += units_[u].count;
+    ++gathers_;
+  }
+  void invalidate() {
+    std::exception_ptr first;
+    for (Slot& s : slots_) {
+      try {
+        if (s.pending.valid()) s.pending.wait();
+      } catch (...) {
+        if (!first) first = std::current_exception();
+      }
+      s.unit = npos;
+    }
+    if (first) std::rethrow_exception(first);
+  }
+  // Completes the slot's reduce-scatter; an accumulating one is added into this rank's part.
+  void finish_scatter(GradSlot& g) {
+    if (!g.pending.valid()) return;
+    const std::size_t u = g.unit;
+    g.unit = npos;
+    g.pending.wait();
+    if (!g.accumulate) return;
+    const BufferView grads = model_->gradients();
+    exec_->reduce_into(exec_->compute_stream(), ReduceOp::sum,
+                       grads.slice(starts_[u], parts_[u].second),
+                       g.scratch.view().slice(0, parts_[u].second));
+  }
+  static void finish_quietly(CollectiveHandle& h) noexcept {
+    try {
+      h.wait();
+    } catch (...) {  // a destructor never throws; the error was the step's to report
+    }
+  }
+
+  Model* model_;
+  exec_type* exec_;
+  FullyShardedOptions options_;
+  int rank_ = 0, size_ = 1;
+  std::vector<ParameterUnit> units_;
+  StateParts parts_;
+  std::vector<std::size_t> starts_;  // where each part starts in the model's arenas
+  std::size_t largest_ = 0, largest_part_ = 0;
+  // Declaration order is destruction order reversed: the handles inside the slots wait for
+  // their collectives before the plans go.
+  std::unique_ptr<detail::UnitCollectives> collectives_;
+  std::vector<Slot> slots_;
+  GradSlot grad_slots_[2];
+  std::vector<char> fresh_;    // unit's part untouched since zero_grad
+  std::vector<char> reduced_;  // unit's gradients reduced since the last wait
+  bool primed_ = false;        // the buffers hold what wait(optimizer) gathered after its update
+  double last_norm_ = 0;
+  std::uint64_t traffic_ = 0, gathers_ = 0;
+};
+
+}  // namespace dtrain

@@ -1,0 +1,153 @@
+// Checkpoints of fully sharded training (FullyShardedSync) over thread ranks: each rank saves
+// its parts of the parameters and of AdamW's moments into the datasets a replicated run writes,
+// so a replicated run resumes from a fully sharded run's file and the reverse, bit for bit in
+// reproducible mode, and a fully sharded run on another number of ranks reads it too.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <dtrain/ckpt/hdf5.hpp>
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/fully_sharded.hpp>
+#include <dtrain/comm/gradient_sync.hpp>
+#include <dtrain/model/model.hpp>
+#include <dtrain/optim/optim.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+namespace dtrain_test_ckpt_fully_sharded {
+
+using namespace dtrain;
+namespace fs = std::filesystem;
+using LoopComm = Communicator<LoopbackTransport>;
+
+namespace {
+
+constexpr std::int64_t rows = 4;
+
+std::vector<Sequential::entry_type> layers() {
+  return {Linear(5, 16), Tanh(), LayerNorm(16), Linear(16, 9), Relu(), Linear(9, 2)};
+}
+
+float value(std::uint64_t seed, std::size_t i) {
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
+  s ^= s >> 31, s *= 0x94D049BB133111EBull, s ^= s >> 29;
+  return static_cast<float>(static_cast<double>(s % 1000003) / 500001.0 - 1.0);
+}
+
+struct Outcome {
+  std::vector<float> params;  // whole (replicated) or this rank's parts (sharded)
+  StateParts parts;
+  std::optional<std::int64_t> restored;
+};
+
+// Steps [first, 6] of a run on `p` ranks, fully sharded or not; restores from `from` first when
+// given, saves after step 3 into `to` when given.
+std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std::string& to,
+                         RestoreStrategy restore = RestoreStrategy::rank0) {
+  std::vector<Outcome> out(static_cast<std::size_t>(p));
+  run_loopback(p, [&](LoopbackTransport& t) {
+    CommConfig c;
+    c.reproducible = true;
+    c.timeout_s = 60;
+    LoopComm comm(t, c);
+    Outcome& o = out[static_cast<std::size_t>(t.rank())];
+    Sequential model(layers());
+    model.init(5);
+    std::unique_ptr<FullyShardedSync<Sequential>> fsync;
+    std::unique_ptr<GradientSync> sync;
+    if (sharded)
+      fsync = std::make_unique<FullyShardedSync<Sequential>>(comm, model);
+    else
+      sync = std::make_unique<GradientSync>(comm, model.gradients(), 512);
+    AdamW opt(model, Schedule::constant(0.02));
+    std::int64_t step = 0;
+    if (!from.empty()) {
+      CheckpointOptions co;
+      co.restore = restore;
+      Checkpointer<LoopComm> in(comm, from, co);
+      o.restored = in.restore_latest(named("model", model), named("optimizer", opt));
+      step = o.restored.value_or(0);
+    }
+    std::unique_ptr<Checkpointer<LoopComm>> ckpt;
+    if (!to.empty()) ckpt = std::make_unique<Checkpointer<LoopComm>>(comm, to);
+    std::vector<float> x(rows * 5), y(rows * 2);
+    for (; step < 6; ++step) {
+      const std::uint64_t seed = static_cast<std::uint64_t>(t.rank() * 100 + step);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(seed, i);
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = value(seed + 50, i);
+      model.zero_grad();
+      if (sharded) {
+        model.forward_backward(x.data(), y.data(), rows, Loss::mse);
+        fsync->wait(opt);
+      } else {
+        model.forward_backward(x.data(), y.data(), rows, Loss::mse, *sync);
+        sync->wait();
+        opt.step();
+      }
+      if (ckpt && step + 1 == 3) ckpt->save(3, named("model", model), named("optimizer", opt));
+    }
+    const auto v = model.parameter_span();
+    o.params.assign(v.begin(), v.end());
+    o.parts = model.arena_parts();
+  });
+  return out;
+}
+
+std::vector<float> pick(const std::vector<float>& whole, const StateParts& parts) {
+  std::vector<float> v;
+  for (const auto& [first, count] : parts)
+    v.insert(v.end(), whole.begin() + static_cast<std::ptrdiff_t>(first),
+             whole.begin() + static_cast<std::ptrdiff_t>(first + count));
+  return v;
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("fully sharded checkpoints: replicated and fully sharded runs resume from each other") {
+  const std::string base =
+      (fs::temp_directory_path() / ("dtrain_ckpt_fsdp_" + std::to_string(::getpid()))).string();
+  const std::string sharded_dir = base + "_sharded", plain_dir = base + "_plain";
+  for (const auto& d : {sharded_dir, plain_dir}) fs::remove_all(d);
+
+  const auto plain = run(2, false, "", plain_dir);     // replicated, saves at 3
+  const auto sharded = run(2, true, "", sharded_dir);  // fully sharded, saves at 3
+  for (int r = 0; r < 2; ++r)
+    CHECK(same_bits(pick(plain[0].params, sharded[static_cast<std::size_t>(r)].parts),
+                    sharded[static_cast<std::size_t>(r)].params));
+
+  // Replicated from the fully sharded run's file, either restore strategy.
+  for (auto restore : {RestoreStrategy::rank0, RestoreStrategy::distributed}) {
+    const auto resumed = run(2, false, sharded_dir, "", restore);
+    for (const auto& o : resumed) {
+      CHECK(o.restored == std::optional<std::int64_t>(3));
+      CHECK(same_bits(o.params, plain[0].params));
+    }
+  }
+  // Fully sharded from the replicated run's file.
+  const auto back = run(2, true, plain_dir, "");
+  for (const auto& o : back) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
+    CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
+  }
+  // Another world size reads the same file: 3 fully sharded ranks continue from the 2-rank
+  // file as 3 replicated ranks do.
+  const auto three_plain = run(3, false, sharded_dir, "");
+  const auto three_sharded = run(3, true, sharded_dir, "");
+  for (const auto& o : three_sharded)
+    CHECK(same_bits(o.params, pick(three_plain[0].params, o.parts)));
+  for (const auto& d : {sharded_dir, plain_dir}) fs::remove_all(d);
+}
+
+}  // namespace dtrain_test_ckpt_fully_sharded

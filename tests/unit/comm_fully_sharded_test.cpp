@@ -1,0 +1,422 @@
+// Fully sharded training (FullyShardedSync): each rank holds its part of every unit's
+// parameters, gradients and optimizer state; units are all-gathered before their forward and
+// backward, their gradients reduce-scattered. Against the replicated step (GradientSync's
+// all-reduce, every rank updating everything) on the same data:
+// - 1-4 ranks in reproducible mode, and 2 ranks without it: the same parameter and optimizer
+//   state bits after several steps, with AdamW and SGD (momentum, weight decay), for units of
+//   one layer, one unit for everything and units given by their first layers, 2 and 3 working
+//   buffers, with and without prefetch; the model has built-in layers, a residual block and a
+//   layer of the test's own (through the Layer interface);
+// - gradients accumulated over two micro-batches and the global-norm clipping agree with the
+//   replicated step to rounding;
+// - the live bytes of the model's allocator (a counting allocator) stay within this rank's
+//   parts plus the working buffers and activations, well below the replicated model's;
+// - a saving visitor that does not take parts is refused; passes after the sync is gone throw.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/fully_sharded.hpp>
+#include <dtrain/comm/gradient_sync.hpp>
+#include <dtrain/model/model.hpp>
+#include <dtrain/optim/optim.hpp>
+#include <dtrain/transports/loopback.hpp>
+
+#include "../support/memory_state.hpp"
+
+// The file's own namespace: test files are compiled together in unity batches.
+namespace dtrain_test_comm_fully_sharded_test {
+
+using namespace dtrain;
+
+namespace {
+
+float noise(std::uint64_t seed, std::size_t i) {
+  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
+  s ^= s >> 31, s *= 0x94D049BB133111EBull, s ^= s >> 29;
+  return static_cast<float>(static_cast<double>(s % 2000003) / 1000001.0 - 1.0);
+}
+
+// A layer of the test's own: y = x * w per feature, w learned.
+template <class T, class Exec>
+class FeatureScale final : public Layer<T, Exec> {
+ public:
+  using typename Layer<T, Exec>::stream_type;
+  const char* kind() const noexcept override { return "feature_scale"; }
+  Shape configure(const Shape& in) override {
+    n_ = static_cast<std::int64_t>(element_count(in));
+    return in;
+  }
+  std::vector<LayerParam> params() const override { return {{"weight", {n_}, 0}}; }
+  void init(std::uint64_t, std::uint64_t, T* w) override {
+    for (std::int64_t i = 0; i < n_; ++i) w[i] = T(1) + T(0.05) * static_cast<T>(i);
+  }
+  void forward(stream_type, const T* x, T* y, std::int64_t rows, const PassContext&) override {
+    const T* w = this->parameters();
+    for (std::int64_t i = 0; i < rows * n_; ++i) y[i] = x[i] * w[i % n_];
+  }
+  void backward(stream_type, const T* x, const T*, const T* dy, T* dx, std::int64_t rows,
+                const PassContext&) override {
+    const T* w = this->parameters();
+    T* dw = this->gradients();
+    for (std::int64_t i = 0; i < rows * n_; ++i) {
+      dw[i % n_] += dy[i] * x[i];
+      if (dx) dx[i] = dy[i] * w[i % n_];
+    }
+  }
+
+ private:
+  std::int64_t n_ = 0;
+};
+struct FeatureScaleSpec {
+  template <class T, class Exec>
+  std::unique_ptr<Layer<T, Exec>> make() const {
+    return std::make_unique<FeatureScale<T, Exec>>();
+  }
+};
+
+// 8 layers: a user layer, a residual block, layers without parameters between units.
+std::vector<Sequential::entry_type> layers() {
+  return {
+      Linear(6, 24), Tanh(), FeatureScaleSpec{}, Residual{Linear(24, 24), Gelu()}, LayerNorm(24),
+      Linear(24, 7), Relu(), Linear(7, 3)};
+}
+// 8 square layers of 32: many small units, where a rank's parts and the working buffers of
+// the largest unit are well below the replicated state.
+std::vector<Sequential::entry_type> deep_layers() {
+  std::vector<Sequential::entry_type> l{Linear(6, 32), Tanh()};
+  for (int i = 0; i < 6; ++i) l.push_back(Linear(32, 32));
+  l.push_back(Linear(32, 3));
+  return l;
+}
+constexpr std::int64_t rows = 5;
+
+// Counts the live and peak bytes of the blocks it hands out.
+class CountingAllocator final : public Allocator {
+ public:
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    void* p = default_allocator().allocate(bytes, alignment);
+    live_ += bytes;
+    peak_ = std::max(peak_, live_);
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    default_allocator().deallocate(p, bytes);
+    live_ -= bytes;
+  }
+  Space space() const noexcept override { return Space::host; }
+  std::size_t live() const noexcept { return live_; }
+  std::size_t peak() const noexcept { return peak_; }
+  void reset_peak() noexcept { peak_ = live_; }
+
+ private:
+  std::size_t live_ = 0, peak_ = 0;
+};
+
+struct Config {
+  int ranks = 2;
+  bool reproducible = true;
+  bool adamw = true;
+  int micro = 1;    // micro-batches per step
+  double clip = 0;  // global-norm clipping
+  int steps = 4;
+  bool deep = false;  // deep_layers()
+  FullyShardedOptions fs;
+};
+
+struct RankResult {
+  std::vector<float> params;  // whole (replicated) or this rank's parts (sharded)
+  std::vector<float> state;   // the optimizer's state arenas, back to back
+  StateParts parts;           // sharded: the parts held
+  std::vector<double> losses;
+  std::size_t live_steady = 0, peak = 0;  // allocator bytes after the second step, peak after
+  std::size_t working = 0, held = 0;
+  double norm = 0;
+};
+
+template <class Opt>
+void keep_state(Opt& opt, std::vector<float>& out) {
+  opt.for_each_state_arena([&](BufferView s) {
+    const auto* f = static_cast<const float*>(s.data);
+    out.insert(out.end(), f, f + s.count);
+  });
+}
+
+// Each rank's rows of step s, micro-batch m.
+void data(int rank, int step, int m, std::vector<float>& x, std::vector<float>& y) {
+  x.resize(rows * 6);
+  y.resize(rows * 3);
+  const std::uint64_t seed = static_cast<std::uint64_t>(rank * 1000 + step * 10 + m);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = noise(seed, i);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = noise(seed + 7, i);
+}
+
+std::vector<RankResult> train(const Config& cfg, bool sharded) {
+  std::vector<RankResult> out(static_cast<std::size_t>(cfg.ranks));
+  run_loopback(cfg.ranks, [&](LoopbackTransport& t) {
+    CommConfig c;
+    c.timeout_s = 60;
+    c.reproducible = cfg.reproducible;
+    Communicator comm(t, c);
+    RankResult& res = out[static_cast<std::size_t>(t.rank())];
+    CountingAllocator alloc;
+    Sequential model(cfg.deep ? deep_layers() : layers(), alloc);
+    model.init(11);
+    SgdOptions so;
+    so.momentum = 0.9;
+    so.weight_decay = 1e-3;
+    std::unique_ptr<FullyShardedSync<Sequential>> fs;
+    std::unique_ptr<GradientSync> sync;
+    if (sharded)
+      fs = std::make_unique<FullyShardedSync<Sequential>>(comm, model, cfg.fs);
+    else
+      sync = std::make_unique<GradientSync>(comm, model.gradients(), 256);
+    AdamW adamw(model, Schedule::constant(0.01));
+    Sgd sgd(model, Schedule::constant(0.05), so);
+    std::vector<float> x, y;
+    for (int step = 0; step < cfg.steps; ++step) {
+      model.zero_grad();
+      double loss = 0;
+      for (int m = 0; m < cfg.micro; ++m) {
+        data(t.rank(), step, m, x, y);
+        PassOptions pass;
+        pass.loss_scale = 1.0 / cfg.micro;
+        const bool last = m + 1 == cfg.micro;
+        if (sharded || !last)
+          loss += model.forward_backward(x.data(), y.data(), rows, Loss::mse, {}, pass);
+        else
+          loss += model.forward_backward(x.data(), y.data(), rows, Loss::mse, *sync, pass);
+      }
+      res.losses.push_back(loss);
+      if (sharded) {
+        if (cfg.clip > 0) {
+          fs->wait();
+          res.norm = fs->clip_grad_norm(cfg.clip);
+          if (cfg.adamw)
+            adamw.step();
+          else
+            sgd.step();
+        } else if (cfg.adamw) {
+          fs->wait(adamw);
+        } else {
+          fs->wait(sgd);
+        }
+      } else {
+        sync->wait();
+        if (cfg.clip > 0) res.norm = clip_grad_norm(model.gradients(), cfg.clip);
+        if (cfg.adamw)
+          adamw.step();
+        else
+          sgd.step();
+      }
+      if (step == 1) {  // the model's second input stage is made at the second pass
+        res.live_steady = alloc.live();
+        alloc.reset_peak();
+      }
+    }
+    res.peak = alloc.peak();
+    const auto p = model.parameter_span();
+    res.params.assign(p.begin(), p.end());
+    if (cfg.adamw)
+      keep_state(adamw, res.state);
+    else
+      keep_state(sgd, res.state);
+    if (sharded) {
+      res.parts = model.arena_parts();
+      res.working = fs->working_bytes();
+      res.held = fs->held_elements();
+    }
+  });
+  return out;
+}
+
+// The replicated arena's elements at the sharded rank's parts, back to back.
+std::vector<float> pick(const std::vector<float>& whole, const StateParts& parts) {
+  std::vector<float> v;
+  for (const auto& [first, count] : parts)
+    v.insert(v.end(), whole.begin() + static_cast<std::ptrdiff_t>(first),
+             whole.begin() + static_cast<std::ptrdiff_t>(first + count));
+  return v;
+}
+
+// The state arenas are back to back: pick each arena's parts.
+std::vector<float> pick_state(const std::vector<float>& whole, std::size_t n,
+                              const StateParts& parts) {
+  std::vector<float> v;
+  for (std::size_t a = 0; a * n < whole.size(); ++a) {
+    const std::vector<float> arena(whole.begin() + static_cast<std::ptrdiff_t>(a * n),
+                                   whole.begin() + static_cast<std::ptrdiff_t>((a + 1) * n));
+    const auto part = pick(arena, parts);
+    v.insert(v.end(), part.begin(), part.end());
+  }
+  return v;
+}
+
+void check_same_bits(const Config& cfg) {
+  const auto ref = train(cfg, false);
+  const auto fs = train(cfg, true);
+  const std::size_t n = ref[0].params.size();
+  std::size_t held = 0;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    CAPTURE(r);
+    const auto& a = ref[static_cast<std::size_t>(r)];
+    const auto& b = fs[static_cast<std::size_t>(r)];
+    const auto want = pick(a.params, b.parts);
+    REQUIRE(want.size() == b.params.size());
+    CHECK(std::memcmp(want.data(), b.params.data(), want.size() * sizeof(float)) == 0);
+    const auto want_state = pick_state(a.state, n, b.parts);
+    REQUIRE(want_state.size() == b.state.size());
+    CHECK(std::memcmp(want_state.data(), b.state.data(), want_state.size() * sizeof(float)) == 0);
+    CHECK(a.losses == b.losses);
+    held += b.params.size();
+  }
+  CHECK(held == n);  // the parts cover the arena once
+}
+
+}  // namespace
+
+TEST_CASE("fully sharded steps give the replicated step's bits (reproducible mode, 1-4 ranks)") {
+  for (int p = 1; p <= 4; ++p) {
+    for (bool adamw : {true, false}) {
+      CAPTURE(p);
+      CAPTURE(adamw);
+      Config cfg;
+      cfg.ranks = p;
+      cfg.adamw = adamw;
+      check_same_bits(cfg);
+    }
+  }
+}
+
+TEST_CASE("fully sharded steps: unit layouts, buffers and prefetch keep the bits") {
+  SUBCASE("2 ranks without reproducible mode") {
+    Config cfg;
+    cfg.reproducible = false;
+    check_same_bits(cfg);
+  }
+  SUBCASE("one unit for the whole model") {
+    Config cfg;
+    cfg.ranks = 3;
+    cfg.fs.unit_bytes = 1 << 20;
+    check_same_bits(cfg);
+  }
+  SUBCASE("units of about 2 KiB, 3 buffers") {
+    Config cfg;
+    cfg.ranks = 3;
+    cfg.fs.unit_bytes = 2048;
+    cfg.fs.buffers = 3;
+    check_same_bits(cfg);
+  }
+  SUBCASE("units given by their first layers, no prefetch") {
+    Config cfg;
+    cfg.ranks = 4;
+    cfg.fs.unit_starts = {0, 3, 5};
+    cfg.fs.prefetch = false;
+    check_same_bits(cfg);
+  }
+}
+
+TEST_CASE("fully sharded: accumulation and clipping agree with the replicated step") {
+  for (int variant = 0; variant < 2; ++variant) {
+    CAPTURE(variant);
+    Config cfg;
+    cfg.ranks = 3;
+    if (variant == 0)
+      cfg.micro = 2;
+    else
+      cfg.clip = 0.05;
+    const auto ref = train(cfg, false);
+    const auto fs = train(cfg, true);
+    for (int r = 0; r < cfg.ranks; ++r) {
+      const auto& a = ref[static_cast<std::size_t>(r)];
+      const auto& b = fs[static_cast<std::size_t>(r)];
+      const auto want = pick(a.params, b.parts);
+      REQUIRE(want.size() == b.params.size());
+      for (std::size_t i = 0; i < want.size(); ++i)
+        REQUIRE(std::fabs(want[i] - b.params[i]) <= 1e-5f * (1 + std::fabs(want[i])));
+      if (cfg.clip > 0) {
+        CHECK(a.norm > cfg.clip);  // the clipping ran
+        CHECK(std::fabs(a.norm - b.norm) <= 1e-9 * a.norm + 1e-12);
+      }
+    }
+  }
+}
+
+TEST_CASE("fully sharded: a rank's live bytes are its parts plus the working buffers") {
+  for (int p = 2; p <= 4; ++p) {
+    CAPTURE(p);
+    Config cfg;
+    cfg.ranks = p;
+    cfg.steps = 2;
+    cfg.fs.unit_bytes = 0;  // a unit per layer with parameters
+    const auto ref = train(cfg, false);
+    const auto fs = train(cfg, true);
+    const std::size_t n = ref[0].params.size();
+    for (int r = 0; r < cfg.ranks; ++r) {
+      CAPTURE(r);
+      const auto& a = ref[static_cast<std::size_t>(r)];
+      const auto& b = fs[static_cast<std::size_t>(r)];
+      // Replicated: parameters, gradients, AdamW's two moments; sharded: this rank's parts of
+      // the four, within one element per unit of n / p.
+      const std::size_t units = 6;
+      CHECK(b.held <= n / static_cast<std::size_t>(p) + units);
+      // Everything else (activations, staging, loss slots) is the same in both models.
+      const std::size_t other = a.live_steady - 4 * n * sizeof(float);
+      CHECK(b.live_steady == 4 * b.held * sizeof(float) + b.working + other);
+      // No step allocates, in either mode.
+      CHECK(a.peak == a.live_steady);
+      CHECK(b.peak == b.live_steady);
+    }
+  }
+}
+
+TEST_CASE("fully sharded: a model over a rank's budget trains on 4 ranks, same losses") {
+  Config cfg;
+  cfg.ranks = 4;
+  cfg.deep = true;
+  cfg.steps = 3;
+  const auto ref = train(cfg, false);
+  const auto fs = train(cfg, true);
+  // The budget: 60% of what a replicated rank holds; the replicated run exceeds it, the fully
+  // sharded one stays within it at every step (its peak after construction).
+  const std::size_t budget = ref[0].live_steady * 6 / 10;
+  for (int r = 0; r < cfg.ranks; ++r) {
+    CAPTURE(r);
+    const auto& a = ref[static_cast<std::size_t>(r)];
+    const auto& b = fs[static_cast<std::size_t>(r)];
+    CHECK(a.peak > budget);
+    CHECK(b.peak <= budget);
+    CHECK(a.losses == b.losses);  // the same loss curve, bit for bit (reproducible mode)
+  }
+}
+
+TEST_CASE("fully sharded: refused visitors and a sync that is gone") {
+  run_loopback(2, [&](LoopbackTransport& t) {
+    Communicator comm(t);
+    Sequential model(layers());
+    model.init(3);
+    std::vector<float> x(rows * 6, 0.5f), y(rows * 3, 0.25f);
+    {
+      FullyShardedSync fs(comm, model);
+      CHECK(model.fully_sharded());
+      test::MemoryState saver;  // takes whole tensors only
+      CHECK_THROWS_AS(model.visit_state(saver), InvalidArgument);
+      model.zero_grad();
+      model.forward_backward(x.data(), y.data(), rows, Loss::mse);
+      fs.wait();
+      CHECK_THROWS_AS(fs.wait(), InvalidArgument);  // no backward since
+    }
+    CHECK_THROWS_AS(model.forward(x.data(), rows), InvalidArgument);
+  });
+}
+
+}  // namespace dtrain_test_comm_fully_sharded_test
