@@ -13,11 +13,12 @@
 #
 # dtrain_add_gpu_executable(NAME n SOURCE file DIALECT cuda|hip [DEFINES d...] [INCLUDES dir...]
 #                           [FLAGS flag...] [LIBS lib...] [HOST_LIBS lib...] [OUT var]
-#                           [COMPILE_CHECK])
+#                           [COMPILE_CHECK | UNOPTIMISED])
 #   builds ${CMAKE_CURRENT_BINARY_DIR}/gpu/<n> and a target <n> (part of ALL). COMPILE_CHECK
 #   compiles for the first target of the dialect only, without optimisation (host and device):
 #   for a build that checks that a program compiles and never runs it (the binary does not load
-#   on the other targets). DTRAIN_GPU_DIALECTS lists
+#   on the other targets). UNOPTIMISED compiles for every target without optimisation: the same
+#   check for each target. DTRAIN_GPU_DIALECTS lists
 #   the dialects whose compiler was found (cuda, hip); DTRAIN_GPU_INCLUDE_DIRS the include roots
 #   every unit gets (set by the includer: the installed include dir, or the source tree's roots).
 #   With cuBLAS / hipBLAS found, units get DTRAIN_HAVE_CUBLAS / DTRAIN_HAVE_HIPBLAS and the library.
@@ -60,6 +61,7 @@ if(DTRAIN_HAVE_CUDA)
     set(_dtrain_cuda_full -O2 ${_dtrain_cuda_targets})
     list(SUBLIST _dtrain_cuda_targets 0 2 _first)  # the first target's --generate-code pair
     set(_dtrain_cuda_check -O0 -Xptxas -O0 ${_first})
+    set(_dtrain_cuda_unoptimised -O0 -Xptxas -O0 ${_dtrain_cuda_targets})
     set(_dtrain_cuda_libs -Xcompiler=-pthread)
     if(TARGET CUDA::cublas)
       list(APPEND _dtrain_cuda_flags -DDTRAIN_HAVE_CUBLAS=1)
@@ -133,6 +135,8 @@ if(DTRAIN_HAVE_HIP)
     endforeach()
     list(SUBLIST _dtrain_hip_full 1 1 _first)  # the first target's --offload-arch
     set(_dtrain_hip_check -O0 ${_first})
+    set(_dtrain_hip_unoptimised ${_dtrain_hip_full})
+    list(TRANSFORM _dtrain_hip_unoptimised REPLACE "^-O2$" "-O0")
     set(_dtrain_hip_libs -lpthread)
     find_path(DTRAIN_HIPBLAS_INCLUDE_DIR NAMES hipblas/hipblas.h hipblas.h PATHS /opt/rocm/include)
     find_library(DTRAIN_HIPBLAS_LIBRARY hipblas PATHS /opt/rocm/lib)
@@ -175,13 +179,15 @@ if(NOT DEFINED DTRAIN_GPU_DEPENDS)
 endif()
 
 function(dtrain_add_gpu_executable)
-  cmake_parse_arguments(A "COMPILE_CHECK" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;FLAGS;LIBS;HOST_LIBS" ${ARGN})
+  cmake_parse_arguments(A "COMPILE_CHECK;UNOPTIMISED" "NAME;SOURCE;DIALECT;OUT" "DEFINES;INCLUDES;FLAGS;LIBS;HOST_LIBS" ${ARGN})
   # The nvcc/hipcc programs go to a gpu/ folder: a file beside the custom target of the same name
   # would be two rules for one path to Ninja.
   set(_exe "${CMAKE_CURRENT_BINARY_DIR}/gpu/${A_NAME}")
   set(_mode full)
   if(A_COMPILE_CHECK)
     set(_mode check)
+  elseif(A_UNOPTIMISED)
+    set(_mode unoptimised)
   endif()
   file(MAKE_DIRECTORY "${CMAKE_CURRENT_BINARY_DIR}/gpu")
   set(_defs "")
@@ -221,6 +227,8 @@ function(dtrain_add_gpu_executable)
     set(_archs "${DTRAIN_HIP_ARCHS_EFFECTIVE}")
     if(A_COMPILE_CHECK)
       list(SUBLIST _archs 0 1 _archs)
+    endif()
+    if(A_COMPILE_CHECK OR A_UNOPTIMISED)
       target_compile_options(${A_NAME} PRIVATE -O0)
     endif()
     set_target_properties(${A_NAME} PROPERTIES HIP_STANDARD 17 HIP_ARCHITECTURES "${_archs}"

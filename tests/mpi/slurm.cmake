@@ -13,7 +13,7 @@ if(DTRAIN_HAVE_HDF5 AND DTRAIN_HAVE_MPI AND NOT DTRAIN_UNIT_ONLY AND DTRAIN_BUIL
               ${PROJECT_SOURCE_DIR}/examples/slurm/train_fashion_mnist.sbatch
               $<TARGET_FILE:train_fashion_mnist>
               ${PROJECT_BINARY_DIR}/examples/01_convert_idx_to_hdf5/fashion_mnist.h5)
-    # Mostly waiting for the daemons and sbatch --wait (3.5 s of CPU in 24 s, measured): one
+    # Mostly waiting for the daemons and the jobs (3.5 s of CPU in 24 s, measured): one
     # processor's slot, so that another test can run beside it; no other test starts daemons.
     set_tests_properties(slurm_sbatch PROPERTIES LABELS "slurm" TIMEOUT 600 SKIP_RETURN_CODE 77
       PROCESSORS 1 RESOURCE_LOCK slurm_daemons FIXTURES_REQUIRED data_fashion_h5)

@@ -2,7 +2,8 @@
 # Runs examples/slurm/train_fashion_mnist.sbatch through a real single-node Slurm: starts munged,
 # slurmctld and slurmd as root with a minimal configuration (proctrack/linuxproc, task/none,
 # state, spool, sockets and logs under a temporary directory), submits the script twice with
-# sbatch --wait (launched with srun --mpi=pmi2, then with mpiexec inside the allocation), checks
+# sbatch (launched with srun --mpi=pmi2, then with mpiexec inside the allocation), waits for each
+# job's end state with scontrol, checks
 # that both jobs completed and trained, and stops the daemons again. Exit 77 (skipped) with the
 # reason when Slurm cannot be started here.
 # usage: run_slurm.sh SBATCH_SCRIPT TRAIN_BINARY DATA_FILE
@@ -103,10 +104,21 @@ for launcher in srun mpiexec; do
   rm -rf "$tmp/run-$launcher"
   # A short run with a checkpoint, so the job exercises MPI, HDF5 reads and writes; no accuracy
   # target (this checks the batch system, not the training).
-  if ! DTRAIN_LAUNCHER=$launcher timeout 280 sbatch --wait --ntasks=2 --output="$out" \
+  # Submitted, then its state polled every 0.2 s: sbatch --wait polls at intervals of seconds
+  # (10 s per 2 s job here).
+  job=$(DTRAIN_LAUNCHER=$launcher sbatch --parsable --ntasks=2 --output="$out" \
       --chdir="$tmp" "$script" "$binary" --data "$data" --max-steps 60 --log-every 20 \
-      --run-dir "$tmp/run-$launcher" --ckpt-every 30 --no-plot --target 0 >/dev/null; then
-    echo "FAIL: the $launcher job did not complete successfully"
+      --run-dir "$tmp/run-$launcher" --ckpt-every 30 --no-plot --target 0) || job=""
+  state=""
+  if [ -n "$job" ]; then
+    for _ in $(seq 1400); do  # 280 s
+      state=$(scontrol show job -o "${job%%;*}" 2>/dev/null | grep -o 'JobState=[A-Z_]*' | cut -d= -f2)
+      case "$state" in PENDING|CONFIGURING|RUNNING|COMPLETING|"") sleep 0.2 ;; *) break ;; esac
+    done
+  fi
+  if [ "$state" != COMPLETED ]; then
+    echo "FAIL: the $launcher job did not complete successfully (job ${job:-not submitted}, state ${state:-unknown})"
+    [ -n "$job" ] && scontrol cancel "${job%%;*}" 2>/dev/null
     status=1
   fi
   echo "---- job output ($launcher) ----"
