@@ -9,7 +9,7 @@
 // (non-blocking barrier polled every millisecond, so it does not compete for a core); then both
 // ranks run the same loop on MPI_COMM_WORLD. Data is synthetic (an in-memory dataset read through
 // the prefetching Loader, as example 10 reads its HDF5 file), the model an MLP 784-H-H-10 with
-// softmax cross-entropy. Each figure is measured in four modes:
+// softmax cross-entropy. Each figure is measured in five modes:
 //   overlap     gradient buckets all-reduce while backward runs; wait, then opt.step()
 //   no-overlap  backward first, then all buckets (ready_all), wait, opt.step()
 //   fused       as overlap, but each bucket is updated by the optimizer as soon as its average
@@ -17,6 +17,10 @@
 //               apart and counted as optimizer time
 //   sharded     as fused, with sharded steps (GradientSync::shard_updates): each bucket
 //               reduce-scattered, each rank updating its part, the parameters all-gathered
+//   fully-sharded  FullyShardedSync, a unit per linear layer: parameters, gradients and
+//               optimizer state held in parts, each unit all-gathered before its forward and
+//               its backward (the next one prefetched), its gradients reduce-scattered; the
+//               updates inside sync.wait(opt) are timed as optimizer time
 // A last figure has both ranks train alone at once (a communicator each, no communication, overlap
 // mode): the 2-rank figure over it is the cost of communication alone, where the scaling
 // efficiency above also counts what two ranks lose by sharing the machine (the 1-rank run had the
@@ -35,6 +39,8 @@
 // 2-rank figure's timed steps, which splits a shared page between the ranks that touch it, so that
 // the ranks' figures add up to the node's use; the PSS is also given per mode (the modes run one
 // after the other, each with a model and optimizer of its own: sharded keeps half the state).
+// Per mode the training state a rank holds, by its parts (parameters, gradients, optimizer state,
+// working buffers, activations), and the bytes a rank sends per step in its collectives.
 #include <mpi.h>
 
 #include <sys/resource.h>
@@ -52,6 +58,7 @@
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/fully_sharded.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/core/rng.hpp>
 #include <dtrain/core/timer.hpp>
@@ -86,13 +93,14 @@ struct Args {
   std::int64_t shared_heap = 1;
 };
 
-enum class Mode { overlap, no_overlap, fused, sharded };
-constexpr int kModes = 4;
+enum class Mode { overlap, no_overlap, fused, sharded, fully_sharded };
+constexpr int kModes = 5;
 const char* name_of(Mode m) {
   return m == Mode::overlap      ? "overlap"
          : m == Mode::no_overlap ? "no-overlap"
          : m == Mode::fused      ? "fused"
-                                 : "sharded";
+         : m == Mode::sharded    ? "sharded"
+                                 : "fully-sharded";
 }
 
 struct Phases {
@@ -118,6 +126,10 @@ struct Result {
   double cpu_cores = 0;
   // PSS at the end of the 2-rank figure's timed steps, MiB (NaN where not reported).
   double pss_mib = 0;
+  // What this rank holds, bytes: parameters, gradients, optimizer state, working buffers (the
+  // fully sharded mode's gathered units and gradient buffers), activations and their gradients
+  // for one batch; and the bytes it sends per step in its collectives.
+  double param_b = 0, grad_b = 0, state_b = 0, working_b = 0, act_b = 0, sent_b = 0;
 };
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
@@ -197,13 +209,22 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   lopt.prefetch_depth = 2;
   const std::size_t b = static_cast<std::size_t>(a.batch);
   dtrain::Loader loader(data, sampler, b, lopt);
-  dtrain::BasicSequential<float, Exec> model(
-      {dtrain::Linear(kIn, a.hidden), dtrain::Relu(), dtrain::Linear(a.hidden, a.hidden),
-       dtrain::Relu(), dtrain::Linear(a.hidden, kClasses)},
-      exec);
+  using Model = dtrain::BasicSequential<float, Exec>;
+  if constexpr (Exec::space != dtrain::Space::host)
+    if (mode == Mode::fully_sharded) return Result{};  // host memory only
+  Model model({dtrain::Linear(kIn, a.hidden), dtrain::Relu(), dtrain::Linear(a.hidden, a.hidden),
+               dtrain::Relu(), dtrain::Linear(a.hidden, kClasses)},
+              exec);
   model.init(a.seed);
-  dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
-                                       static_cast<std::size_t>(a.bucket_kib) * 1024);
+  // Fully sharded: the model keeps its parts, the units are gathered by `fs`; otherwise the
+  // gradient buckets of `sync_p`.
+  std::unique_ptr<dtrain::FullyShardedSync<Model>> fs;
+  std::unique_ptr<dtrain::BasicGradientSync<Exec>> sync_p;
+  if (mode == Mode::fully_sharded)
+    fs = std::make_unique<dtrain::FullyShardedSync<Model>>(comm, model);
+  else
+    sync_p = std::make_unique<dtrain::BasicGradientSync<Exec>>(
+        exec, comm, model.gradients(), static_cast<std::size_t>(a.bucket_kib) * 1024);
   // Only the chosen optimizer exists, so its state alone counts in the peak memory.
   const bool use_sgd = a.optimizer == "sgd";
   dtrain::SgdOptions so;
@@ -215,9 +236,9 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   // Sharded: the optimizer's state in this rank's parts from the start (never whole here).
   if (mode == Mode::sharded) {
     if (use_sgd)
-      sync.shard_updates(model.parameters(), *sgd_p);
+      sync_p->shard_updates(model.parameters(), *sgd_p);
     else
-      sync.shard_updates(model.parameters(), *adamw_p);
+      sync_p->shard_updates(model.parameters(), *adamw_p);
   }
 
   dtrain::Batch batch;
@@ -240,29 +261,39 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
     double loss = 0;
     if (mode == Mode::no_overlap) {
       loss = model.forward_backward(x, y, n);
-      sync.ready_all();
+      sync_p->ready_all();
+    } else if (mode == Mode::fully_sharded) {
+      loss = model.forward_backward(x, y, n);
     } else {
       loss = model.forward_backward(x, y, n, dtrain::Loss::softmax_cross_entropy,
-                                    [&](std::size_t o, std::size_t c) { sync.ready(o, c); });
+                                    [&](std::size_t o, std::size_t c) { sync_p->ready(o, c); });
     }
     (void)loss;
     const double t_fb = t.seconds();
     if (timed) fb_end.push_back(dtrain::now_seconds());
     t.reset();
     double t_opt = 0;
-    if (mode == Mode::fused || mode == Mode::sharded) {
+    if (mode == Mode::fully_sharded) {
       if (use_sgd) {
         TimedUpdates<dtrain::BasicSgd<Exec>> timed{*sgd_p, t_opt};
-        sync.wait(timed);
+        fs->wait(timed);
       } else {
         TimedUpdates<dtrain::BasicAdamW<Exec>> timed{*adamw_p, t_opt};
-        sync.wait(timed);
+        fs->wait(timed);
+      }
+    } else if (mode == Mode::fused || mode == Mode::sharded) {
+      if (use_sgd) {
+        TimedUpdates<dtrain::BasicSgd<Exec>> timed{*sgd_p, t_opt};
+        sync_p->wait(timed);
+      } else {
+        TimedUpdates<dtrain::BasicAdamW<Exec>> timed{*adamw_p, t_opt};
+        sync_p->wait(timed);
       }
     } else {
-      sync.wait();
+      sync_p->wait();
     }
     const double t_sync = t.seconds() - t_opt;
-    if (mode != Mode::fused && mode != Mode::sharded) {
+    if (mode != Mode::fused && mode != Mode::sharded && mode != Mode::fully_sharded) {
       t.reset();
       if (use_sgd)
         sgd_p->step();
@@ -278,11 +309,13 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
     }
   };
   for (std::int64_t i = 0; i < a.warmup; ++i) step(false);
+  const std::uint64_t moved_before = fs ? fs->elements_moved() : 0;
   comm.barrier();
   const double cpu_start = process_cpu_seconds();
   const dtrain::Timer wall;
   for (std::int64_t i = 0; i < a.steps; ++i) step(true);
   double elapsed = wall.seconds();
+  const std::uint64_t moved = fs ? fs->elements_moved() - moved_before : 0;
   double cpu = process_cpu_seconds() - cpu_start;
   comm.allreduce(dtrain::BufferView(&elapsed, 1, dtrain::DType::f64), dtrain::ReduceOp::max);
   comm.allreduce(dtrain::BufferView(&cpu, 1, dtrain::DType::f64), dtrain::ReduceOp::sum);
@@ -306,6 +339,26 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   const double fwd = ft.seconds() / static_cast<double>(fsteps);
 
   Result r;
+  {
+    // What this rank holds, by part, and what it sends per step: an all-reduce sends
+    // 2 (p-1)/p of the arena (ring or shm alike), a sharded step's reduce-scatter and
+    // all-gather the same; the fully sharded step (p-1)/p of every unit it gathers or reduces.
+    const double p = static_cast<double>(world), whole = 4.0 * parameter_count(a.hidden);
+    const double held = 4.0 * static_cast<double>(model.parameters().count);
+    const auto bsz = static_cast<double>(a.batch), h = static_cast<double>(a.hidden);
+    r.param_b = held;
+    r.grad_b = held;
+    // Elements per state arena: SGD's momentum, AdamW's two moments.
+    r.state_b = use_sgd ? 4.0 * static_cast<double>(sgd_p->state_elements())
+                        : 8.0 * static_cast<double>(adamw_p->state_elements());
+    r.working_b = fs ? static_cast<double>(fs->working_bytes()) : 0.0;
+    // Input copy, each layer's output, two input-gradient buffers of the widest input, the loss
+    // gradient.
+    r.act_b = 4.0 * bsz * (kIn + 4 * h + kClasses + 2 * std::max<double>(kIn, h) + kClasses);
+    if (world > 1)
+      r.sent_b = fs ? 4.0 * static_cast<double>(moved) * (p - 1) / p / static_cast<double>(a.steps)
+                    : whole * 2 * (p - 1) / p;
+  }
   r.samples_per_s = static_cast<double>(a.steps * a.batch * world) / elapsed;
   r.cpu_cores = cpu / elapsed;
   if (world > 1) {  // the 2-rank job, not the 1-rank figures' private copies of the model
@@ -319,9 +372,10 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   r.split.sync = ph.sync / s;
   r.split.optimizer = ph.optimizer / s;
   r.lag = comm.topology().nodes == 1 ? lag / s : std::nan("");
-  for (std::size_t i = 0; i < sync.bucket_count(); ++i) {
-    r.bucket_algorithms += (i ? "," : "") + std::string(dtrain::name_of(sync.bucket_algorithm(i)));
-    r.algorithm_changes += sync.bucket_algorithm_changes(i);
+  for (std::size_t i = 0; sync_p && i < sync_p->bucket_count(); ++i) {
+    r.bucket_algorithms +=
+        (i ? "," : "") + std::string(dtrain::name_of(sync_p->bucket_algorithm(i)));
+    r.algorithm_changes += sync_p->bucket_algorithm_changes(i);
     if (const auto* h = dynamic_cast<const dtrain::SharedHeapAllocator*>(&comm.shared_allocator()))
       r.grads_in_heap = h->owns(model.gradients().data);
   }
@@ -453,7 +507,8 @@ int main(int argc, char** argv) {
     dtrain::MpiTransport world_transport(MPI_COMM_WORLD, segments);
     dtrain::Communicator world_comm(world_transport);
 
-    const Mode modes[kModes] = {Mode::overlap, Mode::no_overlap, Mode::fused, Mode::sharded};
+    const Mode modes[kModes] = {Mode::overlap, Mode::no_overlap, Mode::fused, Mode::sharded,
+                                Mode::fully_sharded};
     // Every round measures each mode's 1-rank figure and then its 2-rank figure, so a drift of the
     // machine's speed over the run (this one is shared) reaches both figures of a round alike;
     // each figure is the median over the rounds, and the rounds' own efficiencies give its spread.
@@ -541,14 +596,14 @@ int main(int argc, char** argv) {
           static_cast<long long>(a.hidden), static_cast<long long>(a.hidden), params,
           a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.steps),
           device.describe().c_str(), static_cast<long long>(a.rounds));
-      std::printf("# %-11s %12s %12s %10s   rank 0 split on 2 ranks: %s\n", "mode", "1 rank sps",
+      std::printf("# %-13s %12s %12s %10s   rank 0 split on 2 ranks: %s\n", "mode", "1 rank sps",
                   "2 ranks sps", "efficiency",
                   "data / forward / backward / sync wait / optimizer, step ms");
       for (int m = 0; m < kModes; ++m) {
         const Phases& p = two[m].split;
         const double t = p.total();
         std::printf(
-            "  %-11s %12.0f %12.0f %10.3f   %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%%, "
+            "  %-13s %12.0f %12.0f %10.3f   %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%%, "
             "%.3f ms\n",
             name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
             two[m].samples_per_s / (2 * one[m].samples_per_s), 100 * p.data / t,
@@ -602,6 +657,22 @@ int main(int argc, char** argv) {
       for (int m = 0; m < kModes; ++m)
         std::printf(" %s %.1f / %.1f%s", name_of(modes[m]), modes_pss[m], modes_pss[kModes + m],
                     m < kModes - 1 ? "," : "\n");
+      std::printf(
+          "# training state of rank 0 on 2 ranks, MiB: parameters + gradients + optimizer state "
+          "+ working buffers + activations = total; sent per step\n");
+      const double mib = 1.0 / (1 << 20);
+      const Result& rep = two[0];
+      for (int m = 0; m < kModes; ++m) {
+        const Result& x = two[m];
+        const double total = x.param_b + x.grad_b + x.state_b + x.working_b + x.act_b;
+        std::printf(
+            "  %-13s %7.2f + %7.2f + %7.2f + %7.2f + %7.2f = %7.2f (%.3fx overlap's)   sent "
+            "%.2f MiB (%.3fx the all-reduce's)\n",
+            name_of(modes[m]), x.param_b * mib, x.grad_b * mib, x.state_b * mib, x.working_b * mib,
+            x.act_b * mib, total * mib,
+            total / (rep.param_b + rep.grad_b + rep.state_b + rep.act_b), x.sent_b * mib,
+            rep.sent_b > 0 ? x.sent_b / rep.sent_b : 0.0);
+      }
       if (!a.json.empty()) {
         dtrain::JsonSummary js;
         char model[64];

@@ -50,6 +50,9 @@ struct UnitCollectives {
   virtual ~UnitCollectives() = default;
   virtual CollectiveHandle gather(std::size_t unit) = 0;
   virtual CollectiveHandle scatter(std::size_t unit, bool accumulate) = 0;
+  // The accumulating reduce-scatters, planned when first needed: (gradient buffer, scratch
+  // part) per unit with parameters.
+  virtual void plan_accumulating(const std::vector<std::pair<BufferView, BufferView>>& io) = 0;
   virtual double sum(double x) = 0;
 };
 
@@ -61,13 +64,17 @@ struct PlannedUnits final : UnitCollectives {
   Communicator<Transport>* comm;
   // Per unit (none for a unit without parameters): the all-gather of this rank's part into the
   // unit's working buffer, the reduce-scatter of its gradient buffer into this rank's part, and
-  // the same into a scratch part (gradients accumulated over several backward passes).
+  // (once gradients are accumulated over several backward passes) the same into a scratch part.
   std::vector<CollectivePlan<Transport>> gathers, scatters, accumulating;
   std::vector<std::size_t> index;  // unit -> plan index
   Tensor one;
   CollectiveHandle gather(std::size_t u) override { return gathers[index[u]].start(); }
   CollectiveHandle scatter(std::size_t u, bool accumulate) override {
     return accumulate ? accumulating[index[u]].start() : scatters[index[u]].start();
+  }
+  void plan_accumulating(const std::vector<std::pair<BufferView, BufferView>>& io) override {
+    for (const auto& [in, out] : io)
+      accumulating.push_back(comm->plan_reduce_scatter(in, out, ReduceOp::avg, false));
   }
   double sum(double x) override {
     *static_cast<double*>(one.raw()) = x;
@@ -88,7 +95,8 @@ struct PlannedUnits final : UnitCollectives {
 /// the buffer is reduce-scattered (averaged) into this rank's part as soon as the unit's
 /// backward is queued, while earlier units compute. With `prefetch` the next units' all-gathers
 /// start while the current unit computes, in forward and in backward; collectives run on the
-/// communicator's progress machinery as every non-blocking collective does.
+/// communicator's progress machinery as every non-blocking collective does. On one rank the
+/// units are the model's own arenas: nothing is gathered, copied or reduced.
 ///
 /// The step: model.zero_grad(); model.forward_backward(...) (one or several micro-batches);
 /// sync.wait(optimizer) (the gradients complete, optionally clipped to a global norm, each part
@@ -142,16 +150,20 @@ class FullyShardedSync final : public UnitProvider {
       starts_.push_back(at);
       at += part.second;
     }
+    fresh_.assign(units_.size(), 1);
+    reduced_.assign(units_.size(), 0);
+    auto planned = std::make_unique<detail::PlannedUnits<Transport>>(comm);
+    // One rank holds every unit whole: the layers work in its arenas, as unsharded.
+    direct_ = size_ == 1;
+    if (direct_) {
+      collectives_ = std::move(planned);
+      return;
+    }
     Allocator& a = exec_->allocator();
     const auto big = static_cast<std::int64_t>(std::max<std::size_t>(largest_, 1));
-    const auto small = static_cast<std::int64_t>(std::max<std::size_t>(largest_part_, 1));
     slots_.resize(static_cast<std::size_t>(options_.buffers));
     for (Slot& s : slots_) s.buffer = Tensor({big}, dtype_of_v<T>, a);
-    for (GradSlot& g : grad_slots_) {
-      g.buffer = Tensor({big}, dtype_of_v<T>, a);
-      g.scratch = Tensor({small}, dtype_of_v<T>, a);
-    }
-    auto planned = std::make_unique<detail::PlannedUnits<Transport>>(comm);
+    for (GradSlot& g : grad_slots_) g.buffer = Tensor({big}, dtype_of_v<T>, a);
     const BufferView params = model.parameters(), grads = model.gradients();
     bool first = true;
     for (std::size_t u = 0; u < units_.size(); ++u) {
@@ -167,14 +179,9 @@ class FullyShardedSync final : public UnitProvider {
           comm.plan_allgather(part, slots_[k].buffer.view().slice(0, c), first));
       planned->scatters.push_back(comm.plan_reduce_scatter(grad_slots_[g].buffer.view().slice(0, c),
                                                            gpart, ReduceOp::avg, false));
-      planned->accumulating.push_back(comm.plan_reduce_scatter(
-          grad_slots_[g].buffer.view().slice(0, c),
-          grad_slots_[g].scratch.view().slice(0, parts_[u].second), ReduceOp::avg, false));
       first = false;
     }
     collectives_ = std::move(planned);
-    fresh_.assign(units_.size(), 1);
-    reduced_.assign(units_.size(), 0);
   }
 
   FullyShardedSync(const FullyShardedSync&) = delete;
@@ -196,6 +203,7 @@ class FullyShardedSync final : public UnitProvider {
       primed_ = false;
     }
     if (units_[u].count == 0) return nullptr;
+    if (direct_) return static_cast<value_type*>(model_->parameters().data) + starts_[u];
     Slot& s = slot_of(u);
     if (s.unit != u) start_gather(u);
     if (s.pending.valid()) s.pending.wait();
@@ -212,13 +220,15 @@ class FullyShardedSync final : public UnitProvider {
     using T = value_type;
     const std::size_t c = units_[u].count;
     if (c == 0) return nullptr;
+    // One rank: the backward accumulates into the arena itself, as unsharded.
+    if (direct_) return static_cast<T*>(model_->gradients().data) + starts_[u];
     GradSlot& g = grad_slots_[u % 2];
     finish_scatter(g);
     exec_->fill(exec_->compute_stream(), static_cast<T*>(g.buffer.raw()), c, T(0));
     return g.buffer.raw();
   }
   void backward_done(std::size_t u) override {
-    if (units_[u].count == 0) {
+    if (units_[u].count == 0 || direct_) {
       reduced_[u] = 1;
       return;
     }
@@ -227,6 +237,7 @@ class FullyShardedSync final : public UnitProvider {
     exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
                      "FullyShardedSync (gradients of a unit)");
     const bool accumulate = !fresh_[u];
+    if (accumulate) make_scratch();
     g.pending = collectives_->scatter(u, accumulate);
     g.unit = u;
     g.accumulate = accumulate;
@@ -280,7 +291,7 @@ class FullyShardedSync final : public UnitProvider {
     for (const auto& [first, count] : parts_)
       if (count) opt.update(first, count);
     opt.complete_step();
-    if (options_.prefetch) {
+    if (options_.prefetch && !direct_) {
       // The updates queued on the compute stream are what the gathers send.
       exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
                        "FullyShardedSync::wait (the update)");
@@ -327,8 +338,9 @@ class FullyShardedSync final : public UnitProvider {
   std::size_t largest_unit() const noexcept { return largest_; }
   /// Elements of this rank's parts together (of each of parameters, gradients, optimizer state).
   std::size_t held_elements() const noexcept { return model_->parameters().count; }
-  /// Bytes of the working buffers: `buffers` for parameters, two for gradients and two scratch
-  /// parts for accumulation.
+  /// Bytes of the working buffers: `buffers` for parameters and two for gradients, each of the
+  /// largest unit, and, once gradients were accumulated over several backward passes, two
+  /// scratch parts (none on one rank, where the layers work in the model's arenas).
   std::size_t working_bytes() const noexcept {
     std::size_t b = 0;
     for (const Slot& s : slots_) b += s.buffer.bytes();
@@ -357,6 +369,24 @@ class FullyShardedSync final : public UnitProvider {
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
   Slot& slot_of(std::size_t u) { return slots_[u % slots_.size()]; }
+
+  // The scratch parts and the accumulating reduce-scatters, made at the first accumulation (every
+  // rank at the same backward_done).
+  void make_scratch() {
+    if (scratch_made_) return;
+    Allocator& a = exec_->allocator();
+    const auto small = static_cast<std::int64_t>(std::max<std::size_t>(largest_part_, 1));
+    for (GradSlot& g : grad_slots_) g.scratch = Tensor({small}, dtype_of_v<value_type>, a);
+    std::vector<std::pair<BufferView, BufferView>> io;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (units_[u].count == 0) continue;
+      GradSlot& g = grad_slots_[u % 2];
+      io.emplace_back(g.buffer.view().slice(0, units_[u].count),
+                      g.scratch.view().slice(0, parts_[u].second));
+    }
+    collectives_->plan_accumulating(io);
+    scratch_made_ = true;
+  }
 
   void start_gather(std::size_t u) {
     Slot& s = slot_of(u);
@@ -416,6 +446,8 @@ class FullyShardedSync final : public UnitProvider {
   std::vector<char> fresh_;    // unit's part untouched since zero_grad
   std::vector<char> reduced_;  // unit's gradients reduced since the last wait
   bool primed_ = false;        // the buffers hold what wait(optimizer) gathered after its update
+  bool direct_ = false;        // one rank: the units are the model's own arenas
+  bool scratch_made_ = false;  // make_scratch
   double last_norm_ = 0;
   std::uint64_t traffic_ = 0, gathers_ = 0;
 };
