@@ -1,7 +1,7 @@
-// Checkpointer on real MPI (1-3 ranks in CTest): bit-exact resume with every write strategy and either
-// restore strategy, identical file contents across strategies, fallback from a damaged file, and
-// restore on fewer ranks, and (through tests/mpi/ckpt_private_dir.sh) a run directory only rank
-// 0 sees. Distributed restores read in runs of 12 bytes or more here, so that every
+// Checkpointer on real MPI (1-3 ranks in CTest): bit-exact resume with every write strategy and
+// either restore strategy, identical file contents across strategies, fallback from a damaged
+// file, and restore on fewer ranks, and (through tests/mpi/ckpt_private_dir.sh) a run directory
+// only rank 0 sees. Distributed restores read in runs of 12 bytes or more here, so that every
 // tensor is read by several ranks.
 #include <doctest/doctest.h>
 #include <mpi.h>
