@@ -8,16 +8,8 @@ set -uo pipefail
 mpiexec=${1:?mpiexec}
 binary=${2:?ckpt_mpi_test binary}
 
-skip() {
-  echo "SKIPPED: $*"
-  exit 77
-}
-[ "$(id -u)" -eq 0 ] || skip "a private mount namespace (unshare -m, mount -t tmpfs) needs root"
-command -v unshare >/dev/null || skip "unshare not found (Debian: util-linux)"
-probe=$(mktemp -d /tmp/dtrain-ns-probe.XXXXXX)
-unshare -m --propagation private sh -c "mount -t tmpfs none '$probe'" 2>/dev/null ||
-  { rmdir "$probe"; skip "mount namespaces are not permitted here (unshare -m failed)"; }
-rmdir "$probe"
+source "$(dirname "${BASH_SOURCE[0]}")/private_mounts.sh"
+require_private_mounts
 
 dir=$(mktemp -d /tmp/dtrain-private-dir.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
