@@ -45,6 +45,28 @@ int wait_status(pid_t pid) {
   return status;
 }
 
+// Runs the writer (mode, mib) and SIGKILLs it once `tmp` holds more than 8 MiB; whether it was
+// killed there (false: it finished first, or never wrote that much within 60 s).
+bool kill_mid_write(const std::string& dir, const char* mode, const char* mib,
+                    const std::string& tmp) {
+  const pid_t pid = spawn_writer(dir, mode, mib);
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
+    std::error_code ec;
+    const auto size = fs::file_size(tmp, ec);
+    if (!ec && size > (8u << 20)) {
+      ::kill(pid, SIGKILL);
+      const int st = wait_status(pid);
+      return WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
+    }
+    if (waitpid(pid, nullptr, WNOHANG) == pid) return false;  // finished before it was caught
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ::kill(pid, SIGKILL);
+  wait_status(pid);
+  return false;
+}
+
 }  // namespace
 
 TEST_CASE("SIGKILL during a save leaves the previous checkpoint loadable and training resumes") {
@@ -63,24 +85,7 @@ TEST_CASE("SIGKILL during a save leaves the previous checkpoint loadable and tra
   // writer was too quick to be caught (the cache can absorb a whole file in a blink).
   bool killed_mid_write = false;
   for (const char* mib : {"256", "768"}) {
-    const pid_t pid = spawn_writer(dir, "big", mib);
-    const auto start = std::chrono::steady_clock::now();
-    bool seen = false;
-    while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
-      std::error_code ec;
-      const auto size = fs::file_size(tmp, ec);
-      if (!ec && size > (8u << 20)) {
-        seen = true;
-        ::kill(pid, SIGKILL);
-        break;
-      }
-      if (waitpid(pid, nullptr, WNOHANG) == pid) break;  // finished before we could kill it
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    if (seen) {
-      const int st = wait_status(pid);
-      killed_mid_write = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-    }
+    killed_mid_write = kill_mid_write(dir, "big", mib, tmp);
     if (killed_mid_write) break;
     fs::remove(second);
   }
@@ -139,24 +144,7 @@ TEST_CASE("SIGKILL during each level's write: the previous checkpoint restores")
     long used_mib = 0;
     for (const char* mib : {"192", "512"}) {
       used_mib = std::atol(mib);
-      const pid_t pid = spawn_writer(dir, "levels-big", mib);
-      const auto start = std::chrono::steady_clock::now();
-      bool seen = false;
-      while (std::chrono::steady_clock::now() - start < std::chrono::seconds(60)) {
-        std::error_code ec;
-        const auto size = fs::file_size(tmp, ec);
-        if (!ec && size > (8u << 20)) {
-          seen = true;
-          ::kill(pid, SIGKILL);
-          break;
-        }
-        if (waitpid(pid, nullptr, WNOHANG) == pid) break;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-      }
-      if (seen) {
-        const int st = wait_status(pid);
-        killed_mid_write = WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL;
-      }
+      killed_mid_write = kill_mid_write(dir, "levels-big", mib, tmp);
       if (killed_mid_write) break;
       for (const char* d : {"/node0/", "/node1/", "/shared/"}) fs::remove(dir + d + file);
     }
