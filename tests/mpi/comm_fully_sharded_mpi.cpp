@@ -1,6 +1,7 @@
 // Fully sharded training on real MPI (mpiexec -n 2, 3): three AdamW steps of a small MLP give
 // each rank's parts of the parameters the bits of the replicated step (GradientSync's all-reduce)
-// in reproducible mode, with the model in private memory and in the node-shared heap.
+// in reproducible mode, with the model in private memory and in the node-shared heap, with two
+// working buffers and with one (the memory-tight mode).
 #include <doctest/doctest.h>
 #include <mpi.h>
 
@@ -29,15 +30,17 @@ float value(std::uint64_t seed, std::size_t i) {
 }
 
 // Parameters after 3 steps: whole (replicated) or this rank's parts (fully sharded).
-std::vector<float> train(Communicator<MpiTransport>& comm, bool sharded, bool heap,
+std::vector<float> train(Communicator<MpiTransport>& comm, bool sharded, bool heap, int buffers,
                          StateParts& parts) {
   Allocator& a = heap ? comm.shared_allocator() : default_allocator();
   Sequential model({Linear(12, 32), Gelu(), Linear(32, 32), Tanh(), Linear(32, 4)}, a);
   model.init(9);
   std::unique_ptr<FullyShardedSync<Sequential>> fs;
   std::unique_ptr<GradientSync> sync;
+  FullyShardedOptions options;
+  options.buffers = buffers;
   if (sharded)
-    fs = std::make_unique<FullyShardedSync<Sequential>>(comm, model);
+    fs = std::make_unique<FullyShardedSync<Sequential>>(comm, model, options);
   else
     sync = std::make_unique<GradientSync>(comm, model.gradients(), 1024);
   AdamW opt(model, Schedule::constant(0.01));
@@ -75,15 +78,19 @@ TEST_CASE("fully sharded steps on MPI give the replicated step's bits (reproduci
   Communicator comm(transport, c);
   for (bool heap : {false, true}) {
     CAPTURE(heap);
-    StateParts none, parts;
-    const std::vector<float> whole = train(comm, false, heap, none);
-    const std::vector<float> mine = train(comm, true, heap, parts);
-    std::vector<float> want;
-    for (const auto& [first, count] : parts)
-      want.insert(want.end(), whole.begin() + static_cast<std::ptrdiff_t>(first),
-                  whole.begin() + static_cast<std::ptrdiff_t>(first + count));
-    REQUIRE(want.size() == mine.size());
-    CHECK(std::memcmp(want.data(), mine.data(), want.size() * sizeof(float)) == 0);
+    StateParts none;
+    const std::vector<float> whole = train(comm, false, heap, 2, none);
+    for (int buffers : {2, 1}) {
+      CAPTURE(buffers);
+      StateParts parts;
+      const std::vector<float> mine = train(comm, true, heap, buffers, parts);
+      std::vector<float> want;
+      for (const auto& [first, count] : parts)
+        want.insert(want.end(), whole.begin() + static_cast<std::ptrdiff_t>(first),
+                    whole.begin() + static_cast<std::ptrdiff_t>(first + count));
+      REQUIRE(want.size() == mine.size());
+      CHECK(std::memcmp(want.data(), mine.data(), want.size() * sizeof(float)) == 0);
+    }
   }
 }
 

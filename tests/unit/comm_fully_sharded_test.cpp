@@ -4,13 +4,15 @@
 // all-reduce, every rank updating everything) on the same data:
 // - 1-4 ranks in reproducible mode, and 2 ranks without it: the same parameter and optimizer
 //   state bits after several steps, with AdamW and SGD (momentum, weight decay), for units of
-//   one layer, one unit for everything and units given by their first layers, 2 and 3 working
-//   buffers, with and without prefetch; the model has built-in layers, a residual block and a
-//   layer of the test's own (through the Layer interface);
+//   one layer, one unit for everything and units given by their first layers, 1 (the
+//   memory-tight mode), 2 and 3 working buffers, with and without prefetch; the model has
+//   built-in layers, a residual block and a layer of the test's own (through the Layer
+//   interface);
 // - gradients accumulated over two micro-batches and the global-norm clipping agree with the
 //   replicated step to rounding;
 // - the live bytes of the model's allocator (a counting allocator) stay within this rank's
-//   parts plus the working buffers and activations, well below the replicated model's;
+//   parts plus the working buffers and activations, well below the replicated model's; with
+//   one working buffer, the parts plus exactly two buffers of the largest unit;
 // - a saving visitor that does not take parts is refused; passes after the sync is gone throw.
 #include <doctest/doctest.h>
 
@@ -139,7 +141,7 @@ struct RankResult {
   StateParts parts;           // sharded: the parts held
   std::vector<double> losses;
   std::size_t live_steady = 0, peak = 0;  // allocator bytes after the second step, peak after
-  std::size_t working = 0, held = 0;
+  std::size_t working = 0, held = 0, largest = 0;
   double norm = 0;
 };
 
@@ -234,6 +236,7 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
       res.parts = model.arena_parts();
       res.working = fs->working_bytes();
       res.held = fs->held_elements();
+      res.largest = fs->largest_unit();
     }
   });
   return out;
@@ -325,15 +328,40 @@ TEST_CASE("fully sharded steps: unit layouts, buffers and prefetch keep the bits
   }
 }
 
+TEST_CASE("fully sharded with one working buffer gives the replicated step's bits (1-4 ranks)") {
+  for (int p = 1; p <= 4; ++p) {
+    for (bool adamw : {true, false}) {
+      CAPTURE(p);
+      CAPTURE(adamw);
+      Config cfg;
+      cfg.ranks = p;
+      cfg.adamw = adamw;
+      cfg.fs.buffers = 1;
+      check_same_bits(cfg);
+    }
+  }
+  {  // units of about 2 KiB, no prefetch, 3 ranks
+    Config cfg;
+    cfg.ranks = 3;
+    cfg.fs.unit_bytes = 2048;
+    cfg.fs.buffers = 1;
+    cfg.fs.prefetch = false;
+    check_same_bits(cfg);
+  }
+}
+
 TEST_CASE("fully sharded: accumulation and clipping agree with the replicated step") {
-  for (int variant = 0; variant < 2; ++variant) {
+  // Variants 2 and 3 repeat 0 and 1 with one working buffer: the accumulating reduce-scatter
+  // and its scratch part then share the single gradient buffer.
+  for (int variant = 0; variant < 4; ++variant) {
     CAPTURE(variant);
     Config cfg;
     cfg.ranks = 3;
-    if (variant == 0)
+    if (variant % 2 == 0)
       cfg.micro = 2;
     else
       cfg.clip = 0.05;
+    if (variant >= 2) cfg.fs.buffers = 1;
     const auto ref = train(cfg, false);
     const auto fs = train(cfg, true);
     for (int r = 0; r < cfg.ranks; ++r) {
@@ -373,6 +401,32 @@ TEST_CASE("fully sharded: a rank's live bytes are its parts plus the working buf
       const std::size_t other = a.live_steady - 4 * n * sizeof(float);
       CHECK(b.live_steady == 4 * b.held * sizeof(float) + b.working + other);
       // No step allocates, in either mode.
+      CHECK(a.peak == a.live_steady);
+      CHECK(b.peak == b.live_steady);
+    }
+  }
+}
+
+TEST_CASE("fully sharded, one working buffer: live bytes are the parts plus two unit buffers") {
+  for (int p = 2; p <= 4; ++p) {
+    CAPTURE(p);
+    Config cfg;
+    cfg.ranks = p;
+    cfg.steps = 2;
+    cfg.fs.buffers = 1;
+    const auto ref = train(cfg, false);
+    const auto fs = train(cfg, true);
+    const std::size_t n = ref[0].params.size();
+    for (int r = 0; r < cfg.ranks; ++r) {
+      CAPTURE(r);
+      const auto& a = ref[static_cast<std::size_t>(r)];
+      const auto& b = fs[static_cast<std::size_t>(r)];
+      // Linear(24, 24) inside the residual block: 600 elements, the largest unit.
+      CHECK(b.largest == 600);
+      // One parameter and one gradient buffer of the largest unit, nothing else.
+      CHECK(b.working == 2 * b.largest * sizeof(float));
+      const std::size_t other = a.live_steady - 4 * n * sizeof(float);
+      CHECK(b.live_steady == 4 * b.held * sizeof(float) + 2 * b.largest * sizeof(float) + other);
       CHECK(a.peak == a.live_steady);
       CHECK(b.peak == b.live_steady);
     }

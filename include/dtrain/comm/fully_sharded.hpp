@@ -2,8 +2,9 @@
 // dtrain: fully sharded training (parameters, gradients and optimizer state each held as 1/p per
 // rank). The model's layers are grouped into units; before a unit's forward and again before
 // its backward its parameters are all-gathered into a working buffer, and its gradients are
-// reduce-scattered into this rank's part as soon as its backward is queued. The next unit's
-// all-gather runs while the current one computes.
+// reduce-scattered into this rank's part as soon as its backward is queued. With two or three
+// working buffers the next unit's all-gather runs while the current one computes; with one, a
+// rank holds its parts and the working set of one unit only.
 #pragma once
 
 #include <algorithm>
@@ -34,8 +35,12 @@ struct FullyShardedOptions {
   /// before them). Otherwise consecutive layers are joined while a unit's parameters stay within
   /// this many bytes (a larger layer is a unit of its own).
   std::size_t unit_bytes = 0;
-  /// Working buffers for whole units' parameters, 2 or 3: the unit computing and 1 or 2 units
-  /// gathered ahead of it.
+  /// Working buffers for whole units' parameters, 1, 2 or 3: the unit computing and 0, 1 or 2
+  /// units gathered ahead of it. 1 is the memory-tight mode: one parameter buffer and one
+  /// gradient buffer (2 and 3 have two gradient buffers), so a rank holds its parts plus the
+  /// largest unit's working set; nothing is gathered ahead of the unit that computes (`prefetch`
+  /// only gathers the first unit at the end of wait(optimizer)), and a unit's gradient
+  /// reduce-scatter finishes before the next unit's backward reuses the gradient buffer.
   int buffers = 2;
   /// Gather the next units while the current one computes (false: each unit when it is needed).
   bool prefetch = true;
@@ -91,12 +96,13 @@ struct PlannedUnits final : UnitCollectives {
 /// (FullyShardedOptions). Before a unit's forward and again before its backward its parameters
 /// are all-gathered into one of `buffers` working buffers the size of the largest unit (the
 /// last units of a forward are still there for the backward and are not gathered again);
-/// during its backward its gradients accumulate into one of two working gradient buffers, and
-/// the buffer is reduce-scattered (averaged) into this rank's part as soon as the unit's
-/// backward is queued, while earlier units compute. With `prefetch` the next units' all-gathers
-/// start while the current unit computes, in forward and in backward; collectives run on the
-/// communicator's progress machinery as every non-blocking collective does. On one rank the
-/// units are the model's own arenas: nothing is gathered, copied or reduced.
+/// during its backward its gradients accumulate into one of two working gradient buffers (one
+/// with `buffers` = 1), and the buffer is reduce-scattered (averaged) into this rank's part as
+/// soon as the unit's backward is queued, while earlier units compute. With `prefetch` (and 2 or
+/// 3 buffers) the next units' all-gathers start while the current unit computes, in forward and
+/// in backward; collectives run on the communicator's progress machinery as every non-blocking
+/// collective does. On one rank the units are the model's own arenas: nothing is gathered,
+/// copied or reduced.
 ///
 /// The step: model.zero_grad(); model.forward_backward(...) (one or several micro-batches);
 /// sync.wait(optimizer) (the gradients complete, optionally clipped to a global norm, each part
@@ -118,8 +124,8 @@ class FullyShardedSync final : public UnitProvider {
 
   /// Local (plans the collectives). Shards `model` (its parameters must be the same on every
   /// rank, e.g. init with the same seed): frees its whole arenas and keeps this rank's parts.
-  /// Throws InvalidArgument for device memory, bad unit starts or a buffer count other than 2
-  /// or 3.
+  /// Throws InvalidArgument for device memory, bad unit starts or a buffer count other than 1,
+  /// 2 or 3.
   template <class Transport>
   FullyShardedSync(Communicator<Transport>& comm, Model& model, FullyShardedOptions options = {})
       : model_(&model), exec_(&model.exec()), options_(std::move(options)) {
@@ -128,8 +134,8 @@ class FullyShardedSync final : public UnitProvider {
     DTRAIN_REQUIRE(exec_type::space == Space::host, op,
                    "fully sharded training needs host memory (the model runs on "
                        << name_of(exec_type::space) << " memory)");
-    DTRAIN_REQUIRE(options_.buffers == 2 || options_.buffers == 3, op,
-                   "buffers must be 2 or 3, got " << options_.buffers);
+    DTRAIN_REQUIRE(options_.buffers >= 1 && options_.buffers <= 3, op,
+                   "buffers must be 1, 2 or 3, got " << options_.buffers);
     rank_ = comm.rank();
     size_ = comm.size();
     std::vector<std::size_t> counts;
@@ -163,6 +169,9 @@ class FullyShardedSync final : public UnitProvider {
     const auto big = static_cast<std::int64_t>(std::max<std::size_t>(largest_, 1));
     slots_.resize(static_cast<std::size_t>(options_.buffers));
     for (Slot& s : slots_) s.buffer = Tensor({big}, dtype_of_v<T>, a);
+    // Two gradient buffers let a unit's reduce-scatter run while the unit before it computes
+    // its backward; one (the memory-tight mode) makes that backward wait for it.
+    grad_slots_.resize(options_.buffers == 1 ? 1 : 2);
     for (GradSlot& g : grad_slots_) g.buffer = Tensor({big}, dtype_of_v<T>, a);
     const BufferView params = model.parameters(), grads = model.gradients();
     bool first = true;
@@ -170,7 +179,7 @@ class FullyShardedSync final : public UnitProvider {
       planned->index.push_back(planned->gathers.size());
       const std::size_t c = units_[u].count;
       if (c == 0) continue;
-      const std::size_t k = u % slots_.size(), g = u % 2;
+      const std::size_t k = u % slots_.size(), g = u % grad_slots_.size();
       const BufferView part = params.slice(starts_[u], parts_[u].second);
       const BufferView gpart = grads.slice(starts_[u], parts_[u].second);
       // The first gather of a pass checks the call fingerprints (a rank out of step); the rest
@@ -222,7 +231,7 @@ class FullyShardedSync final : public UnitProvider {
     if (c == 0) return nullptr;
     // One rank: the backward accumulates into the arena itself, as unsharded.
     if (direct_) return static_cast<T*>(model_->gradients().data) + starts_[u];
-    GradSlot& g = grad_slots_[u % 2];
+    GradSlot& g = grad_slots_[u % grad_slots_.size()];
     finish_scatter(g);
     exec_->fill(exec_->compute_stream(), static_cast<T*>(g.buffer.raw()), c, T(0));
     return g.buffer.raw();
@@ -232,7 +241,7 @@ class FullyShardedSync final : public UnitProvider {
       reduced_[u] = 1;
       return;
     }
-    GradSlot& g = grad_slots_[u % 2];
+    GradSlot& g = grad_slots_[u % grad_slots_.size()];
     // The gradients are read by the progress thread: the kernels that write them ran.
     exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
                      "FullyShardedSync (gradients of a unit)");
@@ -338,9 +347,10 @@ class FullyShardedSync final : public UnitProvider {
   std::size_t largest_unit() const noexcept { return largest_; }
   /// Elements of this rank's parts together (of each of parameters, gradients, optimizer state).
   std::size_t held_elements() const noexcept { return model_->parameters().count; }
-  /// Bytes of the working buffers: `buffers` for parameters and two for gradients, each of the
-  /// largest unit, and, once gradients were accumulated over several backward passes, two
-  /// scratch parts (none on one rank, where the layers work in the model's arenas).
+  /// Bytes of the working buffers: `buffers` for parameters and two for gradients (one with
+  /// `buffers` = 1), each of the largest unit, and, once gradients were accumulated over several
+  /// backward passes, a scratch part per gradient buffer (none on one rank, where the layers
+  /// work in the model's arenas).
   std::size_t working_bytes() const noexcept {
     std::size_t b = 0;
     for (const Slot& s : slots_) b += s.buffer.bytes();
@@ -380,7 +390,7 @@ class FullyShardedSync final : public UnitProvider {
     std::vector<std::pair<BufferView, BufferView>> io;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (units_[u].count == 0) continue;
-      GradSlot& g = grad_slots_[u % 2];
+      GradSlot& g = grad_slots_[u % grad_slots_.size()];
       io.emplace_back(g.buffer.view().slice(0, units_[u].count),
                       g.scratch.view().slice(0, parts_[u].second));
     }
@@ -442,9 +452,9 @@ class FullyShardedSync final : public UnitProvider {
   // their collectives before the plans go.
   std::unique_ptr<detail::UnitCollectives> collectives_;
   std::vector<Slot> slots_;
-  GradSlot grad_slots_[2];
-  std::vector<char> fresh_;    // unit's part untouched since zero_grad
-  std::vector<char> reduced_;  // unit's gradients reduced since the last wait
+  std::vector<GradSlot> grad_slots_;  // 2, or 1 with buffers = 1
+  std::vector<char> fresh_;           // unit's part untouched since zero_grad
+  std::vector<char> reduced_;         // unit's gradients reduced since the last wait
   bool primed_ = false;        // the buffers hold what wait(optimizer) gathered after its update
   bool direct_ = false;        // one rank: the units are the model's own arenas
   bool scratch_made_ = false;  // make_scratch
