@@ -12,7 +12,9 @@
 //   replicated step to rounding;
 // - the live bytes of the model's allocator (a counting allocator) stay within this rank's
 //   parts plus the working buffers and activations, well below the replicated model's; with
-//   one working buffer, the parts plus exactly two buffers of the largest unit;
+//   one working buffer, the parts plus exactly two buffers of the largest unit; a model built
+//   with deferred arenas gives the same bits and its peak is that steady state (the whole arenas
+//   never exist), where a model built whole peaks at construction;
 // - a saving visitor that does not take parts is refused; passes after the sync is gone throw.
 #include <doctest/doctest.h>
 
@@ -131,7 +133,8 @@ struct Config {
   int micro = 1;    // micro-batches per step
   double clip = 0;  // global-norm clipping
   int steps = 4;
-  bool deep = false;  // deep_layers()
+  bool deep = false;      // deep_layers()
+  bool deferred = false;  // sharded: built with deferred_arenas, init after the sync
   FullyShardedOptions fs;
 };
 
@@ -141,6 +144,7 @@ struct RankResult {
   StateParts parts;           // sharded: the parts held
   std::vector<double> losses;
   std::size_t live_steady = 0, peak = 0;  // allocator bytes after the second step, peak after
+  std::size_t first_peak = 0;             // the peak until then (construction included)
   std::size_t working = 0, held = 0, largest = 0;
   double norm = 0;
 };
@@ -171,8 +175,13 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
     Communicator comm(t, c);
     RankResult& res = out[static_cast<std::size_t>(t.rank())];
     CountingAllocator alloc;
-    Sequential model(cfg.deep ? deep_layers() : layers(), alloc);
-    model.init(11);
+    const bool deferred = sharded && cfg.deferred;
+    std::unique_ptr<Sequential> model_p =
+        deferred ? std::make_unique<Sequential>(cfg.deep ? deep_layers() : layers(), alloc,
+                                                deferred_arenas)
+                 : std::make_unique<Sequential>(cfg.deep ? deep_layers() : layers(), alloc);
+    Sequential& model = *model_p;
+    if (!deferred) model.init(11);
     SgdOptions so;
     so.momentum = 0.9;
     so.weight_decay = 1e-3;
@@ -182,6 +191,7 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
       fs = std::make_unique<FullyShardedSync<Sequential>>(comm, model, cfg.fs);
     else
       sync = std::make_unique<GradientSync>(comm, model.gradients(), 256);
+    if (deferred) model.init(11);  // draws this rank's parts
     AdamW adamw(model, Schedule::constant(0.01));
     Sgd sgd(model, Schedule::constant(0.05), so);
     std::vector<float> x, y;
@@ -221,6 +231,7 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
           sgd.step();
       }
       if (step == 1) {  // the model's second input stage is made at the second pass
+        res.first_peak = alloc.peak();
         res.live_steady = alloc.live();
         alloc.reset_peak();
       }
@@ -431,6 +442,57 @@ TEST_CASE("fully sharded, one working buffer: live bytes are the parts plus two 
       CHECK(b.peak == b.live_steady);
     }
   }
+}
+
+TEST_CASE("fully sharded, deferred arenas: the same bits, and the whole arenas never exist") {
+  for (int p = 1; p <= 4; ++p) {
+    for (int buffers : {1, 2}) {
+      CAPTURE(p);
+      CAPTURE(buffers);
+      Config cfg;
+      cfg.ranks = p;
+      cfg.fs.buffers = buffers;
+      cfg.deferred = true;
+      check_same_bits(cfg);
+    }
+  }
+  for (int p = 2; p <= 4; ++p) {
+    CAPTURE(p);
+    Config cfg;
+    cfg.ranks = p;
+    cfg.steps = 2;
+    cfg.deep = true;
+    cfg.fs.buffers = 1;
+    const auto ref = train(cfg, false);
+    const auto whole = train(cfg, true);
+    cfg.deferred = true;
+    const auto lean = train(cfg, true);
+    const std::size_t n = ref[0].params.size();
+    for (int r = 0; r < cfg.ranks; ++r) {
+      CAPTURE(r);
+      const auto& a = ref[static_cast<std::size_t>(r)];
+      const auto& b = whole[static_cast<std::size_t>(r)];
+      const auto& c = lean[static_cast<std::size_t>(r)];
+      // Built whole, the model's construction holds both whole arenas and init's staging.
+      CHECK(b.first_peak >= 3 * n * sizeof(float));
+      // Built deferred, nothing before the steps holds more than the steps do.
+      CHECK(c.first_peak == c.live_steady);
+      CHECK(c.first_peak < b.first_peak);
+      CHECK(c.live_steady == b.live_steady);
+      CHECK(c.live_steady < a.live_steady);
+    }
+  }
+}
+
+TEST_CASE("fully sharded: a model built with deferred arenas refuses use before it is sharded") {
+  Sequential model(layers(), default_allocator(), deferred_arenas);
+  CHECK(model.parameters().count == 0);
+  CHECK(model.parameter_count() > 0);
+  CHECK_THROWS_AS(model.init(1), InvalidArgument);
+  std::vector<float> x(rows * 6, 0.5f);
+  CHECK_THROWS_AS(model.forward(x.data(), rows), InvalidArgument);
+  test::MemoryState state;
+  CHECK_THROWS_AS(model.visit_state(state), InvalidArgument);
 }
 
 TEST_CASE("fully sharded: a model over a rank's budget trains on 4 ranks, same losses") {

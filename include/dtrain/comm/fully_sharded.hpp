@@ -123,7 +123,9 @@ class FullyShardedSync final : public UnitProvider {
   using exec_type = typename Model::exec_type;
 
   /// Local (plans the collectives). Shards `model` (its parameters must be the same on every
-  /// rank, e.g. init with the same seed): frees its whole arenas and keeps this rank's parts.
+  /// rank, e.g. init with the same seed): frees its whole arenas and keeps this rank's parts. A
+  /// model built with `deferred_arenas` has no whole arenas: its parts are made here, zero, and
+  /// its init(seed) comes after (the whole parameters and gradients never exist on one rank).
   /// Throws InvalidArgument for device memory, bad unit starts or a buffer count other than 1,
   /// 2 or 3.
   template <class Transport>

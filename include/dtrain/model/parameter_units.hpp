@@ -22,6 +22,15 @@ struct ParameterUnit {
   std::size_t count = 0;
 };
 
+/// Tag of the model constructors that leave the arenas out (`Sequential model(layers, exec,
+/// dtrain::deferred_arenas)`): FullyShardedSync then allocates this rank's parts only, so the
+/// whole parameters and gradients never exist on one rank; init(seed) comes after it.
+struct DeferredArenas {
+  explicit DeferredArenas() = default;
+};
+/// The DeferredArenas tag.
+inline constexpr DeferredArenas deferred_arenas{};
+
 /// What a fully sharded model asks of whoever gathers its units (FullyShardedSync implements
 /// it). Called on the model's thread, in pass order: for each unit of a forward, acquire then
 /// forward_done; for each unit of a backward (last unit first), acquire, gradient_buffer, then

@@ -202,6 +202,15 @@ class BasicSequential {
   }
   BasicSequential(const std::vector<LayerSpec>& layers, Exec& exec)
       : BasicSequential(entries(layers), exec) {}
+  /// Same, without the arenas (`deferred_arenas`), for fully sharded training of a model whose
+  /// whole parameters and gradients do not fit one rank: FullyShardedSync allocates this rank's
+  /// parts only, and init(seed) then draws them (one layer's values at a time, in a host buffer
+  /// of the layer's size). Until the model is sharded, parameters() and gradients() are empty
+  /// and init, passes and visit_state throw InvalidArgument.
+  BasicSequential(const std::vector<entry_type>& layers, Exec& exec, DeferredArenas)
+      : exec_(&exec), deferred_(true) {
+    build(layers);
+  }
   /// Same on a policy of its own made from `alloc` (HostExec: host memory from `alloc`, which
   /// must outlive the model; a non-host allocator throws InvalidArgument).
   template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
@@ -217,6 +226,12 @@ class BasicSequential {
   explicit BasicSequential(const std::vector<LayerSpec>& layers,
                            Allocator& alloc = default_allocator())
       : BasicSequential(entries(layers), alloc) {}
+  /// Same on a policy of its own, without the arenas (see the DeferredArenas form above).
+  template <class E = Exec, class = std::enable_if_t<std::is_constructible_v<E, Allocator&>>>
+  BasicSequential(const std::vector<entry_type>& layers, Allocator& alloc, DeferredArenas)
+      : owned_exec_(std::make_unique<Exec>(alloc)), exec_(owned_exec_.get()), deferred_(true) {
+    build(layers);
+  }
 
   BasicSequential(BasicSequential&&) noexcept = default;
   BasicSequential& operator=(BasicSequential&&) = delete;
@@ -239,6 +254,7 @@ class BasicSequential {
   /// Also resets the training step counter and zeroes the gradients. Local, blocking (the
   /// parameters are generated on the host and uploaded).
   void init(std::uint64_t seed) {
+    require_arenas("Sequential::init");
     seed_ = seed;
     if (sharded_) {
       init_parts(seed);
@@ -315,13 +331,15 @@ class BasicSequential {
                                              << layers_.size() << " layers and " << arena_count_
                                              << " elements");
     Allocator& a = exec_->allocator();
+    // Deferred arenas have nothing to copy: the parts are zero until init.
     Tensor p({static_cast<std::int64_t>(held)}, dtype_of_v<T>, a);
     Tensor g({static_cast<std::int64_t>(held)}, dtype_of_v<T>, a);
     for (std::size_t u = 0; u < parts.size(); ++u)
-      if (parts[u].second)
+      if (parts[u].second && !deferred_)
         exec_->copy_d2d(stream(), static_cast<T*>(p.raw()) + starts[u],
                         static_cast<const T*>(params_.raw()) + parts[u].first,
                         parts[u].second * sizeof(T));
+    if (deferred_ && held) exec_->fill(stream(), static_cast<T*>(p.raw()), held, T(0));
     if (held) exec_->fill(stream(), static_cast<T*>(g.raw()), held, T(0));
     exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
     params_ = std::move(p);
@@ -524,6 +542,7 @@ class BasicSequential {
   /// into a host buffer of its size and keeps this rank's part.
   template <class V>
   void visit_state(V& v) {
+    require_arenas("Sequential::visit_state");
     if (sharded_)
       visit_parts(v);
     else
@@ -555,7 +574,13 @@ class BasicSequential {
   stream_type stream() const { return exec_->compute_stream(); }
   const T* act(std::size_t i) const { return static_cast<const T*>(acts_[i].raw()); }
 
+  // A model built with deferred arenas has none until it is sharded.
+  void require_arenas(const char* op) const {
+    DTRAIN_REQUIRE(!deferred_ || sharded_, op,
+                   "the model was built with deferred arenas: shard it (FullyShardedSync) first");
+  }
   void check_provider(const char* op) const {
+    require_arenas(op);
     DTRAIN_REQUIRE(!sharded_ || provider_, op,
                    "the model is fully sharded but its FullyShardedSync is gone");
   }
@@ -704,8 +729,10 @@ class BasicSequential {
     sizes_.insert(sizes_.begin(), static_cast<std::int64_t>(element_count(shapes_.front())));
     Allocator& a = exec_->allocator();
     arena_count_ = total;
-    params_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
-    grads_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
+    if (!deferred_) {
+      params_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
+      grads_ = Tensor({static_cast<std::int64_t>(total)}, dtype_of_v<T>, a);
+    }
     loss_exec_ = Tensor({static_cast<std::int64_t>(loss_slots)}, DType::f64, a);
     loss_host_ =
         Tensor({static_cast<std::int64_t>(loss_slots)}, DType::f64, exec_->host_allocator());
@@ -716,8 +743,9 @@ class BasicSequential {
     T* g = static_cast<T*>(grads_.raw());
     for (std::size_t i = 0; i < layers_.size(); ++i)
       layers_[i]->bind(*exec_, p ? p + offsets_[i] : nullptr, g ? g + offsets_[i] : nullptr);
-    // Never leave the arena as whatever the allocator returned (it need not be zeroed).
-    init(0);
+    // Never leave the arena as whatever the allocator returned (it need not be zeroed); deferred
+    // arenas are zeroed when made and drawn by the init after sharding.
+    if (!deferred_) init(0);
   }
 
   // Picks the next host stage, waiting until the device has consumed what it last held, and
@@ -830,6 +858,7 @@ class BasicSequential {
   // Fully sharded mode (shard_parameters): params_ and grads_ hold parts_ back to back (part u
   // from part_starts_[u]); unit_of_[i] is layer i's unit; provider_ gathers the units.
   bool sharded_ = false;
+  bool deferred_ = false;  // built without arenas (DeferredArenas) for shard_parameters to make
   std::vector<ParameterUnit> units_;
   StateParts parts_;
   std::vector<std::size_t> part_starts_, unit_of_;
