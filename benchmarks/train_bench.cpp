@@ -3,13 +3,16 @@
 //
 //   OPENBLAS_NUM_THREADS=1 mpiexec.mpich -n 2 train_bench [--hidden 256] [--batch 64]
 //       [--optimizer adamw|sgd] [--steps 300] [--warmup 20] [--json FILE]
-//       [--device auto|cpu|cuda|hip]
+//       [--device auto|cpu|cuda|hip] [--modes overlap,fully-sharded,...] [--fs-buffers 1|2|3]
+//       [--state-budget-mib N] [--reproducible] [--print-loss]
 //
 // The 1-rank figure runs on rank 0 alone (a one-rank sub-communicator) while rank 1 waits, asleep
 // (non-blocking barrier polled every millisecond, so it does not compete for a core); then both
-// ranks run the same loop on MPI_COMM_WORLD. Data is synthetic (an in-memory dataset read through
-// the prefetching Loader, as example 10 reads its HDF5 file), the model an MLP 784-H-H-10 with
-// softmax cross-entropy. Each figure is measured in five modes:
+// ranks run the same loop on MPI_COMM_WORLD. More than 2 ranks (mpiexec -n p) run the same way,
+// the p-rank figure in place of the 2-rank one: for the memory figures and the loss curves, since
+// with more ranks than cores the throughput measures the scheduler. Data is synthetic (an in-memory
+// dataset read through the prefetching Loader, as example 10 reads its HDF5 file), the model an MLP
+// 784-H-H-10 with softmax cross-entropy. Each figure is measured in five modes:
 //   overlap     gradient buckets all-reduce while backward runs; wait, then opt.step()
 //   no-overlap  backward first, then all buckets (ready_all), wait, opt.step()
 //   fused       as overlap, but each bucket is updated by the optimizer as soon as its average
@@ -18,9 +21,10 @@
 //   sharded     as fused, with sharded steps (GradientSync::shard_updates): each bucket
 //               reduce-scattered, each rank updating its part, the parameters all-gathered
 //   fully-sharded  FullyShardedSync, a unit per linear layer: parameters, gradients and
-//               optimizer state held in parts, each unit all-gathered before its forward and
-//               its backward (the next one prefetched), its gradients reduce-scattered; the
-//               updates inside sync.wait(opt) are timed as optimizer time
+//               optimizer state held in parts (the model built with deferred arenas, so the
+//               whole ones never exist), each unit all-gathered before its forward and its
+//               backward (the next one prefetched with --fs-buffers 2 or 3), its gradients
+//               reduce-scattered; the updates inside sync.wait(opt) are timed as optimizer time
 // A last figure has both ranks train alone at once (a communicator each, no communication, overlap
 // mode): the 2-rank figure over it is the cost of communication alone, where the scaling
 // efficiency above also counts what two ranks lose by sharing the machine (the 1-rank run had the
@@ -40,18 +44,30 @@
 // the ranks' figures add up to the node's use; the PSS is also given per mode (the modes run one
 // after the other, each with a model and optimizer of its own: sharded keeps half the state).
 // Per mode the training state a rank holds, by its parts (parameters, gradients, optimizer state,
-// working buffers, activations), and the bytes a rank sends per step in its collectives.
+// working buffers, activations; the largest over the ranks), and the bytes a rank sends per step
+// in its collectives. Every policy allocates through a counting allocator: its peak (the model's
+// construction, and the training steps) is printed beside the parts. With --state-budget-mib it
+// also caps what a rank may allocate through its policy (the training state and the per-batch
+// activations and input staging): a mode that does not fit is refused with the error of the
+// allocation that went over, and the other modes run. With --reproducible every communicator sums
+// in rank order (CommConfig::reproducible), so the replicated and the fully sharded modes give the
+// same bits on any number of ranks; --print-loss prints each mode's loss per step (warm-up and
+// timed steps of the first round, the mean over the ranks added in rank order), to compare the
+// loss curves of two runs.
 #include <mpi.h>
 
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -91,6 +107,11 @@ struct Args {
   std::string json;
   std::string device = "auto";
   std::int64_t shared_heap = 1;
+  std::vector<std::string> modes;  // empty: every mode
+  std::int64_t fs_buffers = 2;     // FullyShardedOptions::buffers of the fully-sharded mode
+  double state_budget_mib = 0;     // 0: no cap
+  bool reproducible = false;
+  bool print_loss = false;
 };
 
 enum class Mode { overlap, no_overlap, fused, sharded, fully_sharded };
@@ -130,6 +151,85 @@ struct Result {
   // fully sharded mode's gathered units and gradient buffers), activations and their gradients
   // for one batch; and the bytes it sends per step in its collectives.
   double param_b = 0, grad_b = 0, state_b = 0, working_b = 0, act_b = 0, sent_b = 0;
+  // The largest unit's working set (a parameter and a gradient buffer of the largest unit), bytes;
+  // 0 but in the fully sharded mode.
+  double unit_set_b = 0;
+  // Peak bytes allocated through the rank's policy (largest over the ranks): while the model,
+  // its sync and its optimizer were built, and over the training steps after that.
+  double build_peak_b = 0, steps_peak_b = 0;
+  // Not empty: the mode did not fit --state-budget-mib (the error of the allocation that went
+  // over), and nothing was measured.
+  std::string refused;
+  // Loss per step of the first round (warm-up and timed steps), the mean over the ranks added in
+  // rank order; with --print-loss only.
+  std::vector<double> losses;
+};
+
+// What a rank's policy allocates over --state-budget-mib.
+class BudgetExceeded final : public dtrain::Error {
+ public:
+  using dtrain::Error::Error;
+};
+
+// The allocator under every policy of train_bench (the shared heap's or the host's): counts the
+// live and peak bytes that the model, its sync and its optimizer allocate through the policy, and
+// with a budget (> 0) refuses a block that would take the live bytes over it, naming the rank and
+// what was being built or run (set_operation). Thread-safe (the policy's helper threads may
+// allocate); the block comes from `inner`, which must outlive it.
+class BudgetAllocator final : public dtrain::Allocator {
+ public:
+  BudgetAllocator(dtrain::Allocator& inner, std::size_t budget, int rank)
+      : inner_(inner), budget_(budget), rank_(rank) {}
+  void set_operation(std::string operation) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    operation_ = std::move(operation);
+  }
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      if (budget_ > 0 && live_ + bytes > budget_) {
+        std::ostringstream os;
+        const double mib = 1.0 / (1 << 20);
+        os.setf(std::ios::fixed);
+        os.precision(2);
+        os << "allocating " << bytes * mib << " MiB would hold " << (live_ + bytes) * mib
+           << " MiB, over this rank's budget of " << budget_ * mib << " MiB (--state-budget-mib)";
+        throw dtrain::make_error<BudgetExceeded>(rank_, "train_bench (" + operation_ + ")",
+                                                 os.str());
+      }
+      live_ += bytes;
+      peak_ = std::max(peak_, live_);
+    }
+    try {
+      return inner_.allocate(bytes, alignment);
+    } catch (...) {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      live_ -= bytes;
+      throw;
+    }
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    inner_.deallocate(p, bytes);
+    const std::lock_guard<std::mutex> lock(mutex_);
+    live_ -= bytes;
+  }
+  dtrain::Space space() const noexcept override { return inner_.space(); }
+  std::size_t peak() const {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+  void reset_peak() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    peak_ = live_;
+  }
+
+ private:
+  dtrain::Allocator& inner_;
+  const std::size_t budget_;
+  const int rank_;
+  mutable std::mutex mutex_;
+  std::size_t live_ = 0, peak_ = 0;
+  std::string operation_ = "setup";
 };
 
 constexpr std::int64_t kIn = 784, kClasses = 10;
@@ -202,7 +302,8 @@ struct TimedUpdates {
 };
 
 template <class Comm, class Exec>
-Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args& a, Mode mode) {
+Result measure(Comm& comm, Exec& exec, BudgetAllocator& budget, dtrain::InMemoryDataset& data,
+               const Args& a, Mode mode) {
   const int world = comm.size();
   dtrain::DistributedSampler sampler(data.size(), comm, a.seed);
   dtrain::LoaderOptions lopt;
@@ -212,34 +313,51 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   using Model = dtrain::BasicSequential<float, Exec>;
   if constexpr (Exec::space != dtrain::Space::host)
     if (mode == Mode::fully_sharded) return Result{};  // host memory only
-  Model model({dtrain::Linear(kIn, a.hidden), dtrain::Relu(), dtrain::Linear(a.hidden, a.hidden),
-               dtrain::Relu(), dtrain::Linear(a.hidden, kClasses)},
-              exec);
-  model.init(a.seed);
   // Fully sharded: the model keeps its parts, the units are gathered by `fs`; otherwise the
-  // gradient buckets of `sync_p`.
+  // gradient buckets of `sync_p`. Only the chosen optimizer exists, so its state alone counts in
+  // the peak memory.
+  std::unique_ptr<Model> model_p;
   std::unique_ptr<dtrain::FullyShardedSync<Model>> fs;
   std::unique_ptr<dtrain::BasicGradientSync<Exec>> sync_p;
-  if (mode == Mode::fully_sharded)
-    fs = std::make_unique<dtrain::FullyShardedSync<Model>>(comm, model);
-  else
-    sync_p = std::make_unique<dtrain::BasicGradientSync<Exec>>(
-        exec, comm, model.gradients(), static_cast<std::size_t>(a.bucket_kib) * 1024);
-  // Only the chosen optimizer exists, so its state alone counts in the peak memory.
   const bool use_sgd = a.optimizer == "sgd";
-  dtrain::SgdOptions so;
-  so.momentum = 0.9;
-  std::unique_ptr<dtrain::BasicAdamW<Exec>> adamw_p =
-      use_sgd ? nullptr : std::make_unique<dtrain::BasicAdamW<Exec>>(model, a.lr);
-  std::unique_ptr<dtrain::BasicSgd<Exec>> sgd_p =
-      use_sgd ? std::make_unique<dtrain::BasicSgd<Exec>>(model, a.lr, so) : nullptr;
-  // Sharded: the optimizer's state in this rank's parts from the start (never whole here).
-  if (mode == Mode::sharded) {
+  std::unique_ptr<dtrain::BasicAdamW<Exec>> adamw_p;
+  std::unique_ptr<dtrain::BasicSgd<Exec>> sgd_p;
+  const std::string mode_name = name_of(mode);
+  auto build = [&]() {
+    budget.set_operation(mode_name + " mode: the model");
+    const std::vector<typename Model::entry_type> layers{
+        dtrain::Linear(kIn, a.hidden), dtrain::Relu(), dtrain::Linear(a.hidden, a.hidden),
+        dtrain::Relu(), dtrain::Linear(a.hidden, kClasses)};
+    if (mode == Mode::fully_sharded) {
+      // Built without its arenas: the sync allocates this rank's parts only, init draws them.
+      model_p = std::make_unique<Model>(layers, exec, dtrain::deferred_arenas);
+      budget.set_operation(mode_name + " mode: FullyShardedSync");
+      dtrain::FullyShardedOptions fo;
+      fo.buffers = static_cast<int>(a.fs_buffers);
+      fs = std::make_unique<dtrain::FullyShardedSync<Model>>(comm, *model_p, fo);
+      model_p->init(a.seed);
+    } else {
+      model_p = std::make_unique<Model>(layers, exec);
+      model_p->init(a.seed);
+      budget.set_operation(mode_name + " mode: GradientSync");
+      sync_p = std::make_unique<dtrain::BasicGradientSync<Exec>>(
+          exec, comm, model_p->gradients(), static_cast<std::size_t>(a.bucket_kib) * 1024);
+    }
+    budget.set_operation(mode_name + " mode: the optimizer");
+    dtrain::SgdOptions so;
+    so.momentum = 0.9;
     if (use_sgd)
-      sync_p->shard_updates(model.parameters(), *sgd_p);
+      sgd_p = std::make_unique<dtrain::BasicSgd<Exec>>(*model_p, a.lr, so);
     else
-      sync_p->shard_updates(model.parameters(), *adamw_p);
-  }
+      adamw_p = std::make_unique<dtrain::BasicAdamW<Exec>>(*model_p, a.lr);
+    // Sharded: the optimizer's state in this rank's parts from the start (never whole here).
+    if (mode == Mode::sharded) {
+      if (use_sgd)
+        sync_p->shard_updates(model_p->parameters(), *sgd_p);
+      else
+        sync_p->shard_updates(model_p->parameters(), *adamw_p);
+    }
+  };
 
   dtrain::Batch batch;
   std::int64_t epoch = 0;
@@ -249,7 +367,10 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   Phases ph;
   std::vector<double> fb_end;  // per timed step, when this rank's forward and backward ended
   fb_end.reserve(static_cast<std::size_t>(a.steps));
+  std::vector<double> losses;  // this rank's, every step
+  losses.reserve(static_cast<std::size_t>(a.warmup + a.steps));
   auto step = [&](bool timed) {
+    Model& model = *model_p;
     dtrain::Timer t;
     next();
     const double t_data = t.seconds();
@@ -268,7 +389,7 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
       loss = model.forward_backward(x, y, n, dtrain::Loss::softmax_cross_entropy,
                                     [&](std::size_t o, std::size_t c) { sync_p->ready(o, c); });
     }
-    (void)loss;
+    losses.push_back(loss);
     const double t_fb = t.seconds();
     if (timed) fb_end.push_back(dtrain::now_seconds());
     t.reset();
@@ -308,7 +429,34 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
       ph.optimizer += t_opt;
     }
   };
-  for (std::int64_t i = 0; i < a.warmup; ++i) step(false);
+
+  // The model, its sync and optimizer, then the first two steps (where the model makes its
+  // activations and input staging), under --state-budget-mib. Every rank of a mode allocates the
+  // same blocks in the same order (the fully sharded parts differ by an element per unit at
+  // most), so a budget is exceeded on every rank at the same allocation, before any collective
+  // of its own; the ranks then agree, and the mode is refused on all of them.
+  std::string failure;
+  double build_peak = 0;
+  const std::int64_t guarded = std::min<std::int64_t>(a.warmup, 2);
+  try {
+    build();
+    build_peak = static_cast<double>(budget.peak());
+    budget.reset_peak();
+    budget.set_operation(mode_name + " mode: the first steps (activations, input staging)");
+    for (std::int64_t i = 0; i < guarded; ++i) step(false);
+  } catch (const BudgetExceeded& e) {
+    failure = e.what();
+  }
+  double failed = failure.empty() ? 0 : 1;
+  comm.allreduce(dtrain::BufferView(&failed, 1, dtrain::DType::f64), dtrain::ReduceOp::max);
+  if (failed > 0) {
+    Result r;
+    r.refused = failure.empty() ? "another rank went over its --state-budget-mib" : failure;
+    return r;
+  }
+  Model& model = *model_p;
+  budget.set_operation(mode_name + " mode: the training steps");
+  for (std::int64_t i = guarded; i < a.warmup; ++i) step(false);
   const std::uint64_t moved_before = fs ? fs->elements_moved() : 0;
   comm.barrier();
   const double cpu_start = process_cpu_seconds();
@@ -327,6 +475,23 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   double lag = 0;
   for (std::size_t i = 0; i < latest.size(); ++i) lag += latest[i] - fb_end[i];
 
+  Result r;
+  if (a.print_loss) {
+    // Every rank's loss of every step: each rank fills its own column of zeros, so the sum is
+    // exact whatever order the all-reduce adds in; the mean then adds the ranks in rank order.
+    const std::size_t steps = losses.size(), p = static_cast<std::size_t>(world);
+    std::vector<double> all(steps * p, 0.0);
+    for (std::size_t i = 0; i < steps; ++i)
+      all[i * p + static_cast<std::size_t>(comm.rank())] = losses[i];
+    comm.allreduce(dtrain::BufferView(all.data(), all.size(), dtrain::DType::f64),
+                   dtrain::ReduceOp::sum);
+    for (std::size_t i = 0; i < steps; ++i) {
+      double sum = 0;
+      for (std::size_t k = 0; k < p; ++k) sum += all[i * p + k];
+      r.losses.push_back(sum / static_cast<double>(p));
+    }
+  }
+
   // Forward alone on the same batch shapes (local, outside the timed loop).
   const std::int64_t fsteps = std::max<std::int64_t>(10, a.steps / 4);
   const auto* x = batch.features.as<float>().data();
@@ -338,7 +503,6 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
   for (std::int64_t i = 0; i < fsteps; ++i) model.forward(x, n, eval);
   const double fwd = ft.seconds() / static_cast<double>(fsteps);
 
-  Result r;
   {
     // What this rank holds, by part, and what it sends per step: an all-reduce sends
     // 2 (p-1)/p of the arena (ring or shm alike), a sharded step's reduce-scatter and
@@ -352,12 +516,26 @@ Result measure(Comm& comm, Exec& exec, dtrain::InMemoryDataset& data, const Args
     r.state_b = use_sgd ? 4.0 * static_cast<double>(sgd_p->state_elements())
                         : 8.0 * static_cast<double>(adamw_p->state_elements());
     r.working_b = fs ? static_cast<double>(fs->working_bytes()) : 0.0;
+    r.unit_set_b = fs && world > 1 ? 2 * 4.0 * static_cast<double>(fs->largest_unit()) : 0.0;
     // Input copy, each layer's output, two input-gradient buffers of the widest input, the loss
     // gradient.
     r.act_b = 4.0 * bsz * (kIn + 4 * h + kClasses + 2 * std::max<double>(kIn, h) + kClasses);
     if (world > 1)
       r.sent_b = fs ? 4.0 * static_cast<double>(moved) * (p - 1) / p / static_cast<double>(a.steps)
                     : whole * 2 * (p - 1) / p;
+    r.build_peak_b = build_peak;
+    r.steps_peak_b = static_cast<double>(budget.peak());
+    // The largest over the ranks (a rank's parts differ by an element per unit at most).
+    double held_b[7] = {r.param_b,    r.grad_b,       r.state_b,     r.working_b,
+                        r.unit_set_b, r.build_peak_b, r.steps_peak_b};
+    comm.allreduce(dtrain::BufferView(held_b, 7, dtrain::DType::f64), dtrain::ReduceOp::max);
+    r.param_b = held_b[0];
+    r.grad_b = held_b[1];
+    r.state_b = held_b[2];
+    r.working_b = held_b[3];
+    r.unit_set_b = held_b[4];
+    r.build_peak_b = held_b[5];
+    r.steps_peak_b = held_b[6];
   }
   r.samples_per_s = static_cast<double>(a.steps * a.batch * world) / elapsed;
   r.cpu_cores = cpu / elapsed;
@@ -442,14 +620,34 @@ int main(int argc, char** argv) {
                         "node-shared heap (Communicator::shared_allocator), which the shm "
                         "all-reduce reads in place; 0: in private host memory (CPU only)",
                         0, 1);
+    app.add_option("--modes", a.modes,
+                   "the modes to measure, comma-separated (default: every mode): overlap, "
+                   "no-overlap, fused, sharded, fully-sharded")
+        ->delimiter(',')
+        ->check(CLI::IsMember({"overlap", "no-overlap", "fused", "sharded", "fully-sharded"}));
+    dtrain_cli::add_int(app, "--fs-buffers", a.fs_buffers,
+                        "working buffers of the fully-sharded mode (FullyShardedOptions::buffers): "
+                        "1 the memory-tight mode, 2 or 3 gather units ahead",
+                        1, 3);
+    dtrain_cli::add_real(app, "--state-budget-mib", a.state_budget_mib,
+                         "cap on the bytes each rank may allocate through its policy (the model's "
+                         "parameters and gradients, optimizer state, working buffers, activations "
+                         "and input staging), MiB; a mode over it is refused; 0: no cap (CPU only)",
+                         0, 1 << 20);
+    app.add_flag("--reproducible", a.reproducible,
+                 "every communicator sums in rank order (CommConfig::reproducible): the same "
+                 "bits in every mode on any number of ranks");
+    app.add_flag("--print-loss", a.print_loss,
+                 "print each mode's loss per step (first round, warm-up and timed steps, the "
+                 "mean over the ranks)");
     if (const int code = dtrain_cli::run_parser_mpi(app, argc, argv); code >= 0) {
       MPI_Finalize();
       return code;
     }
   }
-  if (world != 2) {
+  if (world < 2) {
     if (rank == 0)
-      std::fprintf(stderr, "train_bench: run it on exactly 2 ranks (mpiexec -n 2), not %d\n",
+      std::fprintf(stderr, "train_bench: run it on 2 ranks or more (mpiexec -n 2), not %d\n",
                    world);
     MPI_Finalize();
     return 2;
@@ -463,8 +661,27 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 1;
   }
-  // One policy object per rank for the whole run (a GPU policy owns the device's streams).
-  HostPolicy host_exec;
+  if (a.state_budget_mib > 0 && device.kind != dtrain_cli::DeviceKind::cpu) {
+    if (rank == 0)
+      std::fprintf(stderr,
+                   "train_bench: --state-budget-mib caps host memory; run with "
+                   "--device cpu\n");
+    MPI_Finalize();
+    return 2;
+  }
+  // The optimizers allocate their state at the first step, the model its activations at the
+  // first two: those steps run where a mode over the budget is refused cleanly (measure).
+  if (a.state_budget_mib > 0 && a.warmup < 2) {
+    if (rank == 0)
+      std::fprintf(stderr, "train_bench: --state-budget-mib needs --warmup 2 or more\n");
+    MPI_Finalize();
+    return 2;
+  }
+  const auto budget_bytes = static_cast<std::size_t>(a.state_budget_mib * (1 << 20));
+  dtrain::CommConfig comm_config;
+  comm_config.reproducible = a.reproducible;
+  // One GPU policy object per rank for the whole run (it owns the device's streams); host
+  // policies are made per figure, over the figure's counting allocator.
 #if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
   std::unique_ptr<dtrain::GpuExec> gpu_exec;
   if (device.kind != dtrain_cli::DeviceKind::cpu)
@@ -483,16 +700,21 @@ int main(int argc, char** argv) {
                     static_cast<std::int32_t>(rng.below(kClasses)));
       }
     }
+    // Each figure's policy allocates through a BudgetAllocator of its own (counting; capping
+    // with --state-budget-mib).
     auto run = [&](auto& comm, Mode mode) {
 #if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
-      if (gpu_exec) return measure(comm, *gpu_exec, data, a, mode);
-#endif
-      if (a.shared_heap) {
-        // The 2-rank communicator's heap (a 1-rank one has none: host memory as before).
-        HostPolicy heap_exec(comm.shared_allocator());
-        return measure(comm, heap_exec, data, a, mode);
+      if (gpu_exec) {
+        BudgetAllocator none(dtrain::default_allocator(), 0,
+                             rank);  // counts nothing: device memory
+        return measure(comm, *gpu_exec, none, data, a, mode);
       }
-      return measure(comm, host_exec, data, a, mode);
+#endif
+      // The p-rank communicator's heap (a 1-rank one has none: host memory as before).
+      BudgetAllocator budget(a.shared_heap ? comm.shared_allocator() : dtrain::default_allocator(),
+                             budget_bytes, rank);
+      HostPolicy exec(budget);
+      return measure(comm, exec, budget, data, a, mode);
     };
     MPI_Comm solo = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
@@ -505,22 +727,29 @@ int main(int argc, char** argv) {
       segments.heap_bytes = static_cast<std::size_t>(4.0 * (6 * params + act)) + (24u << 20);
     }
     dtrain::MpiTransport world_transport(MPI_COMM_WORLD, segments);
-    dtrain::Communicator world_comm(world_transport);
+    dtrain::Communicator world_comm(world_transport, comm_config);
 
     const Mode modes[kModes] = {Mode::overlap, Mode::no_overlap, Mode::fused, Mode::sharded,
                                 Mode::fully_sharded};
-    // Every round measures each mode's 1-rank figure and then its 2-rank figure, so a drift of the
+    bool selected[kModes];
+    for (int m = 0; m < kModes; ++m)
+      selected[m] = a.modes.empty() ||
+                    std::find(a.modes.begin(), a.modes.end(), name_of(modes[m])) != a.modes.end();
+    const double p = static_cast<double>(world);
+    // Every round measures each mode's 1-rank figure and then its p-rank figure, so a drift of the
     // machine's speed over the run (this one is shared) reaches both figures of a round alike;
     // each figure is the median over the rounds, and the rounds' own efficiencies give its spread.
     const auto rounds = static_cast<std::size_t>(a.rounds);
     std::vector<Result> one_r[kModes], two_r[kModes];
     for (std::size_t r = 0; r < rounds; ++r)
       for (int m = 0; m < kModes; ++m) {
-        // 1 rank: rank 0 on its own communicator; rank 1 sleeps in a polled non-blocking barrier.
+        if (!selected[m]) continue;
+        // 1 rank: rank 0 on its own communicator; the others sleep in a polled non-blocking
+        // barrier.
         Result solo_result;
         if (rank == 0) {
           dtrain::MpiTransport t(solo);
-          dtrain::Communicator c(t);
+          dtrain::Communicator c(t, comm_config);
           solo_result = run(c, modes[m]);
         }
         one_r[m].push_back(solo_result);
@@ -535,51 +764,57 @@ int main(int argc, char** argv) {
     Result one[kModes], two[kModes];
     double eff_lo[kModes], eff_hi[kModes];
     for (int m = 0; m < kModes; ++m) {
-      one[m] = median_result(one_r[m]);
-      two[m] = median_result(two_r[m]);
       eff_lo[m] = 1e300;
       eff_hi[m] = 0;
+      if (!selected[m]) continue;
+      one[m] = median_result(one_r[m]);
+      two[m] = median_result(two_r[m]);
+      two[m].losses = two_r[m][0].losses;  // the first round's curve
       for (std::size_t r = 0; r < rounds; ++r) {
-        if (one_r[m][r].samples_per_s <= 0) continue;  // rank 1: no 1-rank figure
-        const double e = two_r[m][r].samples_per_s / (2 * one_r[m][r].samples_per_s);
+        if (one_r[m][r].samples_per_s <= 0) continue;  // not rank 0, or refused: no figure
+        const double e = two_r[m][r].samples_per_s / (p * one_r[m][r].samples_per_s);
         eff_lo[m] = std::min(eff_lo[m], e);
         eff_hi[m] = std::max(eff_hi[m], e);
       }
     }
-    // Both ranks alone at once (each on a communicator of its own, no communication): what the
-    // machine gives two independent trainings sharing it (cores, memory bandwidth, the helper
-    // threads). The 2-rank figure over this one is the cost of communication alone; the 1-rank
-    // figure above also had the other core free for its loader and progress threads.
+    // Every rank alone at once (each on a communicator of its own, no communication): what the
+    // machine gives p independent trainings sharing it (cores, memory bandwidth, the helper
+    // threads). The p-rank figure over this one is the cost of communication alone; the 1-rank
+    // figure above also had the other core free for its loader and progress threads. Refused
+    // (0) where the replicated model does not fit --state-budget-mib.
     double pair_sps = 0;
     {
       MPI_Comm own = MPI_COMM_NULL;
       MPI_Comm_split(MPI_COMM_WORLD, rank, 0, &own);
       dtrain::MpiTransport t(own);
-      dtrain::Communicator c(t);
+      dtrain::Communicator c(t, comm_config);
       MPI_Barrier(MPI_COMM_WORLD);
       const double mine_sps = run(c, Mode::overlap).samples_per_s;
       MPI_Allreduce(&mine_sps, &pair_sps, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       MPI_Comm_free(&own);
     }
-    // The table automatic all-reduce followed on 2 ranks (calibrated in this run; every rank
+    // The table automatic all-reduce followed on p ranks (calibrated in this run; every rank
     // calls it, as it is collective until calibrated): a bucket's algorithm moves the sync wait.
     std::string decisions;
     for (const auto& d : world_comm.allreduce_decisions())
       decisions += (decisions.empty() ? "" : " ") + std::to_string(d.min_bytes) + ":" +
                    dtrain::name_of(d.algo);
-    double rss[2] = {0, 0}, pss[2] = {0, 0};
+    const auto nw = static_cast<std::size_t>(world);
+    std::vector<double> rss(nw), pss(nw);
     double mine = peak_rss_mib();
-    MPI_Gather(&mine, 1, MPI_DOUBLE, rss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-    MPI_Gather(&g_peak_pss_mib, 1, MPI_DOUBLE, pss, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(&mine, 1, MPI_DOUBLE, rss.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(&g_peak_pss_mib, 1, MPI_DOUBLE, pss.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     // Per mode, the largest over the rounds: what each mode's model and optimizer hold (the
-    // modes run one after the other, each freeing its own; sharded keeps 1/2 of the state).
-    double mode_pss[kModes], modes_pss[2 * kModes] = {};
+    // modes run one after the other, each freeing its own; sharded keeps 1/p of the state).
+    double mode_pss[kModes];
+    std::vector<double> modes_pss(nw * kModes);  // rank-major
     for (int m = 0; m < kModes; ++m) {
       mode_pss[m] = 0;
       for (const Result& x : two_r[m])
         if (!(x.pss_mib <= mode_pss[m])) mode_pss[m] = x.pss_mib;
     }
-    MPI_Gather(mode_pss, kModes, MPI_DOUBLE, modes_pss, kModes, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    MPI_Gather(mode_pss, kModes, MPI_DOUBLE, modes_pss.data(), kModes, MPI_DOUBLE, 0,
+               MPI_COMM_WORLD);
     if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
 
     if (rank == 0) {
@@ -589,90 +824,165 @@ int main(int argc, char** argv) {
           2.0 * static_cast<double>(a.batch) * (kIn + 4 * a.hidden + 2 * kClasses);
       const double prefetch_floats = 3.0 * static_cast<double>(a.batch) * (kIn + 1);
       const double state_mib = 4.0 * (state_floats + act_floats + prefetch_floats) / (1 << 20);
+      // "2 ranks" on 2 ranks, as the scripts that read this output expect; "p ranks" otherwise.
+      const std::string pr = std::to_string(world) + " ranks",
+                        prr = std::to_string(world) + "-rank";
+      auto eff = [&](const Result& o, const Result& t) {
+        return o.samples_per_s > 0 ? t.samples_per_s / (p * o.samples_per_s) : 0.0;
+      };
       std::printf(
           "# train_bench: MLP 784-%lld-%lld-10 (%.0f parameters), %s, batch %lld per rank, %lld "
-          "timed steps, synthetic data, on %s; 1 rank on a sub-communicator, then 2 ranks; "
-          "median of %lld interleaved round(s)\n",
+          "timed steps, synthetic data, on %s; 1 rank on a sub-communicator, then %s; "
+          "median of %lld interleaved round(s)%s; fully-sharded with %lld working buffer(s)",
           static_cast<long long>(a.hidden), static_cast<long long>(a.hidden), params,
           a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.steps),
-          device.describe().c_str(), static_cast<long long>(a.rounds));
-      std::printf("# %-13s %12s %12s %10s   rank 0 split on 2 ranks: %s\n", "mode", "1 rank sps",
-                  "2 ranks sps", "efficiency",
+          device.describe().c_str(), pr.c_str(), static_cast<long long>(a.rounds),
+          a.reproducible ? "; reproducible mode" : "", static_cast<long long>(a.fs_buffers));
+      if (budget_bytes > 0) std::printf("; state budget %.2f MiB per rank", a.state_budget_mib);
+      std::printf("\n");
+      std::printf("# %-13s %12s %12s %10s   rank 0 split on %s: %s\n", "mode", "1 rank sps",
+                  (pr + " sps").c_str(), "efficiency", pr.c_str(),
                   "data / forward / backward / sync wait / optimizer, step ms");
       for (int m = 0; m < kModes; ++m) {
-        const Phases& p = two[m].split;
-        const double t = p.total();
+        if (!selected[m]) continue;
+        if (!two[m].refused.empty()) {
+          std::printf("  %-13s %12s %12s   refused: %s\n", name_of(modes[m]),
+                      one[m].refused.empty() ? "-" : "refused", "refused", two[m].refused.c_str());
+          continue;
+        }
+        const Phases& ps = two[m].split;
+        const double t = ps.total();
+        char solo_sps[32];
+        if (one[m].refused.empty())
+          std::snprintf(solo_sps, sizeof solo_sps, "%.0f", one[m].samples_per_s);
+        else
+          std::snprintf(solo_sps, sizeof solo_sps, "refused");
         std::printf(
-            "  %-13s %12.0f %12.0f %10.3f   %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%%, "
+            "  %-13s %12s %12.0f %10.3f   %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%%, "
             "%.3f ms\n",
-            name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
-            two[m].samples_per_s / (2 * one[m].samples_per_s), 100 * p.data / t,
-            100 * p.forward / t, 100 * p.backward / t, 100 * p.sync / t, 100 * p.optimizer / t,
-            1e3 * t);
+            name_of(modes[m]), solo_sps, two[m].samples_per_s, eff(one[m], two[m]),
+            100 * ps.data / t, 100 * ps.forward / t, 100 * ps.backward / t, 100 * ps.sync / t,
+            100 * ps.optimizer / t, 1e3 * t);
       }
+      for (int m = 0; m < kModes; ++m)
+        if (selected[m] && two[m].refused.empty() && !one[m].refused.empty())
+          std::printf("# %s on 1 rank refused: %s\n", name_of(modes[m]), one[m].refused.c_str());
       if (rounds > 1) {
         std::printf("# efficiency of the single rounds (min - max):");
         for (int m = 0; m < kModes; ++m)
-          std::printf(" %s %.3f - %.3f%s", name_of(modes[m]), eff_lo[m], eff_hi[m],
-                      m < kModes - 1 ? "," : "\n");
+          if (selected[m]) std::printf(" %s %.3f - %.3f", name_of(modes[m]), eff_lo[m], eff_hi[m]);
+        std::printf("\n");
       }
-      std::printf("# all-reduce on 2 ranks, automatic decisions (from bytes per rank): %s\n",
+      std::printf("# all-reduce on %s, automatic decisions (from bytes per rank): %s\n", pr.c_str(),
                   decisions.c_str());
-      std::printf(
-          "# gradient buckets on 2 ranks (overlap, the median round) at its end: %s; algorithm "
-          "changes during it: %d\n",
-          two[0].bucket_algorithms.c_str(), two[0].algorithm_changes);
-      std::printf("# gradient arena on 2 ranks in the node-shared heap: %s\n",
-                  two[0].grads_in_heap ? "yes (read in place by the shm all-reduce)"
-                  : a.shared_heap      ? "no (no heap here: private host memory)"
-                                       : "no (--shared-heap 0)");
-      if (!std::isnan(two[0].lag))
+      if (selected[0] && two[0].refused.empty()) {
         std::printf(
-            "# rank 0's sync wait on 2 ranks (overlap) %.3f ms per step, of which waiting for the "
-            "other rank's forward and backward to end %.3f ms (its lag behind rank 0, whatever "
-            "the all-reduce costs)\n",
-            1e3 * two[0].split.sync, 1e3 * two[0].lag);
+            "# gradient buckets on %s (overlap, the median round) at its end: %s; algorithm "
+            "changes during it: %d\n",
+            pr.c_str(), two[0].bucket_algorithms.c_str(), two[0].algorithm_changes);
+        std::printf("# gradient arena on %s in the node-shared heap: %s\n", pr.c_str(),
+                    two[0].grads_in_heap ? "yes (read in place by the shm all-reduce)"
+                    : a.shared_heap      ? "no (no heap here: private host memory)"
+                                         : "no (--shared-heap 0)");
+        if (!std::isnan(two[0].lag))
+          std::printf(
+              "# rank 0's sync wait on %s (overlap) %.3f ms per step, of which waiting for the "
+              "other ranks' forward and backward to end %.3f ms (its lag behind the latest "
+              "rank, whatever the all-reduce costs)\n",
+              pr.c_str(), 1e3 * two[0].split.sync, 1e3 * two[0].lag);
+      }
       std::printf(
           "# CPU cores used while timed (every thread of the group's processes over wall time), "
-          "1 rank / 2 ranks:");
+          "1 rank / %s:",
+          pr.c_str());
       for (int m = 0; m < kModes; ++m)
-        std::printf(" %s %.2f / %.2f%s", name_of(modes[m]), one[m].cpu_cores, two[m].cpu_cores,
-                    m < kModes - 1 ? "," : "\n");
+        if (selected[m])
+          std::printf(" %s %.2f / %.2f", name_of(modes[m]), one[m].cpu_cores, two[m].cpu_cores);
+      std::printf("\n");
+      if (pair_sps > 0 && selected[0] && two[0].refused.empty())
+        std::printf(
+            "# every rank training alone at once (no communication): %.0f samples/s together; "
+            "%s (overlap) / that = %.3f, the cost of communication alone\n",
+            pair_sps, pr.c_str(), two[0].samples_per_s / pair_sps);
+      auto per_rank = [&](const std::vector<double>& v) {
+        std::string out;
+        char b[64];
+        for (std::size_t k = 0; k < v.size(); ++k) {
+          std::snprintf(b, sizeof b, "%srank %zu %.1f MiB", k ? ", " : "", k, v[k]);
+          out += b;
+        }
+        return out;
+      };
       std::printf(
-          "# both ranks training alone at once (no communication): %.0f samples/s together; "
-          "2 ranks (overlap) / that = %.3f, the cost of communication alone\n",
-          pair_sps, two[0].samples_per_s / pair_sps);
+          "# peak RSS: %s; training state %.1f MiB (parameters, gradients, optimizer state, "
+          "activations, prefetch)\n",
+          per_rank(rss).c_str(), state_mib);
       std::printf(
-          "# peak RSS: rank 0 %.1f MiB, rank 1 %.1f MiB; training state %.1f MiB "
-          "(parameters, gradients, optimizer state, activations, prefetch)\n",
-          rss[0], rss[1], state_mib);
+          "# largest PSS after the %s figures' timed steps: %s (rank 0 %.2fx the training state; "
+          "node-shared pages split between the ranks that touch them, where the peak RSS counts "
+          "them on each)\n",
+          prr.c_str(), per_rank(pss).c_str(), pss[0] / state_mib);
       std::printf(
-          "# largest PSS after the 2-rank figures' timed steps: rank 0 %.1f MiB, rank 1 %.1f MiB "
-          "(%.2fx, %.2fx the training state; node-shared pages split between the ranks that "
-          "touch them, where the peak RSS counts them on each)\n",
-          pss[0], pss[1], pss[0] / state_mib, pss[1] / state_mib);
+          "# PSS at the end of each mode's %s timed steps (largest round), rank 0 / "
+          "rank 1 / ..., MiB:",
+          pr.c_str());
+      for (int m = 0; m < kModes; ++m) {
+        if (!selected[m]) continue;
+        std::printf(" %s", name_of(modes[m]));
+        for (std::size_t k = 0; k < nw; ++k)
+          std::printf("%s%.1f", k ? " / " : " ", modes_pss[k * kModes + m]);
+      }
+      std::printf("\n");
+      // The training state of the memory target: parameters, gradients, optimizer state and
+      // working buffers. Activations (per batch, sharded by no mode) are a column of their own,
+      // outside the sum; the allocator's peaks count them.
       std::printf(
-          "# PSS at the end of each mode's 2-rank timed steps (largest round), rank 0 / "
-          "rank 1, MiB:");
-      for (int m = 0; m < kModes; ++m)
-        std::printf(" %s %.1f / %.1f%s", name_of(modes[m]), modes_pss[m], modes_pss[kModes + m],
-                    m < kModes - 1 ? "," : "\n");
-      std::printf(
-          "# training state of rank 0 on 2 ranks, MiB: parameters + gradients + optimizer state "
-          "+ working buffers + activations = total; sent per step\n");
+          "# training state per rank on %s (largest over the ranks), MiB: parameters + gradients "
+          "+ optimizer state + working buffers = state (x overlap's); activations apart; peak "
+          "allocated through the policy while building / while training (activations and "
+          "staging included); sent per step\n",
+          pr.c_str());
       const double mib = 1.0 / (1 << 20);
       const Result& rep = two[0];
+      const double rep_state = rep.param_b + rep.grad_b + rep.state_b;
       for (int m = 0; m < kModes; ++m) {
+        if (!selected[m] || !two[m].refused.empty()) continue;
         const Result& x = two[m];
-        const double total = x.param_b + x.grad_b + x.state_b + x.working_b + x.act_b;
+        const double total = x.param_b + x.grad_b + x.state_b + x.working_b;
+        char ratio[32] = "-", sent_ratio[32] = "-";
+        if (rep_state > 0) std::snprintf(ratio, sizeof ratio, "%.3fx", total / rep_state);
+        if (rep.sent_b > 0)
+          std::snprintf(sent_ratio, sizeof sent_ratio, "%.3fx", x.sent_b / rep.sent_b);
         std::printf(
-            "  %-13s %7.2f + %7.2f + %7.2f + %7.2f + %7.2f = %7.2f (%.3fx overlap's)   sent "
-            "%.2f MiB (%.3fx the all-reduce's)\n",
+            "  %-13s %7.2f + %7.2f + %7.2f + %7.2f = %7.2f (%s)   activations %6.2f   peak %7.2f "
+            "/ %7.2f   sent %.2f MiB (%s the all-reduce's)\n",
             name_of(modes[m]), x.param_b * mib, x.grad_b * mib, x.state_b * mib, x.working_b * mib,
-            x.act_b * mib, total * mib,
-            total / (rep.param_b + rep.grad_b + rep.state_b + rep.act_b), x.sent_b * mib,
-            rep.sent_b > 0 ? x.sent_b / rep.sent_b : 0.0);
+            total * mib, ratio, x.act_b * mib, x.build_peak_b * mib, x.steps_peak_b * mib,
+            x.sent_b * mib, sent_ratio);
       }
+      // The fully sharded memory target: state <= 1.1 (replicated / p + the largest unit's
+      // working set), the replicated state being parameters, gradients and optimizer state whole.
+      const Result& fsr = two[kModes - 1];
+      if (selected[kModes - 1] && fsr.refused.empty() && world > 1) {
+        const double whole = 4.0 * parameter_count(a.hidden) * (a.optimizer == "sgd" ? 3 : 4);
+        const double bound = 1.1 * (whole / p + fsr.unit_set_b);
+        const double state = fsr.param_b + fsr.grad_b + fsr.state_b + fsr.working_b;
+        std::printf(
+            "# fully-sharded target: state %.2f MiB <= 1.1 x (replicated %.2f MiB / %d + the "
+            "largest unit's working set %.2f MiB) = %.2f MiB: %s (%.3fx the bound); peak while "
+            "training %.2f MiB, while building %.2f MiB\n",
+            state * mib, whole * mib, world, fsr.unit_set_b * mib, bound * mib,
+            state <= bound ? "met" : "not met", state / bound, fsr.steps_peak_b * mib,
+            fsr.build_peak_b * mib);
+      }
+      if (a.print_loss)
+        for (int m = 0; m < kModes; ++m) {
+          if (!selected[m] || !two[m].refused.empty()) continue;
+          std::printf("# loss per step on %s, %s (mean over the ranks): step loss\n", pr.c_str(),
+                      name_of(modes[m]));
+          for (std::size_t i = 0; i < two[m].losses.size(); ++i)
+            std::printf("loss %s %zu %.17g\n", name_of(modes[m]), i, two[m].losses[i]);
+        }
       if (!a.json.empty()) {
         dtrain::JsonSummary js;
         char model[64];
@@ -681,16 +991,17 @@ int main(int argc, char** argv) {
         js.add("model", model)
             .add("device", dtrain_cli::name_of(device.kind))
             .add("optimizer", a.optimizer)
+            .add("ranks", world)
             .add("batch_per_rank", a.batch)
             .add("steps", a.steps)
             .add("samples_per_s_1", one[0].samples_per_s)
             .add("samples_per_s_2", two[0].samples_per_s)
-            .add("scaling_efficiency", two[0].samples_per_s / (2 * one[0].samples_per_s))
+            .add("scaling_efficiency", eff(one[0], two[0]))
             .add("rounds", a.rounds)
             .add("scaling_efficiency_round_min", eff_lo[0])
             .add("scaling_efficiency_round_max", eff_hi[0])
             .add("samples_per_s_solo_pair", pair_sps)
-            .add("efficiency_vs_solo_pair", two[0].samples_per_s / pair_sps)
+            .add("efficiency_vs_solo_pair", pair_sps > 0 ? two[0].samples_per_s / pair_sps : 0.0)
             .add("allreduce_decisions", decisions)
             .add("bucket_algorithms_2", two[0].bucket_algorithms)
             .add("bucket_algorithm_changes_2", two[0].algorithm_changes)
@@ -702,16 +1013,33 @@ int main(int argc, char** argv) {
             .add_raw("phase_split_1", split_json(one[0].split));
         if (!std::isnan(two[0].lag)) js.add("lag_behind_latest_rank_ms_2", 1e3 * two[0].lag);
         std::string modes_json = "{";
+        bool first_mode = true;
         for (int m = 0; m < kModes; ++m) {
-          char b[256];
-          std::snprintf(b, sizeof b,
-                        "%s\n    \"%s\": {\"samples_per_s_1\": %.1f, \"samples_per_s_2\": %.1f, "
-                        "\"scaling_efficiency\": %.4f, \"cpu_cores_1\": %.3f, "
-                        "\"cpu_cores_2\": %.3f, \"phase_split_2\": ",
-                        m ? "," : "", name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
-                        two[m].samples_per_s / (2 * one[m].samples_per_s), one[m].cpu_cores,
-                        two[m].cpu_cores);
-          modes_json += b + split_json(two[m].split) + "}";
+          if (!selected[m]) continue;
+          char b[512];
+          std::snprintf(
+              b, sizeof b,
+              "%s\n    \"%s\": {\"samples_per_s_1\": %.1f, \"samples_per_s_2\": %.1f, "
+              "\"scaling_efficiency\": %.4f, \"cpu_cores_1\": %.3f, "
+              "\"cpu_cores_2\": %.3f, \"refused\": %s, \"state_mib\": %.4f, "
+              "\"working_mib\": %.4f, \"activations_mib\": %.4f, \"phase_split_2\": ",
+              first_mode ? "" : ",", name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
+              eff(one[m], two[m]), one[m].cpu_cores, two[m].cpu_cores,
+              two[m].refused.empty() ? "false" : "true",
+              (two[m].param_b + two[m].grad_b + two[m].state_b + two[m].working_b) / (1 << 20),
+              two[m].working_b / (1 << 20), two[m].act_b / (1 << 20));
+          modes_json += b + split_json(two[m].split);
+          if (a.print_loss) {
+            modes_json += ", \"losses\": [";
+            for (std::size_t i = 0; i < two[m].losses.size(); ++i) {
+              char v[40];
+              std::snprintf(v, sizeof v, "%s%.17g", i ? ", " : "", two[m].losses[i]);
+              modes_json += v;
+            }
+            modes_json += "]";
+          }
+          modes_json += "}";
+          first_mode = false;
         }
         modes_json += "\n  }";
         js.add_raw("modes", modes_json)
@@ -721,6 +1049,7 @@ int main(int argc, char** argv) {
             .add("peak_pss_mib_rank1", pss[1])
             .add("training_state_mib", state_mib);
         for (int m = 0; m < kModes; ++m) {
+          if (!selected[m]) continue;
           std::string key = std::string("pss_mib_") + name_of(modes[m]);
           std::replace(key.begin(), key.end(), '-', '_');
           js.add(key + "_rank0", modes_pss[m]).add(key + "_rank1", modes_pss[kModes + m]);
