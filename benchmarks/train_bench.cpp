@@ -3,7 +3,7 @@
 //
 //   OPENBLAS_NUM_THREADS=1 mpiexec.mpich -n 2 train_bench [--hidden 256] [--batch 64]
 //       [--optimizer adamw|sgd] [--steps 300] [--warmup 20] [--json FILE]
-//       [--device auto|cpu|cuda|hip] [--modes overlap,fully-sharded,...] [--fs-buffers 1|2|3]
+//       [--device auto|cpu|cuda|hip] [--modes overlap,fully-sharded,...] [--fs-buffers 1,2,3]
 //       [--state-budget-mib N] [--reproducible] [--print-loss]
 //
 // The 1-rank figure runs on rank 0 alone (a one-rank sub-communicator) while rank 1 waits, asleep
@@ -108,7 +108,7 @@ struct Args {
   std::string device = "auto";
   std::int64_t shared_heap = 1;
   std::vector<std::string> modes;  // empty: every mode
-  std::int64_t fs_buffers = 2;     // FullyShardedOptions::buffers of the fully-sharded mode
+  std::vector<int> fs_buffers{2};  // FullyShardedOptions::buffers: a fully-sharded figure each
   double state_budget_mib = 0;     // 0: no cap
   bool reproducible = false;
   bool print_loss = false;
@@ -116,6 +116,13 @@ struct Args {
 
 enum class Mode { overlap, no_overlap, fused, sharded, fully_sharded };
 constexpr int kModes = 5;
+
+// One measured configuration: a mode, and for the fully sharded mode its working buffers.
+struct Variant {
+  Mode mode;
+  int buffers = 0;
+  std::string label;  // the mode's name; "fully-sharded-bN" when several buffer counts run
+};
 const char* name_of(Mode m) {
   return m == Mode::overlap      ? "overlap"
          : m == Mode::no_overlap ? "no-overlap"
@@ -303,7 +310,7 @@ struct TimedUpdates {
 
 template <class Comm, class Exec>
 Result measure(Comm& comm, Exec& exec, BudgetAllocator& budget, dtrain::InMemoryDataset& data,
-               const Args& a, Mode mode) {
+               const Args& a, Mode mode, int fs_buffers) {
   const int world = comm.size();
   dtrain::DistributedSampler sampler(data.size(), comm, a.seed);
   dtrain::LoaderOptions lopt;
@@ -333,7 +340,7 @@ Result measure(Comm& comm, Exec& exec, BudgetAllocator& budget, dtrain::InMemory
       model_p = std::make_unique<Model>(layers, exec, dtrain::deferred_arenas);
       budget.set_operation(mode_name + " mode: FullyShardedSync");
       dtrain::FullyShardedOptions fo;
-      fo.buffers = static_cast<int>(a.fs_buffers);
+      fo.buffers = fs_buffers;
       fs = std::make_unique<dtrain::FullyShardedSync<Model>>(comm, *model_p, fo);
       model_p->init(a.seed);
     } else {
@@ -625,10 +632,13 @@ int main(int argc, char** argv) {
                    "no-overlap, fused, sharded, fully-sharded")
         ->delimiter(',')
         ->check(CLI::IsMember({"overlap", "no-overlap", "fused", "sharded", "fully-sharded"}));
-    dtrain_cli::add_int(app, "--fs-buffers", a.fs_buffers,
-                        "working buffers of the fully-sharded mode (FullyShardedOptions::buffers): "
-                        "1 the memory-tight mode, 2 or 3 gather units ahead",
-                        1, 3);
+    app.add_option("--fs-buffers", a.fs_buffers,
+                   "working buffers of the fully-sharded mode (FullyShardedOptions::buffers): 1 "
+                   "the memory-tight mode, 2 or 3 gather units ahead; a comma-separated list "
+                   "measures each, side by side (fully-sharded-b1, ...)")
+        ->delimiter(',')
+        ->check(CLI::Range(1, 3))
+        ->capture_default_str();
     dtrain_cli::add_real(app, "--state-budget-mib", a.state_budget_mib,
                          "cap on the bytes each rank may allocate through its policy (the model's "
                          "parameters and gradients, optimizer state, working buffers, activations "
@@ -702,19 +712,19 @@ int main(int argc, char** argv) {
     }
     // Each figure's policy allocates through a BudgetAllocator of its own (counting; capping
     // with --state-budget-mib).
-    auto run = [&](auto& comm, Mode mode) {
+    auto run = [&](auto& comm, Mode mode, int fs_buffers) {
 #if defined(DTRAIN_EXAMPLE_GPU) && DTRAIN_EXAMPLE_GPU
       if (gpu_exec) {
         BudgetAllocator none(dtrain::default_allocator(), 0,
                              rank);  // counts nothing: device memory
-        return measure(comm, *gpu_exec, none, data, a, mode);
+        return measure(comm, *gpu_exec, none, data, a, mode, fs_buffers);
       }
 #endif
       // The p-rank communicator's heap (a 1-rank one has none: host memory as before).
       BudgetAllocator budget(a.shared_heap ? comm.shared_allocator() : dtrain::default_allocator(),
                              budget_bytes, rank);
       HostPolicy exec(budget);
-      return measure(comm, exec, budget, data, a, mode);
+      return measure(comm, exec, budget, data, a, mode, fs_buffers);
     };
     MPI_Comm solo = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, rank == 0 ? 0 : MPI_UNDEFINED, 0, &solo);
@@ -729,28 +739,44 @@ int main(int argc, char** argv) {
     dtrain::MpiTransport world_transport(MPI_COMM_WORLD, segments);
     dtrain::Communicator world_comm(world_transport, comm_config);
 
-    const Mode modes[kModes] = {Mode::overlap, Mode::no_overlap, Mode::fused, Mode::sharded,
-                                Mode::fully_sharded};
-    bool selected[kModes];
-    for (int m = 0; m < kModes; ++m)
-      selected[m] = a.modes.empty() ||
-                    std::find(a.modes.begin(), a.modes.end(), name_of(modes[m])) != a.modes.end();
+    const Mode all_modes[kModes] = {Mode::overlap, Mode::no_overlap, Mode::fused, Mode::sharded,
+                                    Mode::fully_sharded};
+    // The figures to measure, in mode order: the fully sharded mode once per --fs-buffers value.
+    std::vector<Variant> vars;
+    for (const Mode mode : all_modes) {
+      if (!a.modes.empty() &&
+          std::find(a.modes.begin(), a.modes.end(), name_of(mode)) == a.modes.end())
+        continue;
+      if (mode != Mode::fully_sharded) {
+        vars.push_back({mode, 0, name_of(mode)});
+        continue;
+      }
+      for (const int b : a.fs_buffers)
+        vars.push_back({mode, b,
+                        a.fs_buffers.size() == 1
+                            ? std::string(name_of(mode))
+                            : std::string(name_of(mode)) + "-b" + std::to_string(b)});
+    }
+    const int nv = static_cast<int>(vars.size());
+    // The replicated reference (overlap), where it runs.
+    int ov = -1;
+    for (int m = 0; m < nv; ++m)
+      if (vars[m].mode == Mode::overlap) ov = m;
     const double p = static_cast<double>(world);
     // Every round measures each mode's 1-rank figure and then its p-rank figure, so a drift of the
     // machine's speed over the run (this one is shared) reaches both figures of a round alike;
     // each figure is the median over the rounds, and the rounds' own efficiencies give its spread.
     const auto rounds = static_cast<std::size_t>(a.rounds);
-    std::vector<Result> one_r[kModes], two_r[kModes];
+    std::vector<std::vector<Result>> one_r(nv), two_r(nv);
     for (std::size_t r = 0; r < rounds; ++r)
-      for (int m = 0; m < kModes; ++m) {
-        if (!selected[m]) continue;
+      for (int m = 0; m < nv; ++m) {
         // 1 rank: rank 0 on its own communicator; the others sleep in a polled non-blocking
         // barrier.
         Result solo_result;
         if (rank == 0) {
           dtrain::MpiTransport t(solo);
           dtrain::Communicator c(t, comm_config);
-          solo_result = run(c, modes[m]);
+          solo_result = run(c, vars[m].mode, vars[m].buffers);
         }
         one_r[m].push_back(solo_result);
         MPI_Request req;
@@ -759,14 +785,11 @@ int main(int argc, char** argv) {
           MPI_Test(&req, &done, MPI_STATUS_IGNORE);
           if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
-        two_r[m].push_back(run(world_comm, modes[m]));
+        two_r[m].push_back(run(world_comm, vars[m].mode, vars[m].buffers));
       }
-    Result one[kModes], two[kModes];
-    double eff_lo[kModes], eff_hi[kModes];
-    for (int m = 0; m < kModes; ++m) {
-      eff_lo[m] = 1e300;
-      eff_hi[m] = 0;
-      if (!selected[m]) continue;
+    std::vector<Result> one(nv), two(nv);
+    std::vector<double> eff_lo(nv, 1e300), eff_hi(nv, 0.0);
+    for (int m = 0; m < nv; ++m) {
       one[m] = median_result(one_r[m]);
       two[m] = median_result(two_r[m]);
       two[m].losses = two_r[m][0].losses;  // the first round's curve
@@ -789,7 +812,7 @@ int main(int argc, char** argv) {
       dtrain::MpiTransport t(own);
       dtrain::Communicator c(t, comm_config);
       MPI_Barrier(MPI_COMM_WORLD);
-      const double mine_sps = run(c, Mode::overlap).samples_per_s;
+      const double mine_sps = run(c, Mode::overlap, 0).samples_per_s;
       MPI_Allreduce(&mine_sps, &pair_sps, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
       MPI_Comm_free(&own);
     }
@@ -806,14 +829,14 @@ int main(int argc, char** argv) {
     MPI_Gather(&g_peak_pss_mib, 1, MPI_DOUBLE, pss.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     // Per mode, the largest over the rounds: what each mode's model and optimizer hold (the
     // modes run one after the other, each freeing its own; sharded keeps 1/p of the state).
-    double mode_pss[kModes];
-    std::vector<double> modes_pss(nw * kModes);  // rank-major
-    for (int m = 0; m < kModes; ++m) {
+    std::vector<double> mode_pss(nv);
+    std::vector<double> modes_pss(nw * nv);  // rank-major
+    for (int m = 0; m < nv; ++m) {
       mode_pss[m] = 0;
       for (const Result& x : two_r[m])
         if (!(x.pss_mib <= mode_pss[m])) mode_pss[m] = x.pss_mib;
     }
-    MPI_Gather(mode_pss, kModes, MPI_DOUBLE, modes_pss.data(), kModes, MPI_DOUBLE, 0,
+    MPI_Gather(mode_pss.data(), nv, MPI_DOUBLE, modes_pss.data(), nv, MPI_DOUBLE, 0,
                MPI_COMM_WORLD);
     if (solo != MPI_COMM_NULL) MPI_Comm_free(&solo);
 
@@ -824,6 +847,10 @@ int main(int argc, char** argv) {
           2.0 * static_cast<double>(a.batch) * (kIn + 4 * a.hidden + 2 * kClasses);
       const double prefetch_floats = 3.0 * static_cast<double>(a.batch) * (kIn + 1);
       const double state_mib = 4.0 * (state_floats + act_floats + prefetch_floats) / (1 << 20);
+      // The overlap mode's figures where it ran (the replicated reference), zeros otherwise.
+      const Result none{};
+      const Result& one0 = ov >= 0 ? one[static_cast<std::size_t>(ov)] : none;
+      const Result& two0 = ov >= 0 ? two[static_cast<std::size_t>(ov)] : none;
       // "2 ranks" on 2 ranks, as the scripts that read this output expect; "p ranks" otherwise.
       const std::string pr = std::to_string(world) + " ranks",
                         prr = std::to_string(world) + "-rank";
@@ -833,20 +860,22 @@ int main(int argc, char** argv) {
       std::printf(
           "# train_bench: MLP 784-%lld-%lld-10 (%.0f parameters), %s, batch %lld per rank, %lld "
           "timed steps, synthetic data, on %s; 1 rank on a sub-communicator, then %s; "
-          "median of %lld interleaved round(s)%s; fully-sharded with %lld working buffer(s)",
+          "median of %lld interleaved round(s)%s",
           static_cast<long long>(a.hidden), static_cast<long long>(a.hidden), params,
           a.optimizer.c_str(), static_cast<long long>(a.batch), static_cast<long long>(a.steps),
           device.describe().c_str(), pr.c_str(), static_cast<long long>(a.rounds),
-          a.reproducible ? "; reproducible mode" : "", static_cast<long long>(a.fs_buffers));
+          a.reproducible ? "; reproducible mode" : "");
+      for (const Variant& v : vars)
+        if (v.mode == Mode::fully_sharded)
+          std::printf("; %s with %d working buffer(s)", v.label.c_str(), v.buffers);
       if (budget_bytes > 0) std::printf("; state budget %.2f MiB per rank", a.state_budget_mib);
       std::printf("\n");
-      std::printf("# %-13s %12s %12s %10s   rank 0 split on %s: %s\n", "mode", "1 rank sps",
+      std::printf("# %-16s %12s %12s %10s   rank 0 split on %s: %s\n", "mode", "1 rank sps",
                   (pr + " sps").c_str(), "efficiency", pr.c_str(),
                   "data / forward / backward / sync wait / optimizer, step ms");
-      for (int m = 0; m < kModes; ++m) {
-        if (!selected[m]) continue;
+      for (int m = 0; m < nv; ++m) {
         if (!two[m].refused.empty()) {
-          std::printf("  %-13s %12s %12s   refused: %s\n", name_of(modes[m]),
+          std::printf("  %-16s %12s %12s   refused: %s\n", vars[m].label.c_str(),
                       one[m].refused.empty() ? "-" : "refused", "refused", two[m].refused.c_str());
           continue;
         }
@@ -858,52 +887,52 @@ int main(int argc, char** argv) {
         else
           std::snprintf(solo_sps, sizeof solo_sps, "refused");
         std::printf(
-            "  %-13s %12s %12.0f %10.3f   %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%%, "
+            "  %-16s %12s %12.0f %10.3f   %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%% / %4.1f%%, "
             "%.3f ms\n",
-            name_of(modes[m]), solo_sps, two[m].samples_per_s, eff(one[m], two[m]),
+            vars[m].label.c_str(), solo_sps, two[m].samples_per_s, eff(one[m], two[m]),
             100 * ps.data / t, 100 * ps.forward / t, 100 * ps.backward / t, 100 * ps.sync / t,
             100 * ps.optimizer / t, 1e3 * t);
       }
-      for (int m = 0; m < kModes; ++m)
-        if (selected[m] && two[m].refused.empty() && !one[m].refused.empty())
-          std::printf("# %s on 1 rank refused: %s\n", name_of(modes[m]), one[m].refused.c_str());
+      for (int m = 0; m < nv; ++m)
+        if (two[m].refused.empty() && !one[m].refused.empty())
+          std::printf("# %s on 1 rank refused: %s\n", vars[m].label.c_str(),
+                      one[m].refused.c_str());
       if (rounds > 1) {
         std::printf("# efficiency of the single rounds (min - max):");
-        for (int m = 0; m < kModes; ++m)
-          if (selected[m]) std::printf(" %s %.3f - %.3f", name_of(modes[m]), eff_lo[m], eff_hi[m]);
+        for (int m = 0; m < nv; ++m)
+          std::printf(" %s %.3f - %.3f", vars[m].label.c_str(), eff_lo[m], eff_hi[m]);
         std::printf("\n");
       }
       std::printf("# all-reduce on %s, automatic decisions (from bytes per rank): %s\n", pr.c_str(),
                   decisions.c_str());
-      if (selected[0] && two[0].refused.empty()) {
+      if (ov >= 0 && two0.refused.empty()) {
         std::printf(
             "# gradient buckets on %s (overlap, the median round) at its end: %s; algorithm "
             "changes during it: %d\n",
-            pr.c_str(), two[0].bucket_algorithms.c_str(), two[0].algorithm_changes);
+            pr.c_str(), two0.bucket_algorithms.c_str(), two0.algorithm_changes);
         std::printf("# gradient arena on %s in the node-shared heap: %s\n", pr.c_str(),
-                    two[0].grads_in_heap ? "yes (read in place by the shm all-reduce)"
-                    : a.shared_heap      ? "no (no heap here: private host memory)"
-                                         : "no (--shared-heap 0)");
-        if (!std::isnan(two[0].lag))
+                    two0.grads_in_heap ? "yes (read in place by the shm all-reduce)"
+                    : a.shared_heap    ? "no (no heap here: private host memory)"
+                                       : "no (--shared-heap 0)");
+        if (!std::isnan(two0.lag))
           std::printf(
               "# rank 0's sync wait on %s (overlap) %.3f ms per step, of which waiting for the "
               "other ranks' forward and backward to end %.3f ms (its lag behind the latest "
               "rank, whatever the all-reduce costs)\n",
-              pr.c_str(), 1e3 * two[0].split.sync, 1e3 * two[0].lag);
+              pr.c_str(), 1e3 * two0.split.sync, 1e3 * two0.lag);
       }
       std::printf(
           "# CPU cores used while timed (every thread of the group's processes over wall time), "
           "1 rank / %s:",
           pr.c_str());
-      for (int m = 0; m < kModes; ++m)
-        if (selected[m])
-          std::printf(" %s %.2f / %.2f", name_of(modes[m]), one[m].cpu_cores, two[m].cpu_cores);
+      for (int m = 0; m < nv; ++m)
+        std::printf(" %s %.2f / %.2f", vars[m].label.c_str(), one[m].cpu_cores, two[m].cpu_cores);
       std::printf("\n");
-      if (pair_sps > 0 && selected[0] && two[0].refused.empty())
+      if (pair_sps > 0 && ov >= 0 && two0.refused.empty())
         std::printf(
             "# every rank training alone at once (no communication): %.0f samples/s together; "
             "%s (overlap) / that = %.3f, the cost of communication alone\n",
-            pair_sps, pr.c_str(), two[0].samples_per_s / pair_sps);
+            pair_sps, pr.c_str(), two0.samples_per_s / pair_sps);
       auto per_rank = [&](const std::vector<double>& v) {
         std::string out;
         char b[64];
@@ -926,11 +955,11 @@ int main(int argc, char** argv) {
           "# PSS at the end of each mode's %s timed steps (largest round), rank 0 / "
           "rank 1 / ..., MiB:",
           pr.c_str());
-      for (int m = 0; m < kModes; ++m) {
-        if (!selected[m]) continue;
-        std::printf(" %s", name_of(modes[m]));
+      for (int m = 0; m < nv; ++m) {
+        std::printf(" %s", vars[m].label.c_str());
         for (std::size_t k = 0; k < nw; ++k)
-          std::printf("%s%.1f", k ? " / " : " ", modes_pss[k * kModes + m]);
+          std::printf("%s%.1f", k ? " / " : " ",
+                      modes_pss[k * static_cast<std::size_t>(nv) + static_cast<std::size_t>(m)]);
       }
       std::printf("\n");
       // The training state of the memory target: parameters, gradients, optimizer state and
@@ -943,10 +972,10 @@ int main(int argc, char** argv) {
           "staging included); sent per step\n",
           pr.c_str());
       const double mib = 1.0 / (1 << 20);
-      const Result& rep = two[0];
+      const Result& rep = two0;
       const double rep_state = rep.param_b + rep.grad_b + rep.state_b;
-      for (int m = 0; m < kModes; ++m) {
-        if (!selected[m] || !two[m].refused.empty()) continue;
+      for (int m = 0; m < nv; ++m) {
+        if (!two[m].refused.empty()) continue;
         const Result& x = two[m];
         const double total = x.param_b + x.grad_b + x.state_b + x.working_b;
         char ratio[32] = "-", sent_ratio[32] = "-";
@@ -954,34 +983,35 @@ int main(int argc, char** argv) {
         if (rep.sent_b > 0)
           std::snprintf(sent_ratio, sizeof sent_ratio, "%.3fx", x.sent_b / rep.sent_b);
         std::printf(
-            "  %-13s %7.2f + %7.2f + %7.2f + %7.2f = %7.2f (%s)   activations %6.2f   peak %7.2f "
+            "  %-16s %7.2f + %7.2f + %7.2f + %7.2f = %7.2f (%s)   activations %6.2f   peak %7.2f "
             "/ %7.2f   sent %.2f MiB (%s the all-reduce's)\n",
-            name_of(modes[m]), x.param_b * mib, x.grad_b * mib, x.state_b * mib, x.working_b * mib,
-            total * mib, ratio, x.act_b * mib, x.build_peak_b * mib, x.steps_peak_b * mib,
-            x.sent_b * mib, sent_ratio);
+            vars[m].label.c_str(), x.param_b * mib, x.grad_b * mib, x.state_b * mib,
+            x.working_b * mib, total * mib, ratio, x.act_b * mib, x.build_peak_b * mib,
+            x.steps_peak_b * mib, x.sent_b * mib, sent_ratio);
       }
       // The fully sharded memory target: state <= 1.1 (replicated / p + the largest unit's
       // working set), the replicated state being parameters, gradients and optimizer state whole.
-      const Result& fsr = two[kModes - 1];
-      if (selected[kModes - 1] && fsr.refused.empty() && world > 1) {
+      for (int m = 0; m < nv; ++m) {
+        const Result& fsr = two[static_cast<std::size_t>(m)];
+        if (vars[m].mode != Mode::fully_sharded || !fsr.refused.empty() || world < 2) continue;
         const double whole = 4.0 * parameter_count(a.hidden) * (a.optimizer == "sgd" ? 3 : 4);
         const double bound = 1.1 * (whole / p + fsr.unit_set_b);
         const double state = fsr.param_b + fsr.grad_b + fsr.state_b + fsr.working_b;
         std::printf(
-            "# fully-sharded target: state %.2f MiB <= 1.1 x (replicated %.2f MiB / %d + the "
+            "# %s target: state %.2f MiB <= 1.1 x (replicated %.2f MiB / %d + the "
             "largest unit's working set %.2f MiB) = %.2f MiB: %s (%.3fx the bound); peak while "
             "training %.2f MiB, while building %.2f MiB\n",
-            state * mib, whole * mib, world, fsr.unit_set_b * mib, bound * mib,
-            state <= bound ? "met" : "not met", state / bound, fsr.steps_peak_b * mib,
+            vars[m].label.c_str(), state * mib, whole * mib, world, fsr.unit_set_b * mib,
+            bound * mib, state <= bound ? "met" : "not met", state / bound, fsr.steps_peak_b * mib,
             fsr.build_peak_b * mib);
       }
       if (a.print_loss)
-        for (int m = 0; m < kModes; ++m) {
-          if (!selected[m] || !two[m].refused.empty()) continue;
+        for (int m = 0; m < nv; ++m) {
+          if (!two[m].refused.empty()) continue;
           std::printf("# loss per step on %s, %s (mean over the ranks): step loss\n", pr.c_str(),
-                      name_of(modes[m]));
+                      vars[m].label.c_str());
           for (std::size_t i = 0; i < two[m].losses.size(); ++i)
-            std::printf("loss %s %zu %.17g\n", name_of(modes[m]), i, two[m].losses[i]);
+            std::printf("loss %s %zu %.17g\n", vars[m].label.c_str(), i, two[m].losses[i]);
         }
       if (!a.json.empty()) {
         dtrain::JsonSummary js;
@@ -994,28 +1024,29 @@ int main(int argc, char** argv) {
             .add("ranks", world)
             .add("batch_per_rank", a.batch)
             .add("steps", a.steps)
-            .add("samples_per_s_1", one[0].samples_per_s)
-            .add("samples_per_s_2", two[0].samples_per_s)
-            .add("scaling_efficiency", eff(one[0], two[0]))
+            .add("samples_per_s_1", one0.samples_per_s)
+            .add("samples_per_s_2", two0.samples_per_s)
+            .add("scaling_efficiency", eff(one0, two0))
             .add("rounds", a.rounds)
-            .add("scaling_efficiency_round_min", eff_lo[0])
-            .add("scaling_efficiency_round_max", eff_hi[0])
+            .add("scaling_efficiency_round_min",
+                 ov >= 0 ? eff_lo[static_cast<std::size_t>(ov)] : 0.0)
+            .add("scaling_efficiency_round_max",
+                 ov >= 0 ? eff_hi[static_cast<std::size_t>(ov)] : 0.0)
             .add("samples_per_s_solo_pair", pair_sps)
-            .add("efficiency_vs_solo_pair", pair_sps > 0 ? two[0].samples_per_s / pair_sps : 0.0)
+            .add("efficiency_vs_solo_pair", pair_sps > 0 ? two0.samples_per_s / pair_sps : 0.0)
             .add("allreduce_decisions", decisions)
-            .add("bucket_algorithms_2", two[0].bucket_algorithms)
-            .add("bucket_algorithm_changes_2", two[0].algorithm_changes)
-            .add("gradients_in_shared_heap", two[0].grads_in_heap)
-            .add("sync_wait_ms_2", 1e3 * two[0].split.sync)
-            .add("cpu_cores_1", one[0].cpu_cores)
-            .add("cpu_cores_2", two[0].cpu_cores)
-            .add_raw("phase_split_2", split_json(two[0].split))
-            .add_raw("phase_split_1", split_json(one[0].split));
-        if (!std::isnan(two[0].lag)) js.add("lag_behind_latest_rank_ms_2", 1e3 * two[0].lag);
+            .add("bucket_algorithms_2", two0.bucket_algorithms)
+            .add("bucket_algorithm_changes_2", two0.algorithm_changes)
+            .add("gradients_in_shared_heap", two0.grads_in_heap)
+            .add("sync_wait_ms_2", 1e3 * two0.split.sync)
+            .add("cpu_cores_1", one0.cpu_cores)
+            .add("cpu_cores_2", two0.cpu_cores)
+            .add_raw("phase_split_2", split_json(two0.split))
+            .add_raw("phase_split_1", split_json(one0.split));
+        if (!std::isnan(two0.lag)) js.add("lag_behind_latest_rank_ms_2", 1e3 * two0.lag);
         std::string modes_json = "{";
         bool first_mode = true;
-        for (int m = 0; m < kModes; ++m) {
-          if (!selected[m]) continue;
+        for (int m = 0; m < nv; ++m) {
           char b[512];
           std::snprintf(
               b, sizeof b,
@@ -1023,8 +1054,8 @@ int main(int argc, char** argv) {
               "\"scaling_efficiency\": %.4f, \"cpu_cores_1\": %.3f, "
               "\"cpu_cores_2\": %.3f, \"refused\": %s, \"state_mib\": %.4f, "
               "\"working_mib\": %.4f, \"activations_mib\": %.4f, \"phase_split_2\": ",
-              first_mode ? "" : ",", name_of(modes[m]), one[m].samples_per_s, two[m].samples_per_s,
-              eff(one[m], two[m]), one[m].cpu_cores, two[m].cpu_cores,
+              first_mode ? "" : ",", vars[m].label.c_str(), one[m].samples_per_s,
+              two[m].samples_per_s, eff(one[m], two[m]), one[m].cpu_cores, two[m].cpu_cores,
               two[m].refused.empty() ? "false" : "true",
               (two[m].param_b + two[m].grad_b + two[m].state_b + two[m].working_b) / (1 << 20),
               two[m].working_b / (1 << 20), two[m].act_b / (1 << 20));
@@ -1048,11 +1079,11 @@ int main(int argc, char** argv) {
             .add("peak_pss_mib_rank0", pss[0])
             .add("peak_pss_mib_rank1", pss[1])
             .add("training_state_mib", state_mib);
-        for (int m = 0; m < kModes; ++m) {
-          if (!selected[m]) continue;
-          std::string key = std::string("pss_mib_") + name_of(modes[m]);
+        for (int m = 0; m < nv; ++m) {
+          std::string key = "pss_mib_" + vars[m].label;
           std::replace(key.begin(), key.end(), '-', '_');
-          js.add(key + "_rank0", modes_pss[m]).add(key + "_rank1", modes_pss[kModes + m]);
+          js.add(key + "_rank0", modes_pss[static_cast<std::size_t>(m)])
+              .add(key + "_rank1", modes_pss[static_cast<std::size_t>(nv + m)]);
         }
         js.write(a.json);
       }
