@@ -31,6 +31,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include <dtrain/core/error.hpp>
 
@@ -343,20 +344,29 @@ DTRAIN_CONV_ENTRIES(avx512, ConvTilesAvx512, __attribute__((target("avx512f,fma"
 #undef DTRAIN_CONV_ENTRIES
 #undef DTRAIN_CONV_INLINE
 
+// Only float has the x86 versions: double, the type of gradient checks, never takes the direct
+// kernel unless asked (ConvLowering::direct) and runs the portable one, which leaves two of the
+// six flattened instantiations out of every program that builds double models.
 template <class T>
 void conv_tiles(ConvIsa isa, const ConvTileCall<T>& a) {
 #if DTRAIN_CONV_DIRECT_X86
-  if (isa == ConvIsa::avx512) return conv_tiles_avx512(a);
-  if (isa == ConvIsa::avx2) return conv_tiles_avx2(a);
+  if constexpr (std::is_same_v<T, float>) {
+    if (isa == ConvIsa::avx512) return conv_tiles_avx512(a);
+    if (isa == ConvIsa::avx2) return conv_tiles_avx2(a);
+  }
 #endif
+  (void)isa;
   conv_tiles_portable(a);
 }
 template <class T>
 void conv_wgrad(ConvIsa isa, const ConvWgradCall<T>& a) {
 #if DTRAIN_CONV_DIRECT_X86
-  if (isa == ConvIsa::avx512) return conv_wgrad_avx512(a);
-  if (isa == ConvIsa::avx2) return conv_wgrad_avx2(a);
+  if constexpr (std::is_same_v<T, float>) {
+    if (isa == ConvIsa::avx512) return conv_wgrad_avx512(a);
+    if (isa == ConvIsa::avx2) return conv_wgrad_avx2(a);
+  }
 #endif
+  (void)isa;
   conv_wgrad_portable(a);
 }
 
