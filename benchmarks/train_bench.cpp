@@ -318,8 +318,6 @@ Result measure(Comm& comm, Exec& exec, BudgetAllocator& budget, dtrain::InMemory
   const std::size_t b = static_cast<std::size_t>(a.batch);
   dtrain::Loader loader(data, sampler, b, lopt);
   using Model = dtrain::BasicSequential<float, Exec>;
-  if constexpr (Exec::space != dtrain::Space::host)
-    if (mode == Mode::fully_sharded) return Result{};  // host memory only
   // Fully sharded: the model keeps its parts, the units are gathered by `fs`; otherwise the
   // gradient buckets of `sync_p`. Only the chosen optimizer exists, so its state alone counts in
   // the peak memory.

@@ -15,6 +15,10 @@
 //   one working buffer, the parts plus exactly two buffers of the largest unit; a model built
 //   with deferred arenas gives the same bits and its peak is that steady state (the whole arenas
 //   never exist), where a model built whole peaks at construction;
+// - on the emulated device (device memory the loopback transport cannot reach, staged through host
+//   buffers): the host replicated step's parameter, optimizer-state and loss bits at 1-4 ranks
+//   with 1, 2 and 3 buffers, deferred arenas, eager streams; accumulation and clipping to
+//   rounding;
 // - a saving visitor that does not take parts is refused; passes after the sync is gone throw.
 #include <doctest/doctest.h>
 
@@ -35,6 +39,7 @@
 #include <dtrain/optim/optim.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+#include "../support/emulated_device.hpp"
 #include "../support/memory_state.hpp"
 
 // The file's own namespace: test files are compiled together in unity batches.
@@ -515,6 +520,217 @@ TEST_CASE("fully sharded: a model over a rank's budget trains on 4 ranks, same l
   }
 }
 
+namespace {
+
+// The layers of the device runs: built-in layers only (the test's own layer reads its
+// parameters on the host), a residual block among them.
+std::vector<LayerSpec> device_layers() {
+  return {Linear(6, 24), Tanh(),        Residual{Linear(24, 24), Gelu()},
+          LayerNorm(24), Linear(24, 7), Relu(),
+          Linear(7, 3)};
+}
+
+struct DeviceConfig {
+  Config base;
+  bool deferred = false;  // the device model built with deferred_arenas
+  bool eager = false;     // the emulated device runs its streams eagerly
+};
+
+std::vector<float> floats_of(const std::vector<unsigned char>& b) {
+  std::vector<float> v(b.size() / sizeof(float));
+  if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
+  return v;
+}
+
+// One rank's steps on the policy `exec` (a model of Exec): replicated through GradientSync, or
+// fully sharded. Parameters (whole or this rank's parts), optimizer state and losses into `res`;
+// `download` brings exec memory to the host.
+template <class Exec, class Comm, class Download>
+void train_on(Exec& exec, Comm& comm, const DeviceConfig& dc, bool sharded, int rank,
+              RankResult& res, bool& staged, Download download) {
+  const Config& cfg = dc.base;
+  using Model = BasicSequential<float, Exec>;
+  const std::vector<LayerSpec> specs = device_layers();
+  std::unique_ptr<Model> model_p =
+      sharded && dc.deferred ? std::make_unique<Model>(std::vector<typename Model::entry_type>(
+                                                           specs.begin(), specs.end()),
+                                                       exec, deferred_arenas)
+                             : std::make_unique<Model>(specs, exec);
+  Model& model = *model_p;
+  if (!(sharded && dc.deferred)) model.init(11);
+  std::unique_ptr<FullyShardedSync<Model>> fs;
+  std::unique_ptr<BasicGradientSync<Exec>> sync;
+  if (sharded)
+    fs = std::make_unique<FullyShardedSync<Model>>(comm, model, cfg.fs);
+  else
+    sync = std::make_unique<BasicGradientSync<Exec>>(exec, comm, model.gradients(), 256);
+  if (sharded && dc.deferred) model.init(11);
+  staged = fs ? fs->staged() : sync->staged();
+  SgdOptions so;
+  so.momentum = 0.9;
+  so.weight_decay = 1e-3;
+  BasicAdamW<Exec> adamw(model, Schedule::constant(0.01));
+  BasicSgd<Exec> sgd(model, Schedule::constant(0.05), so);
+  std::vector<float> x, y;
+  for (int step = 0; step < cfg.steps; ++step) {
+    model.zero_grad();
+    double loss = 0;
+    for (int m = 0; m < cfg.micro; ++m) {
+      data(rank, step, m, x, y);
+      PassOptions pass;
+      pass.loss_scale = 1.0 / cfg.micro;
+      auto ready = [&](std::size_t o, std::size_t c) {
+        if (sync && m + 1 == cfg.micro) sync->ready(o, c);
+      };
+      loss += model.forward_backward(x.data(), y.data(), rows, Loss::mse, ready, pass);
+    }
+    res.losses.push_back(loss);
+    if (sharded) {
+      fs->wait();
+      if (cfg.clip > 0) res.norm = fs->clip_grad_norm(cfg.clip);
+    } else {
+      sync->wait();
+      if (cfg.clip > 0) {
+        GradNormClipper<Exec> clip(exec);
+        res.norm = clip(model.gradients(), cfg.clip);
+      }
+    }
+    if (cfg.adamw)
+      adamw.step();
+    else
+      sgd.step();
+  }
+  res.params = download(model.parameters());
+  auto keep = [&](auto& opt) {
+    opt.for_each_state_arena([&](BufferView v) {
+      const std::vector<float> f = download(v);
+      res.state.insert(res.state.end(), f.begin(), f.end());
+    });
+  };
+  if (cfg.adamw)
+    keep(adamw);
+  else
+    keep(sgd);
+  if (sharded) res.parts = model.arena_parts();
+}
+
+// Replicated on the host, or fully sharded on the emulated device, per rank.
+std::vector<RankResult> train_device(const DeviceConfig& dc, bool device,
+                                     std::vector<char>& staged) {
+  const Config& cfg = dc.base;
+  std::vector<RankResult> out(static_cast<std::size_t>(cfg.ranks));
+  staged.assign(static_cast<std::size_t>(cfg.ranks), 0);
+  run_loopback(cfg.ranks, [&](LoopbackTransport& t) {
+    CommConfig c;
+    c.timeout_s = 60;
+    c.reproducible = cfg.reproducible;
+    Communicator comm(t, c);
+    const auto r = static_cast<std::size_t>(t.rank());
+    bool st = false;
+    if (device) {
+      test::EmulatedDevice::Options o;
+      o.lazy = !dc.eager;
+      test::EmulatedDevice dev(o);
+      train_on(dev, comm, dc, true, t.rank(), out[r], st,
+               [&](BufferView v) { return floats_of(test::bytes_of(dev, v)); });
+    } else {
+      HostExec host;
+      train_on(host, comm, dc, false, t.rank(), out[r], st,
+               [&](BufferView v) { return floats_of(test::bytes_of(v)); });
+    }
+    staged[r] = st;
+  });
+  return out;
+}
+
+// The device run's parts against the host replicated run: the same bits (exact), or within
+// rounding (tolerance > 0: accumulation, clipping).
+void check_device(const DeviceConfig& dc, float tolerance = 0) {
+  std::vector<char> host_staged, device_staged;
+  const auto ref = train_device(dc, false, host_staged);
+  const auto dev = train_device(dc, true, device_staged);
+  const std::size_t n = ref[0].params.size();
+  std::size_t held = 0;
+  for (int r = 0; r < dc.base.ranks; ++r) {
+    CAPTURE(r);
+    const auto& a = ref[static_cast<std::size_t>(r)];
+    const auto& b = dev[static_cast<std::size_t>(r)];
+    // The loopback transport reaches host memory only: more than one rank stages.
+    CHECK(static_cast<bool>(device_staged[static_cast<std::size_t>(r)]) == (dc.base.ranks > 1));
+    const auto want = pick(a.params, b.parts);
+    const auto want_state = pick_state(a.state, n, b.parts);
+    REQUIRE(want.size() == b.params.size());
+    REQUIRE(want_state.size() == b.state.size());
+    if (tolerance == 0) {
+      CHECK(std::memcmp(want.data(), b.params.data(), want.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(want_state.data(), b.state.data(), want_state.size() * sizeof(float)) == 0);
+      CHECK(a.losses == b.losses);
+    } else {
+      for (std::size_t i = 0; i < want.size(); ++i)
+        REQUIRE(std::fabs(want[i] - b.params[i]) <= tolerance * (1 + std::fabs(want[i])));
+    }
+    if (dc.base.clip > 0) {
+      CHECK(a.norm > dc.base.clip);  // the clipping ran
+      CHECK(std::fabs(a.norm - b.norm) <= 1e-9 * a.norm + 1e-12);
+    }
+    held += b.params.size();
+  }
+  CHECK(held == n);
+}
+
+}  // namespace
+
+TEST_CASE("fully sharded on the emulated device gives the host replicated step's bits") {
+  for (int p = 1; p <= 4; ++p) {
+    for (int buffers : {1, 2}) {
+      for (bool adamw : {true, false}) {
+        CAPTURE(p);
+        CAPTURE(buffers);
+        CAPTURE(adamw);
+        DeviceConfig dc;
+        dc.base.ranks = p;
+        dc.base.adamw = adamw;
+        dc.base.fs.buffers = buffers;
+        check_device(dc);
+      }
+    }
+  }
+  {  // 3 buffers, units of about 2 KiB, deferred arenas, eager streams
+    DeviceConfig dc;
+    dc.base.ranks = 3;
+    dc.base.fs.buffers = 3;
+    dc.base.fs.unit_bytes = 2048;
+    dc.deferred = true;
+    dc.eager = true;
+    check_device(dc);
+  }
+  {  // one buffer, no prefetch, deferred arenas, 4 ranks
+    DeviceConfig dc;
+    dc.base.ranks = 4;
+    dc.base.fs.buffers = 1;
+    dc.base.fs.prefetch = false;
+    dc.deferred = true;
+    check_device(dc);
+  }
+}
+
+TEST_CASE("fully sharded on the emulated device: accumulation and clipping to rounding") {
+  for (int buffers : {1, 2}) {
+    for (int variant = 0; variant < 2; ++variant) {
+      CAPTURE(buffers);
+      CAPTURE(variant);
+      DeviceConfig dc;
+      dc.base.ranks = 3;
+      dc.base.fs.buffers = buffers;
+      if (variant == 0)
+        dc.base.micro = 2;
+      else
+        dc.base.clip = 0.05;
+      check_device(dc, 1e-5f);
+    }
+  }
+}
+
 TEST_CASE("fully sharded: refused visitors and a sync that is gone") {
   run_loopback(2, [&](LoopbackTransport& t) {
     Communicator comm(t);
@@ -529,7 +745,8 @@ TEST_CASE("fully sharded: refused visitors and a sync that is gone") {
       model.zero_grad();
       model.forward_backward(x.data(), y.data(), rows, Loss::mse);
       fs.wait();
-      CHECK_THROWS_AS(fs.wait(), InvalidArgument);  // no backward since
+      CHECK_THROWS_WITH_AS(fs.wait(), doctest::Contains("no backward pass since the last step"),
+                           InvalidArgument);
     }
     CHECK_THROWS_AS(model.forward(x.data(), rows), InvalidArgument);
   });

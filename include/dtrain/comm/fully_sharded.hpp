@@ -4,7 +4,8 @@
 // its backward its parameters are all-gathered into a working buffer, and its gradients are
 // reduce-scattered into this rank's part as soon as its backward is queued. With two or three
 // working buffers the next unit's all-gather runs while the current one computes; with one, a
-// rank holds its parts and the working set of one unit only.
+// rank holds its parts and the working set of one unit only. Device memory that the communicator
+// cannot reduce is staged through host buffers, as GradientSync stages its buckets.
 #pragma once
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 
 #include <dtrain/comm/collective_handle.hpp>
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/state.hpp>
@@ -89,8 +91,8 @@ struct PlannedUnits final : UnitCollectives {
 };
 }  // namespace detail
 
-/// Fully sharded data parallelism over a Sequential model (BasicSequential<T, Exec> with host
-/// memory): each rank holds 1/p of every unit's parameters and gradients (the model's arenas
+/// Fully sharded data parallelism over a Sequential model (BasicSequential<T, Exec>, host or
+/// device memory): each rank holds 1/p of every unit's parameters and gradients (the model's arenas
 /// become those parts, Sequential::shard_parameters) and an optimizer made from the model
 /// afterwards holds the state of those parts only. A unit is a run of consecutive layers
 /// (FullyShardedOptions). Before a unit's forward and again before its backward its parameters
@@ -103,6 +105,15 @@ struct PlannedUnits final : UnitCollectives {
 /// in backward; collectives run on the communicator's progress machinery as every non-blocking
 /// collective does. On one rank the units are the model's own arenas: nothing is gathered,
 /// copied or reduced.
+///
+/// Device memory (a GPU policy, or a test's emulated device) that the communicator does not
+/// reduce itself (`reduces_device_memory()`, as for GradientSync) is staged: the collectives run
+/// on host buffers (from the policy's host allocator) of the same sizes as the working buffers,
+/// plus a host copy of this rank's parameter parts (refreshed at each forward's start, after an
+/// update and after init or restore) and of its gradient parts. A unit's gathered parameters are
+/// copied to its device working buffer on the compute stream before its kernels; after its
+/// backward its gradient buffer is copied to the host on the compute stream, reduce-scattered
+/// on the host, and the result copied into the device gradient part on the compute stream.
 ///
 /// The step: model.zero_grad(); model.forward_backward(...) (one or several micro-batches);
 /// sync.wait(optimizer) (the gradients complete, optionally clipped to a global norm, each part
@@ -126,16 +137,12 @@ class FullyShardedSync final : public UnitProvider {
   /// rank, e.g. init with the same seed): frees its whole arenas and keeps this rank's parts. A
   /// model built with `deferred_arenas` has no whole arenas: its parts are made here, zero, and
   /// its init(seed) comes after (the whole parameters and gradients never exist on one rank).
-  /// Throws InvalidArgument for device memory, bad unit starts or a buffer count other than 1,
-  /// 2 or 3.
+  /// Throws InvalidArgument for bad unit starts or a buffer count other than 1, 2 or 3.
   template <class Transport>
   FullyShardedSync(Communicator<Transport>& comm, Model& model, FullyShardedOptions options = {})
       : model_(&model), exec_(&model.exec()), options_(std::move(options)) {
     using T = value_type;
     constexpr const char* op = "FullyShardedSync";
-    DTRAIN_REQUIRE(exec_type::space == Space::host, op,
-                   "fully sharded training needs host memory (the model runs on "
-                       << name_of(exec_type::space) << " memory)");
     DTRAIN_REQUIRE(options_.buffers >= 1 && options_.buffers <= 3, op,
                    "buffers must be 1, 2 or 3, got " << options_.buffers);
     rank_ = comm.rank();
@@ -167,15 +174,32 @@ class FullyShardedSync final : public UnitProvider {
       collectives_ = std::move(planned);
       return;
     }
+    staged_ = exec_type::space != Space::host && !detail::reduces_device_memory(comm);
     Allocator& a = exec_->allocator();
+    Allocator& h = exec_->host_allocator();
     const auto big = static_cast<std::int64_t>(std::max<std::size_t>(largest_, 1));
     slots_.resize(static_cast<std::size_t>(options_.buffers));
-    for (Slot& s : slots_) s.buffer = Tensor({big}, dtype_of_v<T>, a);
+    for (Slot& s : slots_) {
+      s.buffer = Tensor({big}, dtype_of_v<T>, a);
+      if (staged_) s.host = Tensor({big}, dtype_of_v<T>, h);
+    }
     // Two gradient buffers let a unit's reduce-scatter run while the unit before it computes
     // its backward; one (the memory-tight mode) makes that backward wait for it.
     grad_slots_.resize(options_.buffers == 1 ? 1 : 2);
-    for (GradSlot& g : grad_slots_) g.buffer = Tensor({big}, dtype_of_v<T>, a);
-    const BufferView params = model.parameters(), grads = model.gradients();
+    for (GradSlot& g : grad_slots_) {
+      g.buffer = Tensor({big}, dtype_of_v<T>, a);
+      if (staged_) g.host = Tensor({big}, dtype_of_v<T>, h);
+    }
+    BufferView params = model.parameters(), grads = model.gradients();
+    if (staged_) {
+      // The collectives' side of this rank's parts: the gathers send from a host copy of the
+      // parameter parts, the reduce-scatters deliver into a host copy of the gradient parts.
+      const auto held = static_cast<std::int64_t>(std::max<std::size_t>(at, 1));
+      param_mirror_ = Tensor({held}, dtype_of_v<T>, h);
+      grad_mirror_ = Tensor({held}, dtype_of_v<T>, h);
+      params = param_mirror_.view();
+      grads = grad_mirror_.view();
+    }
     bool first = true;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       planned->index.push_back(planned->gathers.size());
@@ -186,10 +210,9 @@ class FullyShardedSync final : public UnitProvider {
       const BufferView gpart = grads.slice(starts_[u], parts_[u].second);
       // The first gather of a pass checks the call fingerprints (a rank out of step); the rest
       // follow it in a fixed order.
-      planned->gathers.push_back(
-          comm.plan_allgather(part, slots_[k].buffer.view().slice(0, c), first));
-      planned->scatters.push_back(comm.plan_reduce_scatter(grad_slots_[g].buffer.view().slice(0, c),
-                                                           gpart, ReduceOp::avg, false));
+      planned->gathers.push_back(comm.plan_allgather(part, slots_[k].wire().slice(0, c), first));
+      planned->scatters.push_back(
+          comm.plan_reduce_scatter(grad_slots_[g].wire().slice(0, c), gpart, ReduceOp::avg, false));
       first = false;
     }
     collectives_ = std::move(planned);
@@ -202,6 +225,11 @@ class FullyShardedSync final : public UnitProvider {
     model_->detach_provider(this);
     for (Slot& s : slots_) finish_quietly(s.pending);
     for (GradSlot& g : grad_slots_) finish_quietly(g.pending);
+    // Copies queued on the compute stream may still read or write the buffers freed next.
+    try {
+      exec_->synchronize(exec_->compute_stream(), Deadline(exec_timeout_s()));
+    } catch (...) {  // a device error was already reported to the waits that saw it
+    }
   }
 
   // ---- UnitProvider (called by the model) --------------------------------------------------
@@ -218,6 +246,12 @@ class FullyShardedSync final : public UnitProvider {
     Slot& s = slot_of(u);
     if (s.unit != u) start_gather(u);
     if (s.pending.valid()) s.pending.wait();
+    if (staged_ && !s.uploaded) {
+      // The gathered unit, to the device buffer ahead of the unit's kernels (stream order).
+      exec_->copy_h2d(exec_->compute_stream(), s.buffer.raw(), s.host.raw(),
+                      units_[u].count * sizeof(value_type));
+      s.uploaded = true;
+    }
     if (options_.prefetch)
       for (int d = 1; d < options_.buffers; ++d) {
         const std::size_t v = backward ? u - static_cast<std::size_t>(d) : u + d;
@@ -244,7 +278,11 @@ class FullyShardedSync final : public UnitProvider {
       return;
     }
     GradSlot& g = grad_slots_[u % grad_slots_.size()];
-    // The gradients are read by the progress thread: the kernels that write them ran.
+    if (staged_)
+      exec_->copy_d2h(exec_->compute_stream(), g.host.raw(), g.buffer.raw(),
+                      units_[u].count * sizeof(value_type));
+    // The gradients (or their host copy) are read by the progress thread: the kernels that
+    // write them ran.
     exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
                      "FullyShardedSync (gradients of a unit)");
     const bool accumulate = !fresh_[u];
@@ -285,9 +323,9 @@ class FullyShardedSync final : public UnitProvider {
     std::fill(reduced_.begin(), reduced_.end(), 0);
     primed_ = false;
     if (first) std::rethrow_exception(first);
-    DTRAIN_REQUIRE(
-        any && all, "FullyShardedSync::wait",
-        any ? "a backward pass did not reach every unit" : "no backward pass since the last step");
+    DTRAIN_REQUIRE(any && all, "FullyShardedSync::wait",
+                   (any ? "a backward pass did not reach every unit"
+                        : "no backward pass since the last step"));
   }
 
   /// wait(), then (with FullyShardedOptions::max_grad_norm) the global-norm clipping, then
@@ -325,9 +363,18 @@ class FullyShardedSync final : public UnitProvider {
     const BufferView g = model_->gradients();
     double local = 0;
     if (g.count) {
-      exec_->sum_squares(exec_->compute_stream(), static_cast<const T*>(g.data), g.count, &local);
-      exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
-                       "FullyShardedSync::clip_grad_norm");
+      // The sum lands in exec memory and comes back through a host slot (a device's kernels
+      // cannot write host memory); both made at the first clipping.
+      if (!norm_exec_.size()) {
+        norm_exec_ = Tensor({1}, DType::f64, exec_->allocator());
+        norm_host_ = Tensor({1}, DType::f64, exec_->host_allocator());
+      }
+      const auto s = exec_->compute_stream();
+      exec_->sum_squares(s, static_cast<const T*>(g.data), g.count,
+                         static_cast<double*>(norm_exec_.raw()));
+      exec_->copy_d2h(s, norm_host_.raw(), norm_exec_.raw(), sizeof(double));
+      exec_synchronize(*exec_, s, exec_timeout_s(), "FullyShardedSync::clip_grad_norm");
+      local = *static_cast<const double*>(norm_host_.raw());
     }
     const double norm = std::sqrt(collectives_->sum(local));
     last_norm_ = norm;
@@ -349,16 +396,27 @@ class FullyShardedSync final : public UnitProvider {
   std::size_t largest_unit() const noexcept { return largest_; }
   /// Elements of this rank's parts together (of each of parameters, gradients, optimizer state).
   std::size_t held_elements() const noexcept { return model_->parameters().count; }
-  /// Bytes of the working buffers: `buffers` for parameters and two for gradients (one with
-  /// `buffers` = 1), each of the largest unit, and, once gradients were accumulated over several
-  /// backward passes, a scratch part per gradient buffer (none on one rank, where the layers
-  /// work in the model's arenas).
+  /// Bytes of the working buffers (exec memory): `buffers` for parameters and two for gradients
+  /// (one with `buffers` = 1), each of the largest unit, and, once gradients were accumulated
+  /// over several backward passes, a scratch part per gradient buffer (none on one rank, where
+  /// the layers work in the model's arenas).
   std::size_t working_bytes() const noexcept {
     std::size_t b = 0;
     for (const Slot& s : slots_) b += s.buffer.bytes();
     for (const GradSlot& g : grad_slots_) b += g.buffer.bytes() + g.scratch.bytes();
     return b;
   }
+  /// Bytes of the host staging of device memory (0 unless staged()): a host twin of every
+  /// working buffer and of the scratch parts, and host copies of this rank's parameter and
+  /// gradient parts.
+  std::size_t staging_bytes() const noexcept {
+    std::size_t b = param_mirror_.bytes() + grad_mirror_.bytes();
+    for (const Slot& s : slots_) b += s.host.bytes();
+    for (const GradSlot& g : grad_slots_) b += g.host.bytes() + g.scratch_host.bytes();
+    return b;
+  }
+  /// Whether the collectives run on host copies of device memory (see the class comment).
+  bool staged() const noexcept { return staged_; }
   /// Elements all-gathered and reduce-scattered so far (whole units; each rank sends and
   /// receives (p-1)/p of them): against an all-reduce's 2 per element and step, 3 when each
   /// unit is gathered twice.
@@ -367,16 +425,23 @@ class FullyShardedSync final : public UnitProvider {
   std::uint64_t gathers() const noexcept { return gathers_; }
 
  private:
+  // A working buffer (exec memory) and, when staged, its host twin that the collective uses.
   struct Slot {
-    Tensor buffer;
+    Tensor buffer, host;
     std::size_t unit = npos;
+    bool uploaded = false;  // staged: the gathered unit was copied to the buffer
     CollectiveHandle pending;
+    BufferView wire() const { return host.size() ? host.view() : buffer.view(); }
   };
   struct GradSlot {
-    Tensor buffer, scratch;
+    Tensor buffer, host, scratch, scratch_host;
     std::size_t unit = npos;
     bool accumulate = false;
     CollectiveHandle pending;
+    BufferView wire() const { return host.size() ? host.view() : buffer.view(); }
+    BufferView scratch_wire() const {
+      return scratch_host.size() ? scratch_host.view() : scratch.view();
+    }
   };
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
@@ -388,13 +453,17 @@ class FullyShardedSync final : public UnitProvider {
     if (scratch_made_) return;
     Allocator& a = exec_->allocator();
     const auto small = static_cast<std::int64_t>(std::max<std::size_t>(largest_part_, 1));
-    for (GradSlot& g : grad_slots_) g.scratch = Tensor({small}, dtype_of_v<value_type>, a);
+    for (GradSlot& g : grad_slots_) {
+      g.scratch = Tensor({small}, dtype_of_v<value_type>, a);
+      if (staged_)
+        g.scratch_host = Tensor({small}, dtype_of_v<value_type>, exec_->host_allocator());
+    }
     std::vector<std::pair<BufferView, BufferView>> io;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (units_[u].count == 0) continue;
       GradSlot& g = grad_slots_[u % grad_slots_.size()];
-      io.emplace_back(g.buffer.view().slice(0, units_[u].count),
-                      g.scratch.view().slice(0, parts_[u].second));
+      io.emplace_back(g.wire().slice(0, units_[u].count),
+                      g.scratch_wire().slice(0, parts_[u].second));
     }
     collectives_->plan_accumulating(io);
     scratch_made_ = true;
@@ -407,6 +476,7 @@ class FullyShardedSync final : public UnitProvider {
     exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
                      "FullyShardedSync (a working buffer)");
     s.unit = u;
+    s.uploaded = false;
     s.pending = collectives_->gather(u);
     traffic_ += units_[u].count;
     ++gathers_;
@@ -422,6 +492,15 @@ class FullyShardedSync final : public UnitProvider {
       s.unit = npos;
     }
     if (first) std::rethrow_exception(first);
+    if (staged_ && !parts_.empty()) {
+      // The gathers send the host copy of the parts: brought up to date with the device's.
+      const BufferView p = model_->parameters();
+      if (p.count) {
+        exec_->copy_d2h(exec_->compute_stream(), param_mirror_.raw(), p.data, p.bytes());
+        exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
+                         "FullyShardedSync (the parameter parts to the host)");
+      }
+    }
   }
   // Completes the slot's reduce-scatter; an accumulating one is added into this rank's part.
   void finish_scatter(GradSlot& g) {
@@ -429,11 +508,20 @@ class FullyShardedSync final : public UnitProvider {
     const std::size_t u = g.unit;
     g.unit = npos;
     g.pending.wait();
-    if (!g.accumulate) return;
     const BufferView grads = model_->gradients();
-    exec_->reduce_into(exec_->compute_stream(), ReduceOp::sum,
-                       grads.slice(starts_[u], parts_[u].second),
-                       g.scratch.view().slice(0, parts_[u].second));
+    const std::size_t n = parts_[u].second;
+    const auto s = exec_->compute_stream();
+    if (!g.accumulate) {
+      // Staged: the averaged part, from its host copy into the device gradients.
+      if (staged_ && n)
+        exec_->copy_h2d(s, static_cast<value_type*>(grads.data) + starts_[u],
+                        static_cast<const value_type*>(grad_mirror_.raw()) + starts_[u],
+                        n * sizeof(value_type));
+      return;
+    }
+    if (staged_ && n)
+      exec_->copy_h2d(s, g.scratch.raw(), g.scratch_host.raw(), n * sizeof(value_type));
+    exec_->reduce_into(s, ReduceOp::sum, grads.slice(starts_[u], n), g.scratch.view().slice(0, n));
   }
   static void finish_quietly(CollectiveHandle& h) noexcept {
     try {
@@ -460,6 +548,9 @@ class FullyShardedSync final : public UnitProvider {
   bool primed_ = false;        // the buffers hold what wait(optimizer) gathered after its update
   bool direct_ = false;        // one rank: the units are the model's own arenas
   bool scratch_made_ = false;  // make_scratch
+  bool staged_ = false;        // device memory through host copies (see the class comment)
+  Tensor param_mirror_, grad_mirror_;  // staged: host copies of this rank's parts
+  Tensor norm_exec_, norm_host_;       // clip_grad_norm's sum of squares and its host copy
   double last_norm_ = 0;
   std::uint64_t traffic_ = 0, gathers_ = 0;
 };
