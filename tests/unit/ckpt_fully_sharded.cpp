@@ -1,7 +1,8 @@
 // Checkpoints of fully sharded training (FullyShardedSync) over thread ranks: each rank saves
 // its parts of the parameters and of AdamW's moments into the datasets a replicated run writes,
 // so a replicated run resumes from a fully sharded run's file and the reverse, bit for bit in
-// reproducible mode, and a fully sharded run on another number of ranks reads it too.
+// reproducible mode, and a fully sharded run on another number of ranks reads it too, a model
+// built with deferred arenas (whose whole arenas never exist) as well.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -48,10 +49,11 @@ struct Outcome {
   std::optional<std::int64_t> restored;
 };
 
-// Steps [first, 6] of a run on `p` ranks, fully sharded or not; restores from `from` first when
-// given, saves after step 3 into `to` when given.
+// Steps [first, 6] of a run on `p` ranks, fully sharded or not (with `deferred`, the model built
+// with deferred arenas); restores from `from` first when given, saves after step 3 into `to` when
+// given.
 std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std::string& to,
-                         RestoreStrategy restore = RestoreStrategy::rank0) {
+                         RestoreStrategy restore = RestoreStrategy::rank0, bool deferred = false) {
   std::vector<Outcome> out(static_cast<std::size_t>(p));
   run_loopback(p, [&](LoopbackTransport& t) {
     CommConfig c;
@@ -59,14 +61,18 @@ std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std
     c.timeout_s = 60;
     LoopComm comm(t, c);
     Outcome& o = out[static_cast<std::size_t>(t.rank())];
-    Sequential model(layers());
-    model.init(5);
+    std::unique_ptr<Sequential> model_p =
+        deferred ? std::make_unique<Sequential>(layers(), default_allocator(), deferred_arenas)
+                 : std::make_unique<Sequential>(layers());
+    Sequential& model = *model_p;
+    if (!deferred) model.init(5);
     std::unique_ptr<FullyShardedSync<Sequential>> fsync;
     std::unique_ptr<GradientSync> sync;
     if (sharded)
       fsync = std::make_unique<FullyShardedSync<Sequential>>(comm, model);
     else
       sync = std::make_unique<GradientSync>(comm, model.gradients(), 512);
+    if (deferred) model.init(5);
     AdamW opt(model, Schedule::constant(0.02));
     std::int64_t step = 0;
     if (!from.empty()) {
@@ -147,6 +153,14 @@ TEST_CASE("fully sharded checkpoints: replicated and fully sharded runs resume f
   const auto three_sharded = run(3, true, sharded_dir, "");
   for (const auto& o : three_sharded)
     CHECK(same_bits(o.params, pick(three_plain[0].params, o.parts)));
+  // A model built with deferred arenas: the same steps from scratch, and the same resumption.
+  const auto lean = run(2, true, "", "", RestoreStrategy::rank0, true);
+  for (const auto& o : lean) CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
+  const auto lean_three = run(3, true, sharded_dir, "", RestoreStrategy::rank0, true);
+  for (const auto& o : lean_three) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
+    CHECK(same_bits(o.params, pick(three_plain[0].params, o.parts)));
+  }
   for (const auto& d : {sharded_dir, plain_dir}) fs::remove_all(d);
 }
 
