@@ -32,6 +32,13 @@ float value(std::uint64_t seed, std::size_t i) {
   return static_cast<float>(static_cast<double>(s % 1000003) / 500001.0 - 1.0);
 }
 
+// Rank `rank`'s inputs and labels at `step`.
+void make_batch(int rank, int step, std::vector<float>& x, std::vector<std::int32_t>& y) {
+  const std::uint64_t seed = static_cast<std::uint64_t>(rank * 100 + step);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(seed, i);
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>((seed + i) % 4);
+}
+
 // Parameters after 3 steps: whole (replicated) or this rank's parts (fully sharded).
 std::vector<float> train(Communicator<MpiTransport>& comm, bool sharded, bool heap, int buffers,
                          StateParts& parts) {
@@ -51,9 +58,7 @@ std::vector<float> train(Communicator<MpiTransport>& comm, bool sharded, bool he
   std::vector<float> x(rows * 12);
   std::vector<std::int32_t> y(rows);
   for (int step = 0; step < 3; ++step) {
-    const std::uint64_t seed = static_cast<std::uint64_t>(comm.rank() * 100 + step);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(seed, i);
-    for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>((seed + i) % 4);
+    make_batch(comm.rank(), step, x, y);
     model.zero_grad();
     if (sharded) {
       model.forward_backward(x.data(), y.data(), rows);
@@ -87,9 +92,7 @@ std::vector<float> train_device(Communicator<MpiTransport>& comm, int buffers, S
   std::vector<float> x(rows * 12);
   std::vector<std::int32_t> y(rows);
   for (int step = 0; step < 3; ++step) {
-    const std::uint64_t seed = static_cast<std::uint64_t>(comm.rank() * 100 + step);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(seed, i);
-    for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>((seed + i) % 4);
+    make_batch(comm.rank(), step, x, y);
     model.zero_grad();
     model.forward_backward(x.data(), y.data(), rows);
     fs.wait(opt);
