@@ -23,19 +23,17 @@
 #include <dtrain/optim/optim.hpp>
 #include <dtrain/transports/mpi.hpp>
 
+#include "../support/fully_sharded.hpp"
+
 namespace dtrain_test_ckpt_fully_sharded_mpi {
 
 using namespace dtrain;
+using test::pick;
+using test::same_bits;
 namespace fs = std::filesystem;
 using MpiComm = Communicator<MpiTransport>;
 
 namespace {
-
-float value(std::uint64_t seed, std::size_t i) {
-  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
-  s ^= s >> 31, s *= 0x94D049BB133111EBull, s ^= s >> 29;
-  return static_cast<float>(static_cast<double>(s % 1000003) / 500001.0 - 1.0);
-}
 
 std::string shared_dir(MpiComm& comm, const std::string& tag) {
   char buf[256] = {};
@@ -75,34 +73,15 @@ std::vector<float> run(MpiComm& comm, bool sharded, CheckpointStrategy strategy,
   std::vector<float> x(rows * 7), y(rows * 3);
   for (; step < 5; ++step) {
     const std::uint64_t seed = static_cast<std::uint64_t>(comm.rank() * 100 + step);
-    for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(seed, i);
-    for (std::size_t i = 0; i < y.size(); ++i) y[i] = value(seed + 50, i);
-    model.zero_grad();
-    if (sharded) {
-      model.forward_backward(x.data(), y.data(), rows, Loss::mse);
-      fsync->wait(opt);
-    } else {
-      model.forward_backward(x.data(), y.data(), rows, Loss::mse, *sync);
-      sync->wait();
-      opt.step();
-    }
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = test::hashed_value(seed, i);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] = test::hashed_value(seed + 50, i);
+    test::fully_sharded_or_replicated_step(model, x.data(), y.data(), rows, Loss::mse, fsync.get(),
+                                           sync.get(), opt);
     if (out && step + 1 == 2) out->save(2, named("model", model), named("optimizer", opt));
   }
   parts = model.arena_parts();
   const auto v = model.parameter_span();
   return std::vector<float>(v.begin(), v.end());
-}
-
-std::vector<float> pick(const std::vector<float>& whole, const StateParts& parts) {
-  std::vector<float> v;
-  for (const auto& [first, count] : parts)
-    v.insert(v.end(), whole.begin() + static_cast<std::ptrdiff_t>(first),
-             whole.begin() + static_cast<std::ptrdiff_t>(first + count));
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <dtrain/transports/mpi.hpp>
 
 #include "../support/emulated_device.hpp"
+#include "../support/fully_sharded.hpp"
 
 namespace dtrain_test_comm_fully_sharded_mpi {
 
@@ -26,16 +27,10 @@ using namespace dtrain;
 
 namespace {
 
-float value(std::uint64_t seed, std::size_t i) {
-  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
-  s ^= s >> 31, s *= 0x94D049BB133111EBull, s ^= s >> 29;
-  return static_cast<float>(static_cast<double>(s % 1000003) / 500001.0 - 1.0);
-}
-
 // Rank `rank`'s inputs and labels at `step`.
 void make_batch(int rank, int step, std::vector<float>& x, std::vector<std::int32_t>& y) {
   const std::uint64_t seed = static_cast<std::uint64_t>(rank * 100 + step);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(seed, i);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = test::hashed_value(seed, i);
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<std::int32_t>((seed + i) % 4);
 }
 
@@ -59,15 +54,8 @@ std::vector<float> train(Communicator<MpiTransport>& comm, bool sharded, bool he
   std::vector<std::int32_t> y(rows);
   for (int step = 0; step < 3; ++step) {
     make_batch(comm.rank(), step, x, y);
-    model.zero_grad();
-    if (sharded) {
-      model.forward_backward(x.data(), y.data(), rows);
-      fs->wait(opt);
-    } else {
-      model.forward_backward(x.data(), y.data(), rows, Loss::softmax_cross_entropy, *sync);
-      sync->wait();
-      opt.step();
-    }
+    test::fully_sharded_or_replicated_step(model, x.data(), y.data(), rows,
+                                           Loss::softmax_cross_entropy, fs.get(), sync.get(), opt);
   }
   parts = model.arena_parts();
   const auto v = model.parameter_span();

@@ -23,9 +23,13 @@
 #include <dtrain/optim/optim.hpp>
 #include <dtrain/transports/loopback.hpp>
 
+#include "../support/fully_sharded.hpp"
+
 namespace dtrain_test_ckpt_fully_sharded {
 
 using namespace dtrain;
+using test::pick;
+using test::same_bits;
 namespace fs = std::filesystem;
 using LoopComm = Communicator<LoopbackTransport>;
 
@@ -35,12 +39,6 @@ constexpr std::int64_t rows = 4;
 
 std::vector<Sequential::entry_type> layers() {
   return {Linear(5, 16), Tanh(), LayerNorm(16), Linear(16, 9), Relu(), Linear(9, 2)};
-}
-
-float value(std::uint64_t seed, std::size_t i) {
-  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull + 1;
-  s ^= s >> 31, s *= 0x94D049BB133111EBull, s ^= s >> 29;
-  return static_cast<float>(static_cast<double>(s % 1000003) / 500001.0 - 1.0);
 }
 
 struct Outcome {
@@ -87,17 +85,10 @@ std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std
     std::vector<float> x(rows * 5), y(rows * 2);
     for (; step < 6; ++step) {
       const std::uint64_t seed = static_cast<std::uint64_t>(t.rank() * 100 + step);
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = value(seed, i);
-      for (std::size_t i = 0; i < y.size(); ++i) y[i] = value(seed + 50, i);
-      model.zero_grad();
-      if (sharded) {
-        model.forward_backward(x.data(), y.data(), rows, Loss::mse);
-        fsync->wait(opt);
-      } else {
-        model.forward_backward(x.data(), y.data(), rows, Loss::mse, *sync);
-        sync->wait();
-        opt.step();
-      }
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = test::hashed_value(seed, i);
+      for (std::size_t i = 0; i < y.size(); ++i) y[i] = test::hashed_value(seed + 50, i);
+      test::fully_sharded_or_replicated_step(model, x.data(), y.data(), rows, Loss::mse,
+                                             fsync.get(), sync.get(), opt);
       if (ckpt && step + 1 == 3) ckpt->save(3, named("model", model), named("optimizer", opt));
     }
     const auto v = model.parameter_span();
@@ -105,18 +96,6 @@ std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std
     o.parts = model.arena_parts();
   });
   return out;
-}
-
-std::vector<float> pick(const std::vector<float>& whole, const StateParts& parts) {
-  std::vector<float> v;
-  for (const auto& [first, count] : parts)
-    v.insert(v.end(), whole.begin() + static_cast<std::ptrdiff_t>(first),
-             whole.begin() + static_cast<std::ptrdiff_t>(first + count));
-  return v;
-}
-
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 }  // namespace

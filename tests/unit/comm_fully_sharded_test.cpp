@@ -40,12 +40,14 @@
 #include <dtrain/transports/loopback.hpp>
 
 #include "../support/emulated_device.hpp"
+#include "../support/fully_sharded.hpp"
 #include "../support/memory_state.hpp"
 
 // The file's own namespace: test files are compiled together in unity batches.
 namespace dtrain_test_comm_fully_sharded_test {
 
 using namespace dtrain;
+using test::pick;
 
 namespace {
 
@@ -256,15 +258,6 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
     }
   });
   return out;
-}
-
-// The replicated arena's elements at the sharded rank's parts, back to back.
-std::vector<float> pick(const std::vector<float>& whole, const StateParts& parts) {
-  std::vector<float> v;
-  for (const auto& [first, count] : parts)
-    v.insert(v.end(), whole.begin() + static_cast<std::ptrdiff_t>(first),
-             whole.begin() + static_cast<std::ptrdiff_t>(first + count));
-  return v;
 }
 
 // The state arenas are back to back: pick each arena's parts.
