@@ -49,6 +49,7 @@ class AnyTransport {
     virtual SharedSegments* node_segments() noexcept = 0;
     virtual const NodeMap& node_map() const = 0;
     virtual bool allows_progress_thread() const = 0;
+    virtual void progress() noexcept = 0;
     virtual TransportCapabilities capabilities() const = 0;
     virtual bool supports_channels() const = 0;
     virtual void* bind(bool send, int peer, int id, const MemoryRegion& m, std::size_t offset,
@@ -89,6 +90,7 @@ class AnyTransport {
     bool allows_progress_thread() const override {
       return detail::transport_allows_progress_thread(*transport_);
     }
+    void progress() noexcept override { transport_progress(*transport_); }
     TransportCapabilities capabilities() const override { return capabilities_of(*transport_); }
     bool supports_channels() const override { return channels_available(*transport_); }
     void* bind(bool send, int peer, int id, const MemoryRegion& m, std::size_t offset,
@@ -203,6 +205,8 @@ class AnyTransport {
   SharedSegments* node_segments() noexcept { return impl_->node_segments(); }
   const NodeMap& node_map() const { return impl_->node_map(); }
   bool allows_progress_thread() const { return impl_->allows_progress_thread(); }
+  /// The wrapped transport's progress() (nothing where it has none). Local, never throws.
+  void progress() noexcept { impl_->progress(); }
   /// The wrapped transport's capabilities.
   TransportCapabilities capabilities() const { return impl_->capabilities(); }
   /// Whether the wrapped transport has persistent channels (bind_* throw InvalidArgument if not).

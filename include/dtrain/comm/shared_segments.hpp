@@ -1,11 +1,15 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dtrain: node-shared memory segments, an optional transport capability.
 //
-// Detected member (a transport without it has none):
+// Detected members (a transport without them has no segments / needs no progress calls):
 //   SharedSegments* shared_segments() noexcept;   null when the ranks do not share a node
+//   void progress() noexcept;                     advances the transfers this rank owes peers
 // The shm all-reduce (comm/detail/algo/shm.hpp) and the node-local steps of the hierarchical
 // ones exchange data through them by loads and stores instead of messages. Their sizing is
-// SharedSegmentConfig (shared_segment_config.hpp).
+// SharedSegmentConfig (shared_segment_config.hpp). Every wait on a segment counter calls
+// progress() now and then (comm/detail/futex_wait.hpp): a transport whose sends complete only
+// when the receiving rank calls into it again (MPI's weak progress) would otherwise leave a peer
+// waiting for the end of its previous collective while this rank waits for the peer on a counter.
 #pragma once
 
 #include <atomic>
@@ -136,7 +140,21 @@ template <class T>
 using shared_segments_call = decltype(std::declval<T&>().shared_segments());
 template <class T>
 using has_shared_segments = is_detected_exact<SharedSegments*, shared_segments_call, T>;
+template <class T>
+using progress_call = decltype(std::declval<T&>().progress());
+template <class T>
+using has_transport_progress = is_detected<progress_call, T>;
 }  // namespace detail
+
+/// Lets `t` advance the transfers it owes its peers (its `progress()`); nothing for a transport
+/// without one. Local, non-blocking, never throws.
+template <class T>
+void transport_progress(T& t) noexcept {
+  if constexpr (detail::has_transport_progress<T>::value) {
+    static_assert(noexcept(t.progress()), "a transport's progress() must be noexcept");
+    t.progress();
+  }
+}
 
 /// The transport's node-shared segments, or null when it has none (or the ranks span nodes).
 template <class T>

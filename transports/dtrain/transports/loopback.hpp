@@ -5,6 +5,13 @@
 // buffer into the receiver's buffer, by whichever thread completes the match (rendezvous: a send
 // completes when its data has been copied). Waiting threads sleep on a condition variable after a
 // short spin, so more ranks than cores stay usable for tests.
+//
+// A world can instead model MPI's weak progress (LoopbackWorld::set_weak_progress): a send whose
+// data has been copied completes only when its receiving rank next calls into its transport while
+// it waits (a test that finds its own request unfinished, a wait that blocks, progress()), as an
+// MPI library whose sender needs an acknowledgement that only the receiver's MPI calls send. The
+// collectives must then stay correct: every wait of theirs has to keep the transport's progress
+// going, also the waits that are not on a request.
 #pragma once
 
 #include <algorithm>
@@ -38,7 +45,9 @@ namespace detail {
 /// One posted send or receive. Lives inside the caller's LoopbackTransport::Request, so posting
 /// never allocates; it must not move while active.
 struct LoopbackOp {
-  enum State : int { idle = 0, posted = 1, matched = 2, done = 3 };
+  // delivered: a send copied out under weak progress, waiting in the receiver's mailbox until the
+  // receiving rank acknowledges it.
+  enum State : int { idle = 0, posted = 1, matched = 2, done = 3, delivered = 4 };
   LoopbackOp* prev = nullptr;
   LoopbackOp* next = nullptr;
   std::atomic<int> state{idle};
@@ -96,6 +105,7 @@ struct LoopbackMailbox {
   std::condition_variable cv;
   LoopbackQueue posted_recvs;   // receives posted by this rank, waiting for a send
   LoopbackQueue pending_sends;  // sends to this rank, waiting for a receive
+  LoopbackQueue delivered;      // sends copied into this rank, waiting for its acknowledgement
 };
 
 }  // namespace detail
@@ -151,6 +161,11 @@ class LoopbackWorld {
   LoopbackWorld& operator=(const LoopbackWorld&) = delete;
 
   int size() const noexcept { return size_; }
+  /// Models MPI's weak progress (test knob; off by default): from now on a send whose data was
+  /// copied completes only once its receiving rank calls into its transport while it waits, or
+  /// calls progress(). Call before the ranks run. Not thread-safe.
+  void set_weak_progress(bool on) noexcept { weak_progress_ = on; }
+  bool weak_progress() const noexcept { return weak_progress_; }
   /// The node of every rank (one node unless the world was given a map or ranks_per_node).
   const NodeMap& node_map() const noexcept { return node_map_; }
 
@@ -187,6 +202,7 @@ class LoopbackWorld {
   SharedSegmentConfig seg_config_;
   std::vector<std::unique_ptr<unsigned char, FreeDeleter>> segments_;
   std::atomic<bool> aborted_{false};
+  bool weak_progress_ = false;
   mutable std::mutex abort_mutex_;
   std::string abort_message_;
 };
@@ -222,6 +238,7 @@ class LoopbackTransport {
   LoopbackTransport(LoopbackWorld& world, int rank) : world_(&world), rank_(rank) {
     DTRAIN_REQUIRE(rank >= 0 && rank < world.size(), "LoopbackTransport",
                    "rank " << rank << " outside world of " << world.size());
+    acked_.assign(static_cast<std::size_t>(world.size()), 0);
     const NodeMap& nodes = world.node_map();
     const std::vector<int>& mine = nodes.members(nodes.node_of(rank));
     if (!world.segments_.empty() && world.segments_[static_cast<std::size_t>(rank)]) {
@@ -314,7 +331,37 @@ class LoopbackTransport {
     }
     if (s == detail::LoopbackOp::idle) return true;
     if (world_->aborted()) raise_aborted();
+    progress();
     return false;
+  }
+
+  /// Acknowledges the sends copied into this rank's receives, completing them, when the world
+  /// models weak progress (LoopbackWorld::set_weak_progress); nothing otherwise. Local,
+  /// non-blocking; callable by the thread that may use this transport.
+  void progress() noexcept {
+    if (!world_->weak_progress()) return;
+    auto& box = world_->box(rank_);
+    int owners = 0;
+    {
+      std::lock_guard<std::mutex> lock(box.mutex);
+      while (detail::LoopbackOp* op = box.delivered.head) {
+        box.delivered.unlink(op);
+        if (!acked_[static_cast<std::size_t>(op->owner)]) {
+          acked_[static_cast<std::size_t>(op->owner)] = 1;
+          ++owners;
+        }
+        // After this store the sender may reuse the op.
+        op->state.store(detail::LoopbackOp::done, std::memory_order_release);
+      }
+    }
+    for (std::size_t q = 0; owners > 0 && q < acked_.size(); ++q) {
+      if (!acked_[q]) continue;
+      acked_[q] = 0;
+      --owners;
+      auto& b = world_->box(static_cast<int>(q));
+      std::lock_guard<std::mutex> lock(b.mutex);
+      b.cv.notify_all();
+    }
   }
 
   /// Blocks until the request completes (true) or the deadline passes (false).
@@ -335,6 +382,12 @@ class LoopbackTransport {
       return s == detail::LoopbackOp::done || s == detail::LoopbackOp::idle || world_->aborted();
     };
     while (!ready()) {
+      if (box.delivered.head) {  // weak progress: acknowledge, as a blocked MPI wait would
+        lock.unlock();
+        progress();
+        lock.lock();
+        continue;
+      }
       const double left = deadline.remaining();
       if (left <= 0) return false;
       const auto step = std::chrono::duration<double>(std::min(left, 0.5));
@@ -363,6 +416,12 @@ class LoopbackTransport {
     }
     detail::Backoff backoff;
     while (op.state.load(std::memory_order_acquire) == detail::LoopbackOp::matched) backoff.pause();
+    if (op.state.load(std::memory_order_acquire) == detail::LoopbackOp::delivered) {
+      auto& box = world_->box(op.mailbox);
+      std::lock_guard<std::mutex> lock(box.mutex);
+      if (op.state.load(std::memory_order_acquire) == detail::LoopbackOp::delivered)
+        box.delivered.unlink(&op);
+    }
     op.state.store(detail::LoopbackOp::idle, std::memory_order_release);
   }
 
@@ -432,6 +491,17 @@ class LoopbackTransport {
     send->peer_bytes = recv->bytes;
     recv->peer_bytes = send->bytes;
     const int send_owner = send->owner, recv_owner = recv->owner;
+    if (world_->weak_progress()) {
+      auto& box = world_->box(recv_owner);
+      {
+        std::lock_guard<std::mutex> lock(box.mutex);
+        send->state.store(detail::LoopbackOp::delivered, std::memory_order_release);
+        box.delivered.push(send);
+        recv->state.store(detail::LoopbackOp::done, std::memory_order_release);
+        box.cv.notify_all();
+      }
+      return;
+    }
     send->state.store(detail::LoopbackOp::done, std::memory_order_release);
     recv->state.store(detail::LoopbackOp::done, std::memory_order_release);
     // After the stores above the owners may reuse the ops: only the saved ranks are used below.
@@ -461,6 +531,7 @@ class LoopbackTransport {
   LoopbackWorld* world_;
   int rank_;
   SharedSegments segments_;
+  std::vector<char> acked_;  // progress(): the ranks whose sends it completed
 };
 
 static_assert(detail::check_transport<LoopbackTransport>(), "");
@@ -468,10 +539,13 @@ static_assert(detail::check_transport<LoopbackTransport>(), "");
 /// Runs `body` on one thread per rank of `world` (a fresh world, used once). Each thread gets its
 /// own LoopbackTransport and has its rank set for error messages. When a rank throws, the world is
 /// aborted (the other ranks' waits throw RemoteError instead of hanging); after all threads are
-/// joined the first exception thrown is rethrown. Blocking; call from any thread.
+/// joined the first exception thrown is rethrown. Under weak progress a rank whose body returned
+/// keeps acknowledging its peers' sends until every body returned (as MPI_Finalize would).
+/// Blocking; call from any thread.
 inline void run_loopback(LoopbackWorld& world,
                          const std::function<void(LoopbackTransport&)>& body) {
   const int n = world.size();
+  std::atomic<int> returned{0};
   std::mutex m;
   std::exception_ptr first;
   std::vector<std::thread> threads;
@@ -482,6 +556,10 @@ inline void run_loopback(LoopbackWorld& world,
       try {
         LoopbackTransport t(world, r);
         body(t);
+        returned.fetch_add(1);
+        for (detail::Backoff b; world.weak_progress() && returned.load() < n && !world.aborted();
+             b.pause())
+          t.progress();
       } catch (const std::exception& e) {
         {
           std::lock_guard<std::mutex> lock(m);

@@ -420,6 +420,15 @@ class MpiTransport {
     if (!finalized && c.req != MPI_REQUEST_NULL) MPI_Request_free(&c.req);
     c.req = MPI_REQUEST_NULL;
   }
+  /// Lets MPI advance this rank's transfers (MPI_Iprobe, which runs MPI's progress engine): under
+  /// MPI's weak progress a peer's send that this rank already received may still need this
+  /// rank's MPI library, e.g. to acknowledge a rendezvous, before it completes. The plans call it
+  /// while they wait on node-shared counters instead of MPI requests. Local, non-blocking; an
+  /// error is left to the next test of a request, which reports it.
+  void progress() noexcept {
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+  }
   /// Polls MPI_Test with the communication layer's backoff (detail/backoff.hpp: spin, then
   /// yield, then bounded sleeps), so that a long wait (a late rank, the progress thread) does not
   /// steal a core from computation.

@@ -326,7 +326,8 @@ class PlanImpl final : public Job {
     for (int q = 0; q < p; ++q) {
       all[q] = mine;
       if (q != r) {
-        if (!counter_wait(w.check_flag(q), c + 1, ctx_.deadline(), check_spin_))
+        if (!counter_wait(w.check_flag(q), c + 1, ctx_.deadline(), check_spin_, kFutexSliceSeconds,
+                          ctx_.wait_progress()))
           ctx_.timeout(ctx_.transport_rank(q));
         std::memcpy(&all[q], w.check_line(q, c), sizeof(Fingerprint));
       }

@@ -21,6 +21,12 @@
 // The futex is a shared (not FUTEX_PRIVATE) one: the segment is mapped by several processes. The
 // kernel wait is cut into slices of at most kFutexSliceSeconds so that the deadline is checked
 // even if the partner never comes. Elsewhere (no futex), the wait falls back to poll_until.
+//
+// A waiter also keeps its transport's progress going (WaitProgress): MPI promises only that one
+// side of a matched send and receive completes on its own. Under MPI's weak progress a peer's
+// send of the previous collective, whose data this rank already received, may still need this
+// rank's MPI library to answer it (an acknowledgement of a rendezvous). A rank that then waits on
+// a counter for that same peer, without calling MPI, waits for a peer that waits for it.
 #pragma once
 
 #include <atomic>
@@ -45,6 +51,22 @@ namespace dtrain::detail {
 
 /// Longest single kernel wait: the deadline is checked at least this often.
 inline constexpr double kFutexSliceSeconds = 0.05;
+/// Longest single kernel wait of a counter wait that also drives its transport's progress: a
+/// peer whose transfer needs this rank's progress waits at most about this long for it.
+inline constexpr double kProgressSliceSeconds = 1e-3;
+
+/// What a counter wait calls, besides watching its counter, so that the transport advances the
+/// transfers it owes peers (the transport's optional `progress()`,
+/// <dtrain/comm/shared_segments.hpp>); empty for none. A plain function and its argument: copying
+/// it allocates nothing. The function must not throw.
+struct WaitProgress {
+  void (*poke)(void*) noexcept = nullptr;
+  void* arg = nullptr;
+  explicit operator bool() const noexcept { return poke != nullptr; }
+  void operator()() const noexcept {
+    if (poke) poke(arg);
+  }
+};
 
 /// The waiters word of a counter: the next 64-bit word on the counter's own cache line
 /// (SharedSegments keeps one line per counter). Local, lock-free.
@@ -76,20 +98,26 @@ inline void counter_publish(std::atomic<std::uint64_t>& counter, std::uint64_t v
 
 /// Waits until `counter` >= `target`: spins (polling) for `spin_seconds` (at least
 /// Backoff::kSpinSeconds), then sleeps in the kernel until a counter_publish wakes it, checking
-/// `deadline` every `slice_seconds`. Returns false if `deadline` passes first. Local, blocking;
-/// any number of threads or processes may wait on one counter at once.
+/// `deadline` every `slice_seconds`. With a `progress`, calls it every 16 polls while spinning
+/// and before each kernel wait, whose slices then last at most kProgressSliceSeconds. Returns
+/// false if `deadline` passes first. Local, blocking; any number of threads or processes may
+/// wait on one counter at once.
 inline bool counter_wait(std::atomic<std::uint64_t>& counter, std::uint64_t target,
                          const Deadline& deadline, double spin_seconds = Backoff::kSpinSeconds,
-                         double slice_seconds = kFutexSliceSeconds) {
+                         double slice_seconds = kFutexSliceSeconds, WaitProgress progress = {}) {
   auto reached = [&] { return counter.load(std::memory_order_acquire) >= target; };
   if (reached()) return true;
+  if (progress && slice_seconds > kProgressSliceSeconds) slice_seconds = kProgressSliceSeconds;
 #if DTRAIN_HAVE_FUTEX
   {
     const double spin = spin_budget(spin_seconds);
     const double t0 = now_seconds();
     for (unsigned polls = 1;; ++polls) {
       if (reached()) return true;
-      if ((polls & 15) == 0 && now_seconds() - t0 >= spin) break;
+      if ((polls & 15) == 0) {
+        progress();
+        if (now_seconds() - t0 >= spin) break;
+      }
       wait_pause();
     }
   }
@@ -104,6 +132,7 @@ inline bool counter_wait(std::atomic<std::uint64_t>& counter, std::uint64_t targ
       ok = false;
       break;
     }
+    progress();
     const double slice = left < slice_seconds ? left : slice_seconds;
     timespec ts;
     ts.tv_sec = static_cast<time_t>(slice);
@@ -116,7 +145,12 @@ inline bool counter_wait(std::atomic<std::uint64_t>& counter, std::uint64_t targ
   return ok || reached();
 #else
   (void)slice_seconds;
-  return poll_until(reached, deadline, spin_seconds);
+  return poll_until(
+      [&] {
+        progress();
+        return reached();
+      },
+      deadline, spin_seconds);
 #endif
 }
 

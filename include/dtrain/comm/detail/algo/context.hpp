@@ -25,6 +25,7 @@
 #include <dtrain/comm/allreduce_algorithm.hpp>
 #include <dtrain/comm/detail/comm_state.hpp>
 #include <dtrain/comm/detail/fingerprint.hpp>
+#include <dtrain/comm/detail/futex_wait.hpp>
 #include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/comm/transport_traits.hpp>
@@ -324,6 +325,15 @@ class PlanContext {
     raise<TimeoutError>(plan_label(fingerprint_, spec_),
                         timeout_detail(*comm_->transport, peer, deadline_));
   }
+  /// What the plan's waits on node-shared counters call to keep the transport's own transfers
+  /// moving (transport_progress): a counter wait that did not would deadlock with a peer whose
+  /// send of the previous collective waits for this rank's progress.
+  WaitProgress wait_progress() const noexcept {
+    if constexpr (has_transport_progress<Transport>::value)
+      return WaitProgress{&poke_transport, comm_->transport};
+    else
+      return WaitProgress{};
+  }
   /// The transport rank of this context's rank `g` (the identity outside a group view).
   int transport_rank(int g) const noexcept {
     return root_ && g >= 0 ? group_[static_cast<std::size_t>(g)] : g;
@@ -368,6 +378,7 @@ class PlanContext {
   template <class T>
   struct counts_abandoned<T, std::void_t<decltype(std::declval<const T&>().abandoned())>>
       : std::true_type {};
+  static void poke_transport(void* t) noexcept { transport_progress(*static_cast<Transport*>(t)); }
   static std::size_t abandoned_transfers(const Transport& t) noexcept {
     if constexpr (counts_abandoned<Transport>::value)
       return t.abandoned();

@@ -153,7 +153,8 @@ class HierBase : public Algorithm {
   // counters in step for shm, 2: it has read what it needs of the other slots), so the counters
   // only grow and stay consistent with the shm algorithm's use of the same segments.
   void wait_counter(int q, int kind, int slot, std::uint64_t target) const {
-    if (!counter_wait(seg_->flag(q, kind, slot), target, ctx_.deadline(), spin_))
+    if (!counter_wait(seg_->flag(q, kind, slot), target, ctx_.deadline(), spin_, kFutexSliceSeconds,
+                      ctx_.wait_progress()))
       ctx_.timeout(member(q));
   }
   /// Waits until every rank of the node has read chunk g - slots (whose slot chunk g reuses).

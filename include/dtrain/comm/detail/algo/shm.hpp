@@ -96,12 +96,13 @@ constexpr std::size_t shm_chunk_bytes(std::size_t slot_bytes) noexcept {
 }
 
 /// Waits until rank q's counter `kind` of `slot` in `w` reaches `target`: spins for `spin`
-/// seconds, then sleeps (detail/futex_wait.hpp); past `ctx`'s deadline, its error naming the
-/// rank, the call and the peer. Local, blocking.
+/// seconds, then sleeps (detail/futex_wait.hpp), driving the transport's progress meanwhile;
+/// past `ctx`'s deadline, its error naming the rank, the call and the peer. Local, blocking.
 template <class Transport>
 void wait_segment_counter(const PlanContext<Transport>& ctx, const SharedSegments& w, int q,
                           int kind, int slot, std::uint64_t target, double spin) {
-  if (!counter_wait(w.flag(q, kind, slot), target, ctx.deadline(), spin))
+  if (!counter_wait(w.flag(q, kind, slot), target, ctx.deadline(), spin, kFutexSliceSeconds,
+                    ctx.wait_progress()))
     ctx.timeout(ctx.transport_rank(q));
 }
 
