@@ -19,4 +19,5 @@ export DTRAIN_TEST_PRIVATE_LOCAL_DIR="$dir/local"
 export DTRAIN_TEST_SHARED_DIR="$dir/shared"
 case_arg="--test-case=*one local_dir path*"
 "$mpiexec" -n "$np" unshare -m --propagation private sh -c \
-  'mount -t tmpfs none "$DTRAIN_TEST_PRIVATE_LOCAL_DIR" && exec "$0" "$1"' "$binary" "$case_arg"
+  'mount -t tmpfs none "$DTRAIN_TEST_PRIVATE_LOCAL_DIR" && exec "$0" --no-skip "$1"' \
+  "$binary" "$case_arg"

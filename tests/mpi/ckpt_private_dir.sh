@@ -15,6 +15,7 @@ dir=$(mktemp -d /tmp/dtrain-private-dir.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 export DTRAIN_TEST_PRIVATE_DIR="$dir"
 case_arg="--test-case=*only rank 0 sees*"
-"$mpiexec" -n 1 "$binary" "$case_arg" : \
+"$mpiexec" -n 1 "$binary" --no-skip "$case_arg" : \
   -n 1 unshare -m --propagation private sh -c \
-  'mount -t tmpfs none "$DTRAIN_TEST_PRIVATE_DIR" && exec "$0" "$1"' "$binary" "$case_arg"
+  'mount -t tmpfs none "$DTRAIN_TEST_PRIVATE_DIR" && exec "$0" --no-skip "$1"' \
+  "$binary" "$case_arg"
