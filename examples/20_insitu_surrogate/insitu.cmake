@@ -5,10 +5,11 @@
 # dtrain's traffic on its duplicated communicator never disturbs the application's halo
 # exchange). DTRAIN_SHM=0 sends dtrain's all-reduce through MPI messages, concurrently with the
 # halo exchange.
+# h5dump is a required package (hdf5-tools in scripts/lib.sh): without it the tests stay
+# registered and fail, saying so, instead of vanishing from the run.
 find_program(DTRAIN_H5DUMP NAMES h5dump h5dump.mpich)
 if(NOT DTRAIN_H5DUMP)
-  message(STATUS "dtrain: insitu tests off: h5dump not found (Debian: hdf5-tools)")
-  return()
+  message(WARNING "dtrain: h5dump not found (Debian: hdf5-tools): the insitu tests will fail")
 endif()
 set(_insitu_settings --steps 240 --ckpt-every 100)
 foreach(np 2 3)

@@ -1,5 +1,10 @@
 # Driver of the insitu example tests (cmake -P). Inputs: EXE, MPIEXEC, NP_FLAG, NP, H5DUMP, WORK,
 # STOP_AFTER, SETTINGS (the example's options, a list).
+if(NOT H5DUMP OR NOT EXISTS "${H5DUMP}")
+  message(FATAL_ERROR "insitu: h5dump not found when the build was configured (Debian: "
+                      "hdf5-tools, a required package of scripts/lib.sh): install it and "
+                      "reconfigure")
+endif()
 file(REMOVE_RECURSE "${WORK}")
 file(MAKE_DIRECTORY "${WORK}")
 

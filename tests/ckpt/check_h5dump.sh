@@ -4,9 +4,11 @@
 set -eu
 bin=$1
 work=$2
+fail() { echo "h5dump check FAILED: $1"; exit 1; }
+command -v h5dump > /dev/null ||
+  fail "h5dump not found (Debian: hdf5-tools, a required package of scripts/lib.sh)"
 rm -rf "$work"
 file=$("$bin" "$work")
-fail() { echo "h5dump check FAILED: $1"; exit 1; }
 h5dump "$file" > "$work/full.txt" 2>&1 || fail "h5dump could not read $file"
 h5dump -H "$file" > "$work/header.txt" || fail "h5dump -H"
 h5dump -d /model/fc1/weight -H "$file" > "$work/w.txt" || fail "dataset /model/fc1/weight"
