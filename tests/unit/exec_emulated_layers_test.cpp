@@ -1,6 +1,7 @@
-// Grid layers on the emulated device: with its host kernels (EmulatedDevice) a convolutional model
-// gives HostExec's bits; through the functors a GPU runs (EmulatedGpu) its gradients match float64
-// finite differences, with device memory the host never touches.
+// Grid layers on the emulated device: with its host kernels (EmulatedDevice, HostExec's own, so
+// equal bits check the generic code's copies and waits around them, not device arithmetic) a
+// convolutional model gives HostExec's bits; through the functors a GPU runs (EmulatedGpu) its
+// gradients match float64 finite differences, with device memory the host never touches.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -45,7 +46,8 @@ std::vector<LayerEntry<T, Exec>> cnn() {
 }  // namespace
 
 TEST_SUITE("emulated_model") {
-  TEST_CASE("a convolutional model on the emulated device equals HostExec bit for bit") {
+  TEST_CASE(
+      "a convolutional model through device memory keeps HostExec's bits (the same kernels)") {
     EmulatedDevice dev;
     BasicSequential<float> host(cnn<float, HostExec>());
     BasicSequential<float, EmulatedDevice> model(cnn<float, EmulatedDevice>(), dev);

@@ -1,7 +1,11 @@
 // Execution policies: the generic model, optimizers and gradient sync on the emulated device
 // (tests/support/emulated_device.hpp) give HostExec's bits, and the emulation catches what a GPU
 // would punish: a missing synchronisation, a host dereference of device memory, a copy in the
-// wrong direction.
+// wrong direction. The emulated device runs HostExec's own kernels, so equal bits are what the
+// generic code around the kernels must give: every operand copied to and from device memory, every
+// wait in place (a lazy stream leaves stale data otherwise), no host read of device memory. The
+// device kernels' arithmetic is not checked here (tests/gpu against host references, and the GPU's
+// functors in exec_emulated_layers_test.cpp against float64 finite differences).
 #include <doctest/doctest.h>
 
 #include <sys/wait.h>
@@ -85,7 +89,9 @@ HostBatch to_batch(const Data& d, std::int64_t rows, std::int64_t in) {
 }  // namespace
 
 TEST_SUITE("emulated_model") {
-  TEST_CASE("forward, backward and losses on the emulated device equal HostExec bit for bit") {
+  TEST_CASE(
+      "forward, backward and losses through device memory and lazy streams keep HostExec's bits "
+      "(the same kernels on both sides)") {
     for (bool lazy : {true, false}) {
       CAPTURE(lazy);
       EmulatedDevice::Options o;
@@ -139,7 +145,8 @@ TEST_SUITE("emulated_model") {
     }
   }
 
-  TEST_CASE("a float64 model on the emulated device equals the host one") {
+  TEST_CASE(
+      "a float64 model through device memory keeps the host model's bits (the same kernels)") {
     EmulatedDevice dev;
     const std::vector<LayerSpec> layers{Linear(4, 6), Gelu(), LayerNorm(6), Linear(6, 3)};
     BasicSequential<double> host(layers);
@@ -153,7 +160,8 @@ TEST_SUITE("emulated_model") {
     CHECK(bytes_of(dev, model.gradients()) == bytes_of(host.gradients()));
   }
 
-  TEST_CASE("training on the emulated device equals host training bit for bit") {
+  TEST_CASE(
+      "training through device memory and streams keeps host training's bits (the same kernels)") {
     EmulatedDevice dev;
     Sequential host(mixed_layers());
     DevModel model(mixed_layers(), dev);
