@@ -166,6 +166,7 @@ class EmulatedDevice {
   }
   bool synchronize(stream_type s, const Deadline& d) {
     std::unique_lock<std::mutex> lk(mu_);
+    ++synchronizations_;
     return wait_for_locked(lk, *s, s->enqueued, d);
   }
 
@@ -253,6 +254,11 @@ class EmulatedDevice {
   std::uint64_t kernels_launched() const {
     std::lock_guard<std::mutex> lk(mu_);
     return launched_;
+  }
+  /// Host waits for a whole stream (synchronize) so far: what event-ordered code avoids.
+  std::uint64_t stream_synchronizations() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return synchronizations_;
   }
   /// Operations queued but not run yet on stream s.
   std::uint64_t pending(stream_type s) const {
@@ -451,7 +457,7 @@ class EmulatedDevice {
   std::condition_variable cv_;
   std::list<std::unique_ptr<Stream>> streams_;
   std::list<std::unique_ptr<Event>> events_;
-  std::uint64_t ran_ = 0, launched_ = 0;
+  std::uint64_t ran_ = 0, launched_ = 0, synchronizations_ = 0;
   std::string sticky_;
   mutable std::mutex mem_mu_;  // blocks_
   std::map<std::uintptr_t, Block> blocks_;
