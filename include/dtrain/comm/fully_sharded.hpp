@@ -23,6 +23,7 @@
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/log.hpp>
 #include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_traits.hpp>
@@ -184,6 +185,12 @@ class FullyShardedSync final : public UnitProvider {
       return;
     }
     staged_ = exec_type::space != Space::host && !detail::reduces_device_memory(comm);
+    if (exec_type::space != Space::host)
+      DTRAIN_LOG(info, "FullyShardedSync: " << name_of(exec_type::space) << " units "
+                                            << (staged_ ? "staged through host memory (the "
+                                                          "communicator does not reduce device "
+                                                          "memory)"
+                                                        : "handed to the communicator"));
     Allocator& a = exec_->allocator();
     Allocator& h = exec_->host_allocator();
     const auto big = static_cast<std::int64_t>(std::max<std::size_t>(largest_, 1));
