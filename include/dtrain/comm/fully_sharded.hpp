@@ -15,6 +15,7 @@
 #include <deque>
 #include <exception>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -185,12 +186,16 @@ class FullyShardedSync final : public UnitProvider {
       return;
     }
     staged_ = exec_type::space != Space::host && !detail::reduces_device_memory(comm);
-    if (exec_type::space != Space::host)
-      DTRAIN_LOG(info, "FullyShardedSync: " << name_of(exec_type::space) << " units "
-                                            << (staged_ ? "staged through host memory (the "
-                                                          "communicator does not reduce device "
-                                                          "memory)"
-                                                        : "handed to the communicator"));
+    if (exec_type::space != Space::host) {
+      // Rank 0 tells the run; the others only at debug level.
+      const std::string how = staged_ ? "staged through host memory (the communicator does not "
+                                        "reduce device memory)"
+                                      : "handed to the communicator";
+      if (rank_ == 0)
+        DTRAIN_LOG(info, "FullyShardedSync: " << name_of(exec_type::space) << " units " << how);
+      else
+        DTRAIN_LOG(debug, "FullyShardedSync: " << name_of(exec_type::space) << " units " << how);
+    }
     Allocator& a = exec_->allocator();
     Allocator& h = exec_->host_allocator();
     const auto big = static_cast<std::int64_t>(std::max<std::size_t>(largest_, 1));
