@@ -9,7 +9,10 @@
 // copies under mpiexec (each prints its own line). Usage: conv_bench [batch] [grid] [channels]
 // [reps] [isa]; isa (avx512, avx2, portable) forces the direct kernel's instruction set
 // (host::force_conv_isa): with `portable` the layers' automatic choice is the GEMM lowering (im2col
-// or shifted views), so one binary times both paths.
+// or shifted views), so one binary times both paths. Built by nvcc or hipcc (run_on_device.sh), it
+// then times the same stack on the GPU (the vendor BLAS where the unit has it), whole batches per
+// convolution, against its GEMMs alone on the same shapes in the same run (what the lowering,
+// bias and layout kernels add on top of the floor the BLAS sets).
 #include <time.h>
 
 #include <algorithm>
@@ -23,6 +26,9 @@
 #include <dtrain/core/rng.hpp>
 #include <dtrain/kernels/host/blas_exec.hpp>
 #include <dtrain/model/model.hpp>
+#if DTRAIN_DEVICE_CODE
+#include <dtrain/kernels/gpu_exec.cuh>
+#endif
 
 namespace {
 double seconds() {
@@ -34,6 +40,7 @@ double cpu_seconds() {
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
+#if !DTRAIN_DEVICE_CODE
 // Single-precision FMA throughput of one core, in CPU time (a busy machine lowers it less than
 // wall time): 12 independent chains of W-lane FMAs, few enough to stay in registers without
 // -march flags (16 chains plus two constants spill to the stack and halve the figure).
@@ -66,6 +73,81 @@ double fma_peak_gflops(const char** isa) {
     return *isa = "AVX2", fma_peak_avx2();
   return *isa = "none", 0.0;
 }
+#else
+// nvcc's device front end does not take the vector code above: a device build does not measure
+// the host peak (its host line then reads 0% of a peak of 0).
+double fma_peak_gflops(const char** isa) { return *isa = "not measured in a device build", 0.0; }
+#endif
+#if DTRAIN_DEVICE_CODE
+#if defined(DTRAIN_GPU_VENDOR_BLAS)
+using DeviceExec = dtrain::GpuBlasExec;
+constexpr const char* device_gemm = "vendor BLAS";
+#else
+using DeviceExec = dtrain::GpuExec;
+constexpr const char* device_gemm = "tiled GEMM";
+#endif
+
+// Median milliseconds of f() over reps runs after 3 warm-ups, the device synchronised each time.
+template <class F>
+double device_ms(DeviceExec& exec, int reps, F f) {
+  std::vector<double> t;
+  for (int i = 0; i < reps + 3; ++i) {
+    const double t0 = seconds();
+    f();
+    dtrain::exec_synchronize(exec, exec.compute_stream(), 60, "conv_bench");
+    if (i >= 3) t.push_back(seconds() - t0);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2] * 1e3;
+}
+
+void bench_device(std::int64_t batch, std::int64_t grid, std::int64_t ch, int reps,
+                  const std::vector<float>& x, const std::vector<float>& y) {
+  namespace gpu = dtrain::gpu;
+  if (gpu::device_count() == 0) {
+    std::printf("dtrain conv stack on a GPU: not run (no %s device visible)\n", gpu::vendor);
+    return;
+  }
+  DeviceExec exec;
+  dtrain::BasicSequential<float, DeviceExec> model(
+      {dtrain::Input{1, grid, grid}, dtrain::Conv2d(1, ch, 3).pad(1), dtrain::Relu{},
+       dtrain::Conv2d(ch, ch, 3).pad(1), dtrain::Relu{}, dtrain::Conv2d(ch, 1, 3).pad(1)},
+      exec);
+  model.init(1);
+  const double step = device_ms(exec, reps, [&] {
+    model.zero_grad();
+    model.forward_backward(x.data(), y.data(), batch, dtrain::Loss::mse);
+  });
+  // The GEMMs of the step on the same shapes: per convolution (in, out) with K = in x 9 and
+  // N = batch x grid^2: forward C x N x K, weight gradient C x K x N, input gradient K x N x C
+  // (none for the first, whose input needs no gradient).
+  const std::int64_t n = batch * grid * grid;
+  const std::int64_t shapes[3][2] = {{1, ch}, {ch, ch}, {ch, 1}};
+  std::int64_t most = 0;
+  for (const auto& sh : shapes) most = std::max(most, std::max(sh[0] * 9, sh[1]) * n);
+  gpu::DeviceBuffer<float> a(static_cast<std::size_t>(ch * ch * 9)),
+      b(static_cast<std::size_t>(most)), c(static_cast<std::size_t>(most));
+  exec.fill(exec.compute_stream(), a.data(), a.size(), 0.5f);
+  exec.fill(exec.compute_stream(), b.data(), b.size(), 0.25f);
+  const double gemms = device_ms(exec, reps, [&] {
+    const auto s = exec.compute_stream();
+    for (int l = 0; l < 3; ++l) {
+      const std::int64_t k = shapes[l][0] * 9, co = shapes[l][1];
+      exec.gemm(s, false, false, co, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+      exec.gemm(s, false, true, co, k, n, 1.0f, b.data(), n, c.data(), n, 1.0f, a.data(), k);
+      if (l > 0)
+        exec.gemm(s, true, false, k, n, co, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+    }
+  });
+  const double macs = static_cast<double>(n) * 9.0 * double(ch + ch * ch + ch);
+  std::printf(
+      "dtrain conv stack on %s (%s) batch=%lld grid=%lld channels=%lld: median %.3f ms/step, "
+      "%.1f GFLOP/s; its GEMMs alone %.3f ms (%.2fx of the step)\n",
+      gpu::vendor, device_gemm, static_cast<long long>(batch), static_cast<long long>(grid),
+      static_cast<long long>(ch), step, 2.0 * macs * 3.0 / (step * 1e-3) / 1e9, gemms,
+      step / gemms);
+}
+#endif
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -119,6 +201,9 @@ int main(int argc, char** argv) {
       "ms CPU), %.2f GFLOP/s of CPU time, %.0f%% of the measured %s FMA peak %.1f GFLOP/s\n",
       static_cast<long long>(batch), static_cast<long long>(grid), static_cast<long long>(ch),
       lowering, dtrain::host::conv_isa_name(mid.direct_isa()), ms, cpu_ms, gflops,
-      100.0 * gflops / peak, isa, peak);
+      peak > 0 ? 100.0 * gflops / peak : 0.0, isa, peak);
+#if DTRAIN_DEVICE_CODE
+  bench_device(batch, grid, ch, reps, x, y);
+#endif
   return 0;
 }

@@ -1,6 +1,7 @@
 // Example 03: a user layer with its own kernels (learned_swish.hpp) in a Sequential: float64
 // gradient check, float training, and (built by nvcc or hipcc, on a GPU) device against host.
 // Exits non-zero when a check fails (77 from a GPU build on a machine without a GPU).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -60,7 +61,8 @@ int main() {
   if (!(loss < 0.02)) return 1;
 
 #if DTRAIN_DEVICE_CODE
-  // 3. The device kernels against the host kernels, same seed and batch.
+  // 3. The device kernels against the host kernels, same seed and batch: the loss (forward) and
+  // every parameter gradient (backward, the user layer's slopes included).
   if (dtrain::gpu::device_count() == 0) {
     std::printf("no GPU: device check skipped\n");
     return 77;
@@ -69,10 +71,24 @@ int main() {
   dtrain::BasicSequential<float, dtrain::GpuExec> dev(layers<float, dtrain::GpuExec>(), gpu);
   dev.init(7);
   model.init(7);
+  model.zero_grad();
+  dev.zero_grad();
   const double lh = model.forward_backward(xt.data(), yt.data(), 64, dtrain::Loss::mse);
   const double ld = dev.forward_backward(xt.data(), yt.data(), 64, dtrain::Loss::mse).get();
   std::printf("device loss %.6f, host loss %.6f\n", ld, lh);
   if (!(std::fabs(ld - lh) <= 1e-4 * std::fabs(lh))) return 1;
+  std::vector<float> gd(dev.parameter_count());
+  gpu.copy_d2h(gpu.compute_stream(), gd.data(), dev.gradients().data, gd.size() * sizeof(float));
+  dtrain::exec_synchronize(gpu, gpu.compute_stream(), 60, "example 03 (gradients)");
+  const auto gh = model.gradient_span();
+  double worst = 0, largest = 0;
+  for (std::size_t i = 0; i < gd.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(gd[i]) - double(gh[i])));
+    largest = std::max(largest, std::fabs(double(gh[i])));
+  }
+  std::printf("device gradients: max difference %.2e (largest gradient %.2e), %zu parameters\n",
+              worst, largest, gd.size());
+  if (!(worst <= 1e-4 * std::max(1.0, largest))) return 1;
 #endif
   std::printf("OK\n");
   return 0;

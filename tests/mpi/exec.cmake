@@ -3,3 +3,9 @@ dtrain_add_mpi_test(NAME mpi_exec_gpu_support IN test_mpi
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_mpi_gpu_support.cpp
   NP 1
   TIMEOUT 60)
+# Ranks sharing one device, data parallel and fully sharded, in reproducible mode: here on the
+# emulated GPU; tests/gpu/run_on_device.sh builds the same file with nvcc / hipcc for a real one.
+dtrain_add_mpi_test(NAME mpi_exec_device_ranks IN test_mpi
+  SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/mpi_gpu_test.cpp
+  NP 2
+  TIMEOUT 60)

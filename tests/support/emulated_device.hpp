@@ -166,6 +166,7 @@ class EmulatedDevice {
   }
   bool synchronize(stream_type s, const Deadline& d) {
     std::unique_lock<std::mutex> lk(mu_);
+    ++synchronizations_;
     return wait_for_locked(lk, *s, s->enqueued, d);
   }
 
@@ -247,6 +248,17 @@ class EmulatedDevice {
   std::uint64_t operations_run() const {
     std::lock_guard<std::mutex> lk(mu_);
     return ran_;
+  }
+  /// Kernels queued so far on all streams (kernels, fills, host_kernel and for_each_index calls;
+  /// copies and event waits are not kernels): what a GPU would count as launches.
+  std::uint64_t kernels_launched() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return launched_;
+  }
+  /// Host waits for a whole stream (synchronize) so far: what event-ordered code avoids.
+  std::uint64_t stream_synchronizations() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return synchronizations_;
   }
   /// Operations queued but not run yet on stream s.
   std::uint64_t pending(stream_type s) const {
@@ -364,6 +376,8 @@ class EmulatedDevice {
   void launch(stream_type s, const char* op, F f, A... args) {
     auto call = [this, f](auto... a) { return [this, f, a...] { f(host_, a...); }; };
     enqueue(s, op, call(arg(args, op)...));
+    std::lock_guard<std::mutex> lk(mu_);
+    ++launched_;
   }
 
   void enqueue(stream_type s, const char* op, std::function<void()> fn) {
@@ -443,7 +457,7 @@ class EmulatedDevice {
   std::condition_variable cv_;
   std::list<std::unique_ptr<Stream>> streams_;
   std::list<std::unique_ptr<Event>> events_;
-  std::uint64_t ran_ = 0;
+  std::uint64_t ran_ = 0, launched_ = 0, synchronizations_ = 0;
   std::string sticky_;
   mutable std::mutex mem_mu_;  // blocks_
   std::map<std::uintptr_t, Block> blocks_;

@@ -696,6 +696,40 @@ TEST_CASE("fully sharded on the emulated device gives the host replicated step's
   }
 }
 
+TEST_CASE("fully sharded on the emulated device: passes are ordered by events, not by syncs") {
+  // Gathers and reduce-scatters wait for device work on events: a pass queues every unit
+  // without synchronising the compute stream (the first forward refreshes the host copy of the
+  // parameter parts once: the host reads them), and the steps keep the replicated bits (above).
+  for (int buffers : {1, 2}) {
+    CAPTURE(buffers);
+    run_loopback(2, [&](LoopbackTransport& t) {
+      CommConfig c;
+      c.timeout_s = 60;
+      Communicator comm(t, c);
+      test::EmulatedDevice dev;
+      using Model = BasicSequential<float, test::EmulatedDevice>;
+      Model model(device_layers(), dev);
+      model.init(11);
+      FullyShardedOptions o;
+      o.buffers = buffers;
+      FullyShardedSync<Model> fs(comm, model, o);
+      REQUIRE(fs.staged());
+      REQUIRE(fs.unit_count() >= 4);
+      BasicAdamW<test::EmulatedDevice> opt(model, Schedule::constant(0.01));
+      std::vector<float> x, y;
+      for (int step = 0; step < 3; ++step) {
+        data(t.rank(), step, 0, x, y);
+        model.zero_grad();
+        const std::uint64_t before = dev.stream_synchronizations();
+        model.forward_backward(x.data(), y.data(), rows, Loss::mse);
+        const std::uint64_t during = dev.stream_synchronizations() - before;
+        CHECK(during == (step == 0 ? 1u : 0u));
+        fs.wait(opt);
+      }
+    });
+  }
+}
+
 TEST_CASE("fully sharded on the emulated device: accumulation and clipping to rounding") {
   for (int buffers : {1, 2}) {
     for (int variant = 0; variant < 2; ++variant) {

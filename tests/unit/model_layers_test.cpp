@@ -240,8 +240,9 @@ TEST_CASE("convolution equals a direct loop, zero and periodic padding, any stri
 }
 
 TEST_CASE("the device lowering functors equal the host lowering") {
-  // im2col / col2im as a GPU runs them (one element per index, col2im as a gather) against the
-  // host functions, on geometries with borders, wrap-around, strides and dilations.
+  // im2col / col2im as a GPU runs them (one element per index, col2im as a gather, a batch of
+  // samples in one lowered matrix [K, samples x P]) against the host functions sample by sample,
+  // on geometries with borders, wrap-around, strides and dilations.
   struct Case {
     Conv conv;
     Shape in;
@@ -254,29 +255,40 @@ TEST_CASE("the device lowering functors equal the host lowering") {
       {Conv3d(2, 1, 3).pad(1).with_stride(2), {2, 5, 6, 4}},
       {Conv3d(1, 1, 2).periodic(1).with_dilation(2), {1, 3, 4, 5}},
   };
+  const std::int64_t samples = 3;
   for (const auto& c : cases) {
     BasicSequential<double> m({Input(c.in), c.conv});
     const ConvGeometry g = dynamic_cast<const ConvLayer<double, HostExec>&>(m.layer(0)).geometry();
     INFO(shape_string(c.in) << " kernel " << c.conv.kernel);
-    const auto x = random_vec(static_cast<std::size_t>(g.in_channels * g.in_cells()), 3);
-    const std::size_t cells = static_cast<std::size_t>(g.lowered_rows() * g.out_cells());
-    std::vector<double> host_col(cells), dev_col(cells);
-    detail::im2col_host(g, x.data(), host_col.data());
+    const std::int64_t in = g.in_channels * g.in_cells(), K = g.lowered_rows(), P = g.out_cells();
+    const auto x = random_vec(static_cast<std::size_t>(samples * in), 3);
+    const auto cells = static_cast<std::size_t>(K * P);
+    std::vector<double> dev_col(cells * samples);
     HostExec exec;
     for_each_index<detail::Im2col<double>>(exec, HostStream{}, "im2col",
-                                           static_cast<std::int64_t>(cells), g, x.data(),
-                                           dev_col.data());
-    CHECK(host_col == dev_col);
-    const auto col = random_vec(cells, 8);
-    std::vector<double> host_dx(x.size()), dev_dx(x.size(), 99.0);
-    detail::col2im_host(g, col.data(), host_dx.data());
+                                           static_cast<std::int64_t>(dev_col.size()), g, samples,
+                                           x.data(), dev_col.data());
+    const auto col = random_vec(cells * samples, 8);
+    std::vector<double> dev_dx(x.size(), 99.0);
     for_each_index<detail::Col2im<double>>(exec, HostStream{}, "col2im",
-                                           static_cast<std::int64_t>(x.size()), g, col.data(),
-                                           dev_dx.data());
-    double err = 0;
-    for (std::size_t i = 0; i < x.size(); ++i)
-      err = std::max(err, std::abs(host_dx[i] - dev_dx[i]));
-    CHECK(err < 1e-12);  // the gather sums in another order than the host's scatter
+                                           static_cast<std::int64_t>(x.size()), g, samples,
+                                           col.data(), dev_dx.data());
+    for (std::int64_t n = 0; n < samples; ++n) {
+      std::vector<double> host_col(cells), sample_col(cells), host_dx(static_cast<std::size_t>(in));
+      detail::im2col_host(g, x.data() + n * in, host_col.data());
+      for (std::int64_t r = 0; r < K; ++r)
+        for (std::int64_t p = 0; p < P; ++p) {
+          const auto at = static_cast<std::size_t>(r * P + p);
+          sample_col[at] = col[static_cast<std::size_t>((r * samples + n) * P + p)];
+          CHECK(dev_col[static_cast<std::size_t>((r * samples + n) * P + p)] == host_col[at]);
+        }
+      detail::col2im_host(g, sample_col.data(), host_dx.data());
+      double err = 0;
+      for (std::int64_t i = 0; i < in; ++i)
+        err = std::max(err, std::abs(host_dx[static_cast<std::size_t>(i)] -
+                                     dev_dx[static_cast<std::size_t>(n * in + i)]));
+      CHECK(err < 1e-12);  // the gather sums in another order than the host's scatter
+    }
   }
 }
 

@@ -12,8 +12,10 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <exception>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -22,6 +24,7 @@
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/log.hpp>
 #include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_traits.hpp>
@@ -115,6 +118,14 @@ struct PlannedUnits final : UnitCollectives {
 /// backward its gradient buffer is copied to the host on the compute stream, reduce-scattered
 /// on the host, and the result copied into the device gradient part on the compute stream.
 ///
+/// Device work and collectives are ordered by events, not by synchronising the compute stream:
+/// a gather into a working buffer, and a unit's reduce-scatter after its backward, record an
+/// event on the compute stream (after the kernels that read the buffer's previous unit, or that
+/// write the gradients and their host copy) and start once it has completed, in the order they
+/// were queued (the same on every rank). The host checks those events without blocking at each
+/// unit and goes on queueing the next unit's kernels; it blocks only where it needs a result: a
+/// unit's gathered parameters before its kernels, a gradient buffer before it is reused, wait().
+///
 /// The step: model.zero_grad(); model.forward_backward(...) (one or several micro-batches);
 /// sync.wait(optimizer) (the gradients complete, optionally clipped to a global norm, each part
 /// updated, and the first units gathered for the next forward). Every rank ends each step with
@@ -175,6 +186,16 @@ class FullyShardedSync final : public UnitProvider {
       return;
     }
     staged_ = exec_type::space != Space::host && !detail::reduces_device_memory(comm);
+    if (exec_type::space != Space::host) {
+      // Rank 0 tells the run; the others only at debug level.
+      const std::string how = staged_ ? "staged through host memory (the communicator does not "
+                                        "reduce device memory)"
+                                      : "handed to the communicator";
+      if (rank_ == 0)
+        DTRAIN_LOG(info, "FullyShardedSync: " << name_of(exec_type::space) << " units " << how);
+      else
+        DTRAIN_LOG(debug, "FullyShardedSync: " << name_of(exec_type::space) << " units " << how);
+    }
     Allocator& a = exec_->allocator();
     Allocator& h = exec_->host_allocator();
     const auto big = static_cast<std::int64_t>(std::max<std::size_t>(largest_, 1));
@@ -190,6 +211,9 @@ class FullyShardedSync final : public UnitProvider {
       g.buffer = Tensor({big}, dtype_of_v<T>, a);
       if (staged_) g.host = Tensor({big}, dtype_of_v<T>, h);
     }
+    // One event per buffer: a buffer has at most one collective queued behind device work.
+    for (Slot& s : slots_) s.ready = ExecEvent<exec_type>(*exec_);
+    for (GradSlot& g : grad_slots_) g.ready = ExecEvent<exec_type>(*exec_);
     BufferView params = model.parameters(), grads = model.gradients();
     if (staged_) {
       // The collectives' side of this rank's parts: the gathers send from a host copy of the
@@ -223,6 +247,15 @@ class FullyShardedSync final : public UnitProvider {
   /// Waits for its running collectives; the model keeps its parts and refuses passes.
   ~FullyShardedSync() override {
     model_->detach_provider(this);
+    // Collectives queued behind device work start (every rank queued them alike), unless an
+    // error is unwinding: a destructor then runs no collective.
+    if (std::uncaught_exceptions() == 0) {
+      try {
+        start_through(deferred_.size());
+      } catch (...) {  // a destructor never throws; the error was the step's to report
+      }
+    }
+    deferred_.clear();
     for (Slot& s : slots_) finish_quietly(s.pending);
     for (GradSlot& g : grad_slots_) finish_quietly(g.pending);
     // Copies queued on the compute stream may still read or write the buffers freed next.
@@ -245,6 +278,7 @@ class FullyShardedSync final : public UnitProvider {
     if (direct_) return static_cast<value_type*>(model_->parameters().data) + starts_[u];
     Slot& s = slot_of(u);
     if (s.unit != u) start_gather(u);
+    start_through(queued_at(&s));
     if (s.pending.valid()) s.pending.wait();
     if (staged_ && !s.uploaded) {
       // The gathered unit, to the device buffer ahead of the unit's kernels (stream order).
@@ -258,9 +292,10 @@ class FullyShardedSync final : public UnitProvider {
         if (backward ? u < static_cast<std::size_t>(d) : v >= units_.size()) break;
         if (units_[v].count && slot_of(v).unit != v) start_gather(v);
       }
+    start_ready();
     return s.buffer.raw();
   }
-  void forward_done(std::size_t) override {}
+  void forward_done(std::size_t) override { start_ready(); }
   void* gradient_buffer(std::size_t u) override {
     using T = value_type;
     const std::size_t c = units_[u].count;
@@ -281,20 +316,19 @@ class FullyShardedSync final : public UnitProvider {
     if (staged_)
       exec_->copy_d2h(exec_->compute_stream(), g.host.raw(), g.buffer.raw(),
                       units_[u].count * sizeof(value_type));
-    // The gradients (or their host copy) are read by the progress thread: the kernels that
-    // write them ran.
-    exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
-                     "FullyShardedSync (gradients of a unit)");
     const bool accumulate = !fresh_[u];
     if (accumulate) make_scratch();
-    g.pending = collectives_->scatter(u, accumulate);
     g.unit = u;
     g.accumulate = accumulate;
+    // The progress thread reads the gradients (or their host copy) once the kernels that write
+    // them have run: the reduce-scatter waits for an event, the host goes on queueing.
+    queue_behind_device(false, u, &g);
     fresh_[u] = 0;
     reduced_[u] = 1;
     traffic_ += units_[u].count;
   }
   void gradients_zeroed() override {
+    start_ready();
     for (GradSlot& g : grad_slots_) finish_scatter(g);
     std::fill(fresh_.begin(), fresh_.end(), 1);
   }
@@ -317,6 +351,13 @@ class FullyShardedSync final : public UnitProvider {
       } catch (...) {
         if (!first) first = std::current_exception();
       }
+    }
+    // Nothing stays queued past the step: collectives outside this sync (the user's, the
+    // norm's) then start after these on every rank.
+    try {
+      start_through(deferred_.size());
+    } catch (...) {
+      if (!first) first = std::current_exception();
     }
     const bool any = std::any_of(reduced_.begin(), reduced_.end(), [](char r) { return r != 0; });
     const bool all = std::all_of(reduced_.begin(), reduced_.end(), [](char r) { return r != 0; });
@@ -341,12 +382,12 @@ class FullyShardedSync final : public UnitProvider {
       if (count) opt.update(first, count);
     opt.complete_step();
     if (options_.prefetch && !direct_) {
-      // The updates queued on the compute stream are what the gathers send.
-      exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
-                       "FullyShardedSync::wait (the update)");
+      // The updates queued on the compute stream are what the gathers send: the gathers wait
+      // for them on events (staged, invalidate's copy of the parts to the host waits for them).
       invalidate();
       for (std::size_t u = 0; u < units_.size() && u < slots_.size(); ++u)
         if (units_[u].count) start_gather(u);
+      start_through(deferred_.size());  // started before the caller's next collective
       primed_ = true;
     }
   }
@@ -431,6 +472,7 @@ class FullyShardedSync final : public UnitProvider {
     std::size_t unit = npos;
     bool uploaded = false;  // staged: the gathered unit was copied to the buffer
     CollectiveHandle pending;
+    ExecEvent<exec_type> ready;  // recorded when its gather was queued behind device work
     BufferView wire() const { return host.size() ? host.view() : buffer.view(); }
   };
   struct GradSlot {
@@ -438,6 +480,7 @@ class FullyShardedSync final : public UnitProvider {
     std::size_t unit = npos;
     bool accumulate = false;
     CollectiveHandle pending;
+    ExecEvent<exec_type> ready;  // recorded when its reduce-scatter was queued
     BufferView wire() const { return host.size() ? host.view() : buffer.view(); }
     BufferView scratch_wire() const {
       return scratch_host.size() ? scratch_host.view() : scratch.view();
@@ -471,17 +514,68 @@ class FullyShardedSync final : public UnitProvider {
 
   void start_gather(std::size_t u) {
     Slot& s = slot_of(u);
+    start_through(queued_at(&s));
     if (s.pending.valid()) s.pending.wait();
-    // The buffer's previous unit is read by kernels queued before now.
-    exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
-                     "FullyShardedSync (a working buffer)");
     s.unit = u;
     s.uploaded = false;
-    s.pending = collectives_->gather(u);
+    // The buffer's previous unit is read by kernels queued before now: the gather waits for
+    // them on an event.
+    queue_behind_device(true, u, &s);
     traffic_ += units_[u].count;
     ++gathers_;
   }
+
+  // ---- collectives queued behind device work (see the class comment) -------------------------
+
+  // A collective that starts once the event of its buffer has completed. FIFO: every rank
+  // queues the same collectives in the same order and starts them in that order.
+  struct Queued {
+    bool gather;
+    std::size_t unit;
+    void* buffer;  // its Slot or GradSlot
+  };
+  void queue_behind_device(bool gather, std::size_t u, void* buffer) {
+    auto& ev = gather ? static_cast<Slot*>(buffer)->ready : static_cast<GradSlot*>(buffer)->ready;
+    exec_->record(ev.get(), exec_->compute_stream());
+    deferred_.push_back(Queued{gather, u, buffer});
+    start_ready();
+  }
+  // How many queued collectives must start for the one on `buffer` to have started (0: none
+  // queued on it).
+  std::size_t queued_at(const void* buffer) const {
+    for (std::size_t i = deferred_.size(); i-- > 0;)
+      if (deferred_[i].buffer == buffer) return i + 1;
+    return 0;
+  }
+  void start_front() {
+    const Queued q = deferred_.front();
+    deferred_.pop_front();
+    if (q.gather)
+      static_cast<Slot*>(q.buffer)->pending = collectives_->gather(q.unit);
+    else
+      static_cast<GradSlot*>(q.buffer)->pending =
+          collectives_->scatter(q.unit, static_cast<GradSlot*>(q.buffer)->accumulate);
+  }
+  typename exec_type::event_type event_of(const Queued& q) const {
+    return q.gather ? static_cast<Slot*>(q.buffer)->ready.get()
+                    : static_cast<GradSlot*>(q.buffer)->ready.get();
+  }
+  // Starts the queued collectives whose device work has completed, without blocking.
+  void start_ready() {
+    while (!deferred_.empty() && exec_->query(event_of(deferred_.front()))) start_front();
+  }
+  // Starts the first n queued collectives, waiting for their device work (a host wait on an
+  // event, bounded like every device wait).
+  void start_through(std::size_t n) {
+    for (; n > 0 && !deferred_.empty(); --n) {
+      exec_wait(*exec_, event_of(deferred_.front()), exec_timeout_s(),
+                "FullyShardedSync (device work before a collective)");
+      start_front();
+    }
+  }
+
   void invalidate() {
+    start_through(deferred_.size());
     std::exception_ptr first;
     for (Slot& s : slots_) {
       try {
@@ -504,6 +598,7 @@ class FullyShardedSync final : public UnitProvider {
   }
   // Completes the slot's reduce-scatter; an accumulating one is added into this rank's part.
   void finish_scatter(GradSlot& g) {
+    start_through(queued_at(&g));
     if (!g.pending.valid()) return;
     const std::size_t u = g.unit;
     g.unit = npos;
@@ -543,6 +638,7 @@ class FullyShardedSync final : public UnitProvider {
   std::unique_ptr<detail::UnitCollectives> collectives_;
   std::vector<Slot> slots_;
   std::vector<GradSlot> grad_slots_;  // 2, or 1 with buffers = 1
+  std::deque<Queued> deferred_;       // collectives waiting for device work, in start order
   std::vector<char> fresh_;           // unit's part untouched since zero_grad
   std::vector<char> reduced_;         // unit's gradients reduced since the last wait
   bool primed_ = false;        // the buffers hold what wait(optimizer) gathered after its update

@@ -15,6 +15,7 @@
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
+#include <dtrain/core/log.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_traits.hpp>
@@ -137,6 +138,16 @@ class BasicGradientSync {
     const std::size_t n = grads.count;
     const std::size_t nb = n == 0 ? 0 : (n + per_bucket_ - 1) / per_bucket_;
     staged_ = grads.space != Space::host && !detail::reduces_device_memory(comm);
+    if (grads.space != Space::host) {
+      // Rank 0 tells the run; the others only at debug level.
+      const std::string how = staged_ ? "staged through host memory (the communicator does not "
+                                        "reduce device memory)"
+                                      : "handed to the communicator";
+      if (comm.rank() == 0)
+        DTRAIN_LOG(info, "GradientSync: " << name_of(grads.space) << " gradients " << how);
+      else
+        DTRAIN_LOG(debug, "GradientSync: " << name_of(grads.space) << " gradients " << how);
+    }
     BufferView target = grads;
     if (staged_) {
       mirror_ = Tensor({static_cast<std::int64_t>(n)}, grads.dtype, exec.host_allocator());

@@ -13,6 +13,7 @@
 //   SharedSegmentConfig::from_env                      DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES, _SLOTS
 //     (comm/shared_segment_config.hpp)
 //   the log threshold (core/log.hpp)                    DTRAIN_LOG_LEVEL
+//   mpi_device_buffers (transports/mpi_gpu_support.hpp) DTRAIN_MPI_GPU_AWARE
 #pragma once
 
 #include <cerrno>

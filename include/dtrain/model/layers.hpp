@@ -6,6 +6,7 @@
 // description has a `make<T, Exec>()`; see Sequential.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
@@ -83,10 +84,11 @@ enum class Padding : unsigned char { zeros, periodic };
 /// How a convolution becomes GEMMs. `im2col`: each sample's windows copied into one matrix
 /// [in_channels x kernel cells, output cells], one GEMM against the weights. `shifted` (stride 1
 /// only): the sample copied once onto a padded grid, then one GEMM per kernel cell against a
-/// shifted view of it, so no window matrix is written. `direct` (stride 1, dilation 1, host
-/// policies only): no GEMM, a register-blocked direct kernel compiled for AVX-512, AVX2 and
-/// portable vectors, chosen at run time (<dtrain/kernels/host/conv_direct.hpp>). `automatic` picks
-/// by the rule measured in benchmarks/conv_bench.cpp (see ConvLayer::lowering).
+/// shifted view of it, so no window matrix is written (host policies only). `direct` (stride 1,
+/// dilation 1, host policies only): no GEMM, a register-blocked direct kernel compiled for AVX-512,
+/// AVX2 and portable vectors, chosen at run time (<dtrain/kernels/host/conv_direct.hpp>).
+/// `automatic` picks by the rule measured in benchmarks/conv_bench.cpp (see ConvLayer::lowering).
+/// On a device policy the lowering is always im2col, of whole batches (see Conv::device_workspace).
 enum class ConvLowering : unsigned char { automatic, im2col, shifted, direct };
 
 /// N-dimensional convolution (N = 1, 2, 3) over channels-first samples [in_channels, *grid]: the
@@ -106,6 +108,9 @@ struct Conv {
   Padding padding_mode = Padding::zeros;
   Init weight_init = Init::kaiming_uniform;
   ConvLowering lowering = ConvLowering::automatic;
+  /// Device policies: the most scratch (bytes) a convolution lowers at once; a batch larger than
+  /// fits runs in chunks of as many whole samples as fit (at least one). Host policies ignore it.
+  std::size_t device_workspace = std::size_t(64) << 20;
   Conv(int n, std::int64_t in, std::int64_t out, std::int64_t k)
       : dims(n), in_channels(in), out_channels(out), kernel(k) {
     DTRAIN_REQUIRE(n >= 1 && n <= 3, "Conv", "1, 2 or 3 spatial axes, got " << n);
@@ -141,6 +146,11 @@ struct Conv {
   }
   Conv& with_lowering(ConvLowering how) {
     lowering = how;
+    return *this;
+  }
+  Conv& with_device_workspace(std::size_t bytes) {
+    DTRAIN_REQUIRE(bytes > 0, "Conv", "device workspace must be positive, got " << bytes);
+    device_workspace = bytes;
     return *this;
   }
 };

@@ -3,8 +3,10 @@
 // policy: im2col turns each sample into a [in_channels * kernel cells, output cells] matrix, the
 // policy's GEMM multiplies it by the weights, col2im brings the input gradient back. The lowering
 // kernels live here, not in the policies: host functions (contiguous row copies) on host-running
-// policies, element-wise functors through for_each_index on a device. Per sample, so the lowered
-// matrix stays in cache and its scratch is one sample's.
+// policies, element-wise functors through for_each_index on a device. On the host per sample, so
+// the lowered matrix stays in cache and its scratch is one sample's; on a device per batch (as
+// many samples as Conv::device_workspace holds), so a layer queues a fixed number of launches
+// (forward 3, backward 6 per chunk) instead of a few per sample.
 //
 // On host-running policies, float convolutions with stride 1, dilation 1 and more than one kernel
 // cell (any size up to 512 cells, zero or periodic padding, 1-, 2- and 3-D, any width and channel
@@ -62,30 +64,35 @@ struct ConvGeometry {
 
 namespace detail {
 
-/// Lowered-matrix element `i` (row-major [lowered_rows, out_cells]) of one sample x.
+/// Lowered-matrix element `i` of `samples` samples laid one after another from x: row-major
+/// [lowered_rows, samples x out_cells], each row sample by sample, so one GEMM lowers the batch.
 template <class T>
 struct Im2col {
   ConvGeometry g;
+  std::int64_t samples;
   const T* x;
   T* col;
   DTRAIN_HOST_DEVICE void operator()(std::int64_t i) const {
-    const std::int64_t p = i % g.out_cells(), r = i / g.out_cells();
+    const std::int64_t cols = samples * g.out_cells(), j = i % cols, r = i / cols;
+    const std::int64_t p = j % g.out_cells(), n = j / g.out_cells();
     const std::int64_t ow = p % g.out[2], oh = (p / g.out[2]) % g.out[1],
                        od = p / (g.out[2] * g.out[1]);
     const std::int64_t kw = r % g.kernel[2], kh = (r / g.kernel[2]) % g.kernel[1];
     const std::int64_t kd = (r / (g.kernel[2] * g.kernel[1])) % g.kernel[0];
-    const std::int64_t c = r / g.kernel_cells();
+    const std::int64_t c = n * g.in_channels + r / g.kernel_cells();
     const std::int64_t id = g.source(0, od, kd), ih = g.source(1, oh, kh), iw = g.source(2, ow, kw);
     col[i] =
         id < 0 || ih < 0 || iw < 0 ? T(0) : x[((c * g.in[0] + id) * g.in[1] + ih) * g.in[2] + iw];
   }
 };
 
-/// Input-gradient element `i` of one sample: the sum of every lowered cell that read it (a
-/// gather, so the order of the sum is fixed and no atomics are needed).
+/// Input-gradient element `i` of `samples` samples from the batch's lowered gradient (layout of
+/// Im2col): the sum of every lowered cell that read it (a gather, so the order of the sum is
+/// fixed and no atomics are needed).
 template <class T>
 struct Col2im {
   ConvGeometry g;
+  std::int64_t samples;
   const T* col;
   T* dx;
   // Output coordinates o on `axis` with source(axis, o, k) == i, as [first, step, count).
@@ -106,7 +113,11 @@ struct Col2im {
   }
   DTRAIN_HOST_DEVICE void operator()(std::int64_t i) const {
     const std::int64_t iw = i % g.in[2], ih = (i / g.in[2]) % g.in[1];
-    const std::int64_t id = (i / (g.in[2] * g.in[1])) % g.in[0], c = i / g.in_cells();
+    const std::int64_t id = (i / (g.in[2] * g.in[1])) % g.in[0];
+    const std::int64_t c = (i / g.in_cells()) % g.in_channels;
+    const std::int64_t n = i / (g.in_cells() * g.in_channels), P = g.out_cells(),
+                       cols = samples * P;
+    const T* sample = col + n * P;
     T sum = T(0);
     std::int64_t od[8], oh[8], ow[8];
     int nd = 0, nh = 0, nw = 0;
@@ -120,11 +131,38 @@ struct Col2im {
           for (int a = 0; a < nd; ++a)
             for (int b = 0; b < nh; ++b)
               for (int e = 0; e < nw; ++e)
-                sum += col[row * g.out_cells() + (od[a] * g.out[1] + oh[b]) * g.out[2] + ow[e]];
+                sum += sample[row * cols + (od[a] * g.out[1] + oh[b]) * g.out[2] + ow[e]];
         }
       }
     }
     dx[i] = sum;
+  }
+};
+
+/// Element `i` of `samples` samples [samples, channels, cells] from the channel-major matrix
+/// [channels, samples x cells] the batched GEMM writes, plus the channel's bias.
+template <class T>
+struct FromChannelMajor {
+  std::int64_t samples, channels, cells;
+  const T* cm;
+  const T* bias;
+  T* y;
+  DTRAIN_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t p = i % cells, c = (i / cells) % channels, n = i / (cells * channels);
+    y[i] = cm[(c * samples + n) * cells + p] + bias[c];
+  }
+};
+
+/// Element `i` of the channel-major matrix [channels, samples x cells] from `samples` samples
+/// [samples, channels, cells] (the output gradient, as the batched GEMMs read it).
+template <class T>
+struct ToChannelMajor {
+  std::int64_t samples, channels, cells;
+  const T* y;
+  T* cm;
+  DTRAIN_HOST_DEVICE void operator()(std::int64_t i) const {
+    const std::int64_t p = i % cells, n = (i / cells) % samples, c = i / (cells * samples);
+    cm[i] = y[(n * channels + c) * cells + p];
   }
 };
 
@@ -369,7 +407,9 @@ struct AddPerCell {
 }  // namespace detail
 
 /// The convolution layer (see Conv). Weight [out_channels, in_channels, k...], bias
-/// [out_channels]; scratch: one sample's lowered matrix and its gradient, and a row of ones.
+/// [out_channels]; scratch: on host policies one sample's lowered matrix and its gradient, and a
+/// row of ones; on device policies the lowered matrix of as many samples as the batch and
+/// Conv::device_workspace allow, their channel-major output, and a row of ones.
 template <class T, class Exec>
 class ConvLayer final : public Layer<T, Exec> {
  public:
@@ -409,6 +449,11 @@ class ConvLayer final : public Layer<T, Exec> {
       geometry_.out[axis] = (extent + 2 * spec_.padding - span) / spec_.stride + 1;
       out.push_back(geometry_.out[axis]);
     }
+    DTRAIN_REQUIRE(runs_host_kernels_v<Exec> || spec_.lowering == ConvLowering::automatic ||
+                       spec_.lowering == ConvLowering::im2col,
+                   kind(),
+                   "the shifted and direct lowerings run on host policies only; on a device a "
+                   "convolution lowers whole batches by im2col");
     DTRAIN_REQUIRE(spec_.lowering != ConvLowering::shifted || spec_.stride == 1, kind(),
                    "the shifted lowering needs stride 1, not " << spec_.stride);
     // The direct kernel: host code, unit stride and dilation, its tap offsets on the stack.
@@ -423,9 +468,10 @@ class ConvLayer final : public Layer<T, Exec> {
     isa_ = host::conv_isa();
     lowering_ = spec_.lowering;
     if (lowering_ == ConvLowering::automatic)
-      lowering_ = direct_fits && prefer_direct(geometry_, isa_)    ? ConvLowering::direct
-                  : spec_.stride == 1 && prefer_shifted(geometry_) ? ConvLowering::shifted
-                                                                   : ConvLowering::im2col;
+      lowering_ = direct_fits && prefer_direct(geometry_, isa_) ? ConvLowering::direct
+                  : runs_host_kernels_v<Exec> && spec_.stride == 1 && prefer_shifted(geometry_)
+                      ? ConvLowering::shifted
+                      : ConvLowering::im2col;
     shifted_ = lowering_ == ConvLowering::shifted;
     return out;
   }
@@ -475,6 +521,10 @@ class ConvLayer final : public Layer<T, Exec> {
     const std::int64_t C = spec_.out_channels, Cin = spec_.in_channels;
     std::int64_t ones = geometry_.out_cells();
     if (lowering_ == ConvLowering::direct) return bind_direct(exec);
+    if constexpr (!runs_host_kernels_v<Exec>) {
+      batch_ = 0;
+      return reserve(1);
+    }
     if (shifted_) {
       grid_ = detail::ShiftedGrid(geometry_);
       xpad_ = Tensor({Cin, grid_.plane}, dtype_of_v<T>, a);
@@ -496,7 +546,34 @@ class ConvLayer final : public Layer<T, Exec> {
     exec.fill(exec.compute_stream(), buf(ones_), static_cast<std::size_t>(ones), T(1));
   }
 
+  /// Device policies: grows the batched scratch to min(rows, what Conv::device_workspace holds)
+  /// samples. Host policies keep one sample's scratch.
+  void reserve(std::int64_t rows) override {
+    if constexpr (!runs_host_kernels_v<Exec>) {
+      const std::int64_t P = geometry_.out_cells();
+      const std::int64_t per_sample =
+          (geometry_.lowered_rows() + spec_.out_channels + 1) * P * std::int64_t(sizeof(T));
+      const std::int64_t fit = static_cast<std::int64_t>(spec_.device_workspace) / per_sample;
+      const std::int64_t want = std::max<std::int64_t>(1, std::min(rows, fit));
+      if (want <= batch_) return;
+      Allocator& a = this->exec().allocator();
+      col_ = Tensor({geometry_.lowered_rows(), want * P}, dtype_of_v<T>, a);
+      cm_ = Tensor({spec_.out_channels, want * P}, dtype_of_v<T>, a);
+      ones_ = Tensor({want * P}, dtype_of_v<T>, a);
+      this->exec().fill(this->exec().compute_stream(), buf(ones_),
+                        static_cast<std::size_t>(want * P), T(1));
+      batch_ = want;
+    } else {
+      (void)rows;
+    }
+  }
+
+  /// Samples a device policy lowers per chunk (0 on host policies): forward queues 3 kernels per
+  /// chunk, backward 6 (4 without dx), whatever the batch.
+  std::int64_t device_chunk() const noexcept { return batch_; }
+
   void forward(stream_type s, const T* x, T* y, std::int64_t rows, const PassContext&) override {
+    if constexpr (!runs_host_kernels_v<Exec>) return forward_batched(s, x, y, rows);
     if constexpr (runs_host_kernels_v<Exec>)
       if (lowering_ == ConvLowering::direct)
         return this->exec().host_kernel(s, "conv direct forward", &host::conv_direct_forward<T>,
@@ -522,6 +599,7 @@ class ConvLayer final : public Layer<T, Exec> {
                 const PassContext& ctx) override {
     (void)y;
     (void)ctx;
+    if constexpr (!runs_host_kernels_v<Exec>) return backward_batched(s, x, dy, dx, rows);
     if constexpr (runs_host_kernels_v<Exec>)
       if (lowering_ == ConvLowering::direct)
         return this->exec().host_kernel(s, "conv direct backward", &host::conv_direct_backward<T>,
@@ -548,10 +626,6 @@ class ConvLayer final : public Layer<T, Exec> {
       if constexpr (runs_host_kernels_v<Exec>)
         this->exec().host_kernel(s, "conv col2im", &detail::col2im_host<T>, geometry_,
                                  static_cast<const T*>(dcol()), dxs);
-      else
-        for_each_index<detail::Col2im<T>>(this->exec(), s, "conv col2im",
-                                          geometry_.in_channels * geometry_.in_cells(), geometry_,
-                                          static_cast<const T*>(dcol()), dxs);
     }
   }
 
@@ -646,10 +720,51 @@ class ConvLayer final : public Layer<T, Exec> {
   void lower(stream_type s, const T* xs) {
     if constexpr (runs_host_kernels_v<Exec>)
       this->exec().host_kernel(s, "conv im2col", &detail::im2col_host<T>, geometry_, xs, col());
-    else
-      for_each_index<detail::Im2col<T>>(this->exec(), s, "conv im2col",
-                                        geometry_.lowered_rows() * geometry_.out_cells(), geometry_,
-                                        xs, col());
+  }
+
+  // Device policies: the batch in chunks of batch_ samples, each lowered into one matrix
+  // [K, n x P] so that one GEMM convolves the chunk (launches per chunk, not per sample). Every
+  // sum has a fixed order (the GEMMs', and Col2im's gather): no atomics.
+  void forward_batched(stream_type s, const T* x, T* y, std::int64_t rows) {
+    const std::int64_t K = geometry_.lowered_rows(), P = geometry_.out_cells();
+    const std::int64_t C = spec_.out_channels;
+    const T* w = this->parameters();
+    for (std::int64_t b = 0; b < rows; b += batch_) {
+      const std::int64_t n = std::min(batch_, rows - b), cols = n * P;
+      for_each_index<detail::Im2col<T>>(this->exec(), s, "conv im2col", K * cols, geometry_, n,
+                                        x + b * this->input_size(), col());
+      this->exec().gemm(s, false, false, C, cols, K, T(1), w, K, static_cast<const T*>(col()), cols,
+                        T(0), buf(cm_), cols);
+      for_each_index<detail::FromChannelMajor<T>>(this->exec(), s, "conv bias", C * cols, n, C, P,
+                                                  static_cast<const T*>(buf(cm_)),
+                                                  w + weight_count(), y + b * this->output_size());
+    }
+  }
+
+  void backward_batched(stream_type s, const T* x, const T* dy, T* dx, std::int64_t rows) {
+    const std::int64_t K = geometry_.lowered_rows(), P = geometry_.out_cells();
+    const std::int64_t C = spec_.out_channels;
+    const T* w = this->parameters();
+    T* dw = this->gradients();
+    const T* dcm = buf(cm_);
+    for (std::int64_t b = 0; b < rows; b += batch_) {
+      const std::int64_t n = std::min(batch_, rows - b), cols = n * P;
+      for_each_index<detail::Im2col<T>>(this->exec(), s, "conv im2col", K * cols, geometry_, n,
+                                        x + b * this->input_size(), col());
+      for_each_index<detail::ToChannelMajor<T>>(this->exec(), s, "conv output gradient", C * cols,
+                                                n, C, P, dy + b * this->output_size(), buf(cm_));
+      // dW += dy col^T and db += dy ones, summed over the chunk's samples inside the GEMMs.
+      this->exec().gemm(s, false, true, C, K, cols, T(1), dcm, cols, static_cast<const T*>(col()),
+                        cols, T(1), dw, K);
+      this->exec().gemm(s, false, false, C, 1, cols, T(1), dcm, cols, ones(), 1, T(1),
+                        dw + weight_count(), 1);
+      if (!dx) continue;
+      // The lowered gradient W^T dy replaces the lowered input (queued after the GEMM reading it).
+      this->exec().gemm(s, true, false, K, cols, C, T(1), w, K, dcm, cols, T(0), col(), cols);
+      for_each_index<detail::Col2im<T>>(
+          this->exec(), s, "conv col2im", n * geometry_.in_channels * geometry_.in_cells(),
+          geometry_, n, static_cast<const T*>(col()), dx + b * this->input_size());
+    }
   }
   std::size_t weight_count() const noexcept {
     return static_cast<std::size_t>(geometry_.out_channels * geometry_.lowered_rows());
@@ -666,6 +781,8 @@ class ConvLayer final : public Layer<T, Exec> {
   host::ConvDirectPlan plan_;
   detail::ShiftedGrid grid_;
   Tensor col_, dcol_, ones_;                                   // im2col
+  Tensor cm_;                                                  // device: channel-major output
+  std::int64_t batch_ = 0;                                     // device: samples per chunk
   Tensor xpad_, dxpad_, wide_, dwide_, per_cell_, dper_cell_;  // shifted, direct (bind_direct)
 };
 
