@@ -167,11 +167,16 @@ struct UpsampleBackward {
 // ---- Host loops over windows ----------------------------------------------------------------
 // Planes are (sample, channel) pairs, each in[0] x in[1] x in[2] cells (out[...] for outputs).
 
-// The value that the gather's window_argmax keeps of `best` (the window's earlier cells) and a
-// later cell v: v when larger, or when NaN unless best already is (the first NaN wins).
+// Whether the gather's window_argmax moves from `best` (the window's earlier cells) to a later
+// cell v: v is larger, or v is NaN and best is not (the first NaN wins). Written as one unordered
+// comparison and one ordered one, which GCC vectorises.
+template <class T>
+inline bool takes(T best, T v) {
+  return !(v <= best) && best == best;
+}
 template <class T>
 inline T keep_max(T best, T v) {
-  return (v > best || (v != v && best == best)) ? v : best;
+  return takes(best, v) ? v : best;
 }
 
 // Whether the max-pooling fast path applies: 2-D (depth 1), 2 x 2 windows at stride 2, the
@@ -202,16 +207,20 @@ inline void max_pool_2x2_row_backward(const T* __restrict r0, const T* __restric
     const std::int64_t w = 2 * ow;
     // T(0) + dy: the gather's sum of one term, +0 for a gradient of -0.
     const T a = r0[w], b = r0[w + 1], c = r1[w], e = r1[w + 1], g = T(0) + dy[ow];
-    const T ab = keep_max(a, b), abc = keep_max(ab, c), best = keep_max(abc, e);
-    // The last cell whose select changed the kept value is the argmax (a kept NaN stays kept).
-    const bool take_e = !(best == abc || (best != best && abc != abc));
-    const bool take_c = !take_e && !(abc == ab || (abc != abc && ab != ab));
-    const bool take_b = !take_e && !take_c && !(ab == a || (ab != ab && a != a));
-    const bool take_a = !take_e && !take_c && !take_b;
-    d0[w] = take_a ? g : T(0);
-    d0[w + 1] = take_b ? g : T(0);
-    d1[w] = take_c ? g : T(0);
-    d1[w + 1] = take_e ? g : T(0);
+    // The gradient follows the kept cell through the selects (one condition per select).
+    const bool sb = takes(a, b);
+    const T ab = sb ? b : a;
+    T ga = sb ? T(0) : g, gb = sb ? g : T(0);
+    const bool sc = takes(ab, c);
+    const T abc = sc ? c : ab;
+    ga = sc ? T(0) : ga;
+    gb = sc ? T(0) : gb;
+    T gc = sc ? g : T(0);
+    const bool se = takes(abc, e);
+    d0[w] = se ? T(0) : ga;
+    d0[w + 1] = se ? T(0) : gb;
+    d1[w] = se ? T(0) : gc;
+    d1[w + 1] = se ? g : T(0);
   }
 }
 
