@@ -22,8 +22,9 @@
 // Layers: on rank 0 alone, each layer of the model is built, configured and bound to buffers of
 // its own and its forward and backward timed separately (median of --layer-reps, CPU time) on
 // random inputs of the model's shapes; each kind's sum is printed with its share of the 1-rank
-// step's CPU time (median over the rounds; CPU time, so that a loaded machine moves both alike);
-// the first layer's backward computes no input gradient, as in the model. The convolutions
+// step's CPU time (median over the rounds; CPU time, so that a loaded machine moves both alike),
+// the 2x2 max pooling also through the per-element gather that devices run, as the baseline; the
+// first layer's backward computes no input gradient, as in the model. The convolutions
 // are printed with GFLOP/s (2 x multiply-adds, forward, input and weight gradients) against the
 // measured FMA peak, and beside oneDNN's forward, backward-data and backward-weights primitives
 // on the same shapes (formats chosen by oneDNN, reorders not timed: its best case; oneDNN has no
@@ -45,6 +46,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <dtrain/comm/communicator.hpp>
@@ -182,6 +184,7 @@ struct LayerTime {
   double fwd_ms = 0, bwd_ms = 0, flops = 0;  // flops: convolutions only (forward + 2 gradients)
   dtrain::ConvGeometry conv;
   bool is_conv = false, first = false;
+  double gather_ms = 0;  // 2x2 max pooling: the per-element gather's time on the same shapes
 };
 
 // Forward and backward of one layer alone on input samples `in` (CPU ms, median of `reps`).
@@ -220,12 +223,13 @@ LayerTime time_layer(const dtrain::LayerEntry<float, dtrain::HostExec>& entry, d
   t.fwd_ms = 1e3 * median(f);
   t.bwd_ms = 1e3 * median(b);
   t.first = first;
-  if (const auto* c = dynamic_cast<const dtrain::ConvLayer<float, dtrain::HostExec>*>(layer.get())) {
+  if (const auto* c =
+          dynamic_cast<const dtrain::ConvLayer<float, dtrain::HostExec>*>(layer.get())) {
     t.is_conv = true;
     t.conv = c->geometry();
     const auto& g = t.conv;
-    const double macs = static_cast<double>(batch * g.out_cells() * g.out_channels *
-                                            g.in_channels * g.kernel_cells());
+    const double macs = static_cast<double>(batch * g.out_cells() * g.out_channels * g.in_channels *
+                                            g.kernel_cells());
     t.flops = 2.0 * macs * (first ? 2.0 : 3.0);
     const dtrain::ConvLowering lw = c->lowering();
     t.kind += lw == dtrain::ConvLowering::direct
@@ -236,11 +240,50 @@ LayerTime time_layer(const dtrain::LayerEntry<float, dtrain::HostExec>& entry, d
   return t;
 }
 
+// 2x2 max pooling (stride 2) of samples `in` [channels, h, w] through the per-element gather
+// functors that devices run (and that host policies ran before the loops over windows), as host
+// loops: CPU ms of forward and backward, the baseline of the host pooling.
+std::pair<double, double> gather_pool_ms(const dtrain::Shape& in, std::int64_t batch, int reps) {
+  dtrain::GridGeometry g;
+  g.channels = in[0];
+  g.in[1] = in[1], g.in[2] = in[2];
+  g.window[1] = g.window[2] = g.stride[1] = g.stride[2] = 2;
+  g.out[1] = (in[1] - 2) / 2 + 1, g.out[2] = (in[2] - 2) / 2 + 1;
+  const std::int64_t nx = batch * g.channels * g.in_cells(),
+                     ny = batch * g.channels * g.out_cells();
+  std::vector<float> x(static_cast<std::size_t>(nx)), y(static_cast<std::size_t>(ny)), dy(y.size()),
+      dx(x.size());
+  dtrain::RngStream rng(5, 0);
+  for (auto& v : x) v = static_cast<float>(rng.normal());
+  for (auto& v : dy) v = static_cast<float>(rng.normal());
+  const dtrain::detail::PoolForward<float> fwd{g, true, x.data(), y.data()};
+  const dtrain::detail::PoolBackward<float> bwd{g, true, x.data(), dy.data(), dx.data()};
+  std::vector<double> f, b;
+  for (int r = 0; r < reps + 2; ++r) {
+    const double t0 = dtrain_bench::cpu_seconds();
+    for (std::int64_t i = 0; i < ny; ++i) fwd(i);
+    const double t1 = dtrain_bench::cpu_seconds();
+    for (std::int64_t i = 0; i < nx; ++i) bwd(i);
+    const double t2 = dtrain_bench::cpu_seconds();
+    if (r >= 2) {
+      f.push_back(t1 - t0);
+      b.push_back(t2 - t1);
+    }
+  }
+  return {1e3 * median(f), 1e3 * median(b)};
+}
+
 std::vector<LayerTime> time_layers(const ModelDef& d, int reps) {
   dtrain::Shape shape = d.layers.front().input()->shape;
   std::vector<LayerTime> out;
-  for (std::size_t i = 1; i < d.layers.size(); ++i)
+  for (std::size_t i = 1; i < d.layers.size(); ++i) {
+    const dtrain::Shape in = shape;
     out.push_back(time_layer(d.layers[i], shape, d.batch, i == 1, reps));
+    if (out.back().kind == "maxpool2d") {
+      const auto [f, b] = gather_pool_ms(in, d.batch, reps);
+      out.back().gather_ms = f + b;
+    }
+  }
   return out;
 }
 
@@ -343,8 +386,12 @@ void print_layers(const ModelDef& d, const std::vector<LayerTime>& layers, doubl
   for (const auto& l : layers) {
     const double t = l.fwd_ms + l.bwd_ms;
     sum += t;
-    std::printf("  %-26s %9.3f %9.3f %9.3f %7.1f%%\n", l.kind.c_str(), l.fwd_ms, l.bwd_ms, t,
+    std::printf("  %-26s %9.3f %9.3f %9.3f %7.1f%%", l.kind.c_str(), l.fwd_ms, l.bwd_ms, t,
                 100 * t / step_ms);
+    if (l.gather_ms > 0)
+      std::printf("  (per-element gather: %.3f ms, %.1fx the loops' time)", l.gather_ms,
+                  l.gather_ms / t);
+    std::printf("\n");
     std::string k = l.kind.substr(0, l.kind.find(' '));
     auto it = std::find_if(kinds.begin(), kinds.end(), [&](auto& p) { return p.first == k; });
     if (it == kinds.end())
