@@ -30,54 +30,22 @@
 #include <dtrain/kernels/gpu_exec.cuh>
 #endif
 
+#if !DTRAIN_DEVICE_CODE
+#include "fma_peak.hpp"
+#else
+// nvcc's device front end does not take fma_peak.hpp's vector code: a device build does not
+// measure the host peak (its host line then reads 0% of a peak of 0).
+namespace dtrain_bench {
+inline double fma_peak_gflops(const char** isa) {
+  return *isa = "not measured in a device build", 0.0;
+}
+}  // namespace dtrain_bench
+#endif
+
 namespace {
 double seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
-#if !DTRAIN_DEVICE_CODE
-// Single-precision FMA throughput of one core, in CPU time (a busy machine lowers it less than
-// wall time): 12 independent chains of W-lane FMAs, few enough to stay in registers without
-// -march flags (16 chains plus two constants spill to the stack and halve the figure).
-using f32x8 = float __attribute__((vector_size(32)));
-using f32x16 = float __attribute__((vector_size(64)));
-template <class vec>
-__attribute__((always_inline)) inline double fma_chains() {  // compiled for the caller's target
-  constexpr int W = sizeof(vec) / sizeof(float);
-  vec acc[12];
-  for (int i = 0; i < 12; ++i) acc[i] = vec{} + 1e-3f * static_cast<float>(i);
-  const vec a = vec{} + 0.999999f, b = vec{} + 1e-7f;
-  const long iters = 20'000'000;
-  const double t0 = cpu_seconds();
-  for (long k = 0; k < iters; ++k)
-    for (int i = 0; i < 12; ++i) acc[i] = acc[i] * a + b;
-  const double t = cpu_seconds() - t0;
-  float sink = 0;
-  for (auto& v : acc)
-    for (int j = 0; j < W; ++j) sink += v[j];
-  if (sink == 12345.0f) std::printf(" ");
-  return 2.0 * W * 12 * static_cast<double>(iters) / t / 1e9;
-}
-__attribute__((target("avx2,fma"))) double fma_peak_avx2() { return fma_chains<f32x8>(); }
-__attribute__((target("avx512f"))) double fma_peak_avx512() { return fma_chains<f32x16>(); }
-// The widest the CPU has: 16 lanes (AVX-512), else 8 (AVX2 + FMA), else 0.
-double fma_peak_gflops(const char** isa) {
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f")) return *isa = "AVX-512", fma_peak_avx512();
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-    return *isa = "AVX2", fma_peak_avx2();
-  return *isa = "none", 0.0;
-}
-#else
-// nvcc's device front end does not take the vector code above: a device build does not measure
-// the host peak (its host line then reads 0% of a peak of 0).
-double fma_peak_gflops(const char** isa) { return *isa = "not measured in a device build", 0.0; }
-#endif
 #if DTRAIN_DEVICE_CODE
 #if defined(DTRAIN_GPU_VENDOR_BLAS)
 using DeviceExec = dtrain::GpuBlasExec;
@@ -176,12 +144,12 @@ int main(int argc, char** argv) {
   for (auto& v : y) v = static_cast<float>(rng.normal());
   std::vector<double> times, cpu;
   for (int i = 0; i < reps + 5; ++i) {
-    const double t0 = seconds(), c0 = cpu_seconds();
+    const double t0 = seconds(), c0 = dtrain_bench::cpu_seconds();
     model.zero_grad();
     model.forward_backward(x.data(), y.data(), batch, dtrain::Loss::mse);
     if (i >= 5) {
       times.push_back(seconds() - t0);
-      cpu.push_back(cpu_seconds() - c0);
+      cpu.push_back(dtrain_bench::cpu_seconds() - c0);
     }
   }
   std::sort(times.begin(), times.end());
@@ -195,7 +163,7 @@ int main(int argc, char** argv) {
       dynamic_cast<const dtrain::ConvLayer<float, dtrain::HostBlasExec>&>(model.layer(2));
   const auto lowering = lowerings[static_cast<int>(mid.lowering())];
   const char* isa = "";
-  const double peak = fma_peak_gflops(&isa);
+  const double peak = dtrain_bench::fma_peak_gflops(&isa);
   std::printf(
       "dtrain conv stack batch=%lld grid=%lld channels=%lld (%s, %s): median %.2f ms/step (%.2f "
       "ms CPU), %.2f GFLOP/s of CPU time, %.0f%% of the measured %s FMA peak %.1f GFLOP/s\n",

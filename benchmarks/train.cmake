@@ -20,3 +20,24 @@ if(DTRAIN_BUILD_BENCHMARKS AND DTRAIN_BUILD_GPU_BENCHMARKS AND TARGET train_benc
   dtrain_add_gpu_variants(NAME train_bench SOURCE "${CMAKE_CURRENT_LIST_DIR}/train_bench.cpp"
     USES CLI11::CLI11 MPI::MPI_CXX DEFINES DTRAIN_HAVE_MPI=1)
 endif()
+
+# model_bench: whole models as users write them (Sequential on its default policy, AdamW,
+# GradientSync) on 1 and 2 ranks, every layer kind's share of the step; the PyTorch side is
+# benchmarks/compare/model_torch.py. Where oneDNN (libdnnl-dev) is found, the convolution layers of
+# the same shapes are also timed in oneDNN; without it the benchmark builds without that column.
+if(DTRAIN_HAVE_MPI)
+  set(_model_bench_link dtrain::mpi)
+  if(DTRAIN_HAVE_BLAS)
+    list(APPEND _model_bench_link dtrain::blas)
+  endif()
+  dtrain_add_benchmark(NAME model_bench SOURCES ${CMAKE_CURRENT_LIST_DIR}/model_bench.cpp
+    LINK ${_model_bench_link})
+  find_path(DTRAIN_DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+  find_library(DTRAIN_DNNL_LIBRARY dnnl)
+  mark_as_advanced(DTRAIN_DNNL_INCLUDE_DIR DTRAIN_DNNL_LIBRARY)
+  if(DTRAIN_DNNL_INCLUDE_DIR AND DTRAIN_DNNL_LIBRARY)
+    target_include_directories(model_bench PRIVATE "${DTRAIN_DNNL_INCLUDE_DIR}")
+    target_link_libraries(model_bench PRIVATE "${DTRAIN_DNNL_LIBRARY}")
+    target_compile_definitions(model_bench PRIVATE DTRAIN_BENCH_ONEDNN=1)
+  endif()
+endif()

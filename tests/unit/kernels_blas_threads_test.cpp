@@ -168,6 +168,19 @@ bool multithreaded_openblas() {
   return blas::openblas_linked() && openblas_get_parallel && openblas_get_parallel() != 0;
 }
 
+TEST_CASE("openblas_core_below_cpu: OpenBLAS's fallback kernels on a CPU with AVX2 and FMA") {
+  using dtrain::blas::openblas_core_below_cpu;
+  CHECK(openblas_core_below_cpu("Prescott", true));  // Debian 12's OpenBLAS on an AVX-512 Xeon
+  CHECK(openblas_core_below_cpu("NEHALEM", true));
+  CHECK(openblas_core_below_cpu("Sandybridge", true));
+  CHECK_FALSE(openblas_core_below_cpu("Haswell", true));
+  CHECK_FALSE(openblas_core_below_cpu("SkylakeX", true));
+  CHECK_FALSE(openblas_core_below_cpu("Cooperlake", true));
+  CHECK_FALSE(openblas_core_below_cpu("Zen", true));
+  CHECK_FALSE(openblas_core_below_cpu("Prescott", false));  // an old CPU: the right kernels
+  CHECK_FALSE(openblas_core_below_cpu("", true));
+}
+
 TEST_CASE("choose_threads: the affinity mask shared by the node's ranks, at least one thread") {
   CHECK(blas::choose_threads(inputs(2, 2, 2)).threads == 1);  // this machine under mpiexec -n 2
   CHECK(blas::choose_threads(inputs(2, 2, 2)).rule == ThreadRule::shared_mask);

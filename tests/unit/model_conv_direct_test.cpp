@@ -3,13 +3,14 @@
 // shapes (widths 1 to 130, channel counts that no tile divides, kernels 1, 3, 5, zero and periodic
 // padding, 1-, 2- and 3-D), and in float64 against central finite differences; once per
 // instruction set this CPU runs (the test output says which ran and which the CPU lacks). Then
-// the automatic choice and the errors of an impossible request.
+// the automatic choice (the same on every rank) and the errors of an impossible request.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "support/messages.hpp"
@@ -245,6 +246,40 @@ TEST_CASE("direct convolution: the automatic choice and impossible requests") {
   CHECK(text.find("dilation 2") != std::string::npos);
   for (ConvIsa isa : {ConvIsa::avx2, ConvIsa::avx512})
     if (!host::conv_isa_supported(isa)) CHECK_THROWS_AS(host::force_conv_isa(isa), InvalidArgument);
+}
+
+TEST_CASE("direct convolution: the automatic choice is the same on every rank") {
+  // A rule of shapes, scalar type and instruction set, with no timing in it: ranks that build the
+  // same model choose alike (a choice that differed would give them different bits). Four ranks
+  // as threads build the classifier and surrogate CNNs of benchmarks/model_bench.cpp at once.
+  auto choices = [] {
+    std::vector<std::string> out;
+    BasicSequential<float> cnn({Input{1, 28, 28}, Conv2d(1, 16, 3).pad(1), Relu{}, MaxPool2d(2),
+                                Conv2d(16, 32, 3).pad(1), Relu{}, MaxPool2d(2),
+                                Linear(32 * 7 * 7, 10)});
+    BasicSequential<float> surrogate({Input{1, 40, 64}, Conv2d(1, 8, 3).periodic(1),
+                                      Conv2d(8, 8, 3).periodic(1), Conv2d(8, 1, 3).periodic(1)});
+    for (const auto* m : {&cnn, &surrogate})
+      for (std::size_t i = 0; i < m->layer_count(); ++i)
+        if (const auto* c = dynamic_cast<const ConvLayer<float, HostExec>*>(&m->layer(i)))
+          out.push_back(std::to_string(static_cast<int>(c->lowering())) + "/" +
+                        host::conv_isa_name(c->direct_isa()));
+    return out;
+  };
+  std::vector<std::vector<std::string>> seen(4);
+  std::vector<std::thread> ranks;
+  for (std::size_t r = 0; r < seen.size(); ++r) ranks.emplace_back([&, r] { seen[r] = choices(); });
+  for (auto& t : ranks) t.join();
+  REQUIRE(seen[0].size() == 5);
+  for (const auto& s : seen) CHECK(s == seen[0]);
+  // And the rule's answer: the direct kernel in the CPU's widest version where it has one.
+  const ConvIsa isa = host::conv_isa();
+  const std::string want =
+      isa == ConvIsa::portable
+          ? ""
+          : std::to_string(static_cast<int>(ConvLowering::direct)) + "/" + host::conv_isa_name(isa);
+  if (!want.empty())
+    for (const auto& c : seen[0]) CHECK(c == want);
 }
 
 }  // namespace dtrain_test_model_conv_direct_test

@@ -1,12 +1,14 @@
 // Grid layers (convolutions, pooling, upsampling, residual blocks): gradients against float64
 // central finite differences (check_gradients, itself checked on a planted wrong backward), the
-// convolution against a direct loop, the device functors against the host lowering, shape errors
-// that name the layer and both shapes.
+// convolution against a direct loop, the device functors against the host lowering, the host
+// pooling and upsampling loops against float64 and the device functors, shape errors that name the
+// layer and both shapes.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -290,6 +292,144 @@ TEST_CASE("the device lowering functors equal the host lowering") {
       CHECK(err < 1e-12);  // the gather sums in another order than the host's scatter
     }
   }
+}
+
+namespace {
+
+// Max and average pooling of one window by float64 arithmetic (ties: the first cell; a NaN wins).
+double reference_pool(const GridGeometry& g, bool max, const float* plane, const std::int64_t* o,
+                      std::int64_t* arg) {
+  double best = 0, sum = 0;
+  *arg = -1;
+  for (std::int64_t a = 0; a < g.window[0]; ++a)
+    for (std::int64_t b = 0; b < g.window[1]; ++b)
+      for (std::int64_t e = 0; e < g.window[2]; ++e) {
+        const std::int64_t cell =
+            ((o[0] * g.stride[0] + a) * g.in[1] + o[1] * g.stride[1] + b) * g.in[2] +
+            o[2] * g.stride[2] + e;
+        const double v = plane[cell];
+        sum += v;
+        if (*arg < 0 || (!std::isnan(best) && (v > best || std::isnan(v)))) {
+          best = v;
+          *arg = cell;
+        }
+      }
+  return max ? best : sum / static_cast<double>(g.window_cells());
+}
+
+}  // namespace
+
+TEST_CASE("host pooling and upsampling loops equal float64 references and the device functors") {
+  struct Case {
+    const char* name;
+    std::int64_t in[3], window[3], stride[3];
+  };
+  const Case cases[] = {
+      {"2x2", {1, 6, 10}, {1, 2, 2}, {1, 2, 2}},
+      {"2x2 odd tail", {1, 7, 9}, {1, 2, 2}, {1, 2, 2}},
+      {"3x3 overlap", {1, 7, 8}, {1, 3, 3}, {1, 2, 2}},
+      {"1d overlap", {1, 1, 11}, {1, 1, 3}, {1, 1, 2}},
+      {"3d", {4, 4, 6}, {2, 2, 2}, {2, 2, 2}},
+      {"3x3 stride 1", {1, 5, 6}, {1, 3, 3}, {1, 1, 1}},
+  };
+  const std::int64_t planes = 6;  // two samples of three channels
+  for (const Case& c : cases)
+    for (const bool max : {true, false}) {
+      CAPTURE(c.name);
+      CAPTURE(max);
+      GridGeometry g;
+      g.channels = 3;
+      for (int a = 0; a < 3; ++a) {
+        g.in[a] = c.in[a];
+        g.window[a] = c.window[a];
+        g.stride[a] = c.stride[a];
+        g.out[a] = (c.in[a] - c.window[a]) / c.stride[a] + 1;
+      }
+      const auto nx = static_cast<std::size_t>(planes * g.in_cells());
+      const auto ny = static_cast<std::size_t>(planes * g.out_cells());
+      // Values from a short list, so windows hold ties; a few NaN with max pooling.
+      std::vector<float> x(nx), dy(ny);
+      const auto r = random_vec(nx + ny, 11);
+      for (std::size_t i = 0; i < nx; ++i) x[i] = std::round(static_cast<float>(r[i]) * 3) / 4;
+      for (std::size_t i = 0; i < ny; ++i) dy[i] = static_cast<float>(r[nx + i]);
+      if (max) x[5] = x[nx / 2] = std::nanf("");
+      std::vector<float> y(ny), dx(nx, 7.f), y_gather(ny), dx_gather(nx);
+      detail::pool_forward_host(g, max, planes, x.data(), y.data());
+      detail::pool_backward_host(g, max, planes, x.data(), dy.data(), dx.data());
+      const detail::PoolForward<float> fwd{g, max, x.data(), y_gather.data()};
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(ny); ++i) fwd(i);
+      const detail::PoolBackward<float> bwd{g, max, x.data(), dy.data(), dx_gather.data()};
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(nx); ++i) bwd(i);
+      // float64 references: forward per window, backward scattered from each window.
+      std::vector<double> dx_ref(nx, 0.0);
+      for (std::int64_t p = 0; p < planes; ++p) {
+        std::int64_t o[3], i = p * g.out_cells();
+        for (o[0] = 0; o[0] < g.out[0]; ++o[0])
+          for (o[1] = 0; o[1] < g.out[1]; ++o[1])
+            for (o[2] = 0; o[2] < g.out[2]; ++o[2], ++i) {
+              std::int64_t arg = 0;
+              const double want = reference_pool(g, max, x.data() + p * g.in_cells(), o, &arg);
+              const auto yi = static_cast<std::size_t>(i);
+              if (std::isnan(want))
+                CHECK(std::isnan(y[yi]));
+              else
+                CHECK(y[yi] == doctest::Approx(want).epsilon(1e-6));
+              for (std::int64_t a = 0; a < g.window[0]; ++a)
+                for (std::int64_t b = 0; b < g.window[1]; ++b)
+                  for (std::int64_t e = 0; e < g.window[2]; ++e) {
+                    const std::int64_t cell =
+                        ((o[0] * g.stride[0] + a) * g.in[1] + o[1] * g.stride[1] + b) * g.in[2] +
+                        o[2] * g.stride[2] + e;
+                    if (!max || cell == arg)
+                      dx_ref[static_cast<std::size_t>(p * g.in_cells() + cell)] +=
+                          dy[yi] / (max ? 1.0 : static_cast<double>(g.window_cells()));
+                  }
+            }
+      }
+      for (std::size_t i = 0; i < nx; ++i) CHECK(dx[i] == doctest::Approx(dx_ref[i]).epsilon(1e-5));
+      // The gather's bits, NaN included.
+      CHECK(std::equal(y.begin(), y.end(), y_gather.begin(), [](float a, float b) {
+        return a == b || (std::isnan(a) && std::isnan(b));
+      }));
+      CHECK(std::memcmp(dx.data(), dx_gather.data(), nx * sizeof(float)) == 0);
+
+      // Upsampling by the window's extents.
+      GridGeometry u;
+      u.channels = 3;
+      for (int a = 0; a < 3; ++a) {
+        u.in[a] = g.out[a];
+        u.stride[a] = c.window[a];
+        u.out[a] = g.out[a] * c.window[a];
+      }
+      const auto un = static_cast<std::size_t>(planes * u.in_cells());
+      const auto um = static_cast<std::size_t>(planes * u.out_cells());
+      std::vector<float> uy(um), ug(um), udx(un, 7.f), udx_gather(un);
+      std::vector<float> udy(um);
+      for (std::size_t i = 0; i < um; ++i) udy[i] = static_cast<float>(r[i % r.size()]);
+      detail::upsample_forward_host(u, planes, dy.data(), uy.data());
+      detail::upsample_backward_host(u, planes, udy.data(), udx.data());
+      const detail::UpsampleForward<float> ufwd{u, dy.data(), ug.data()};
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(um); ++i) ufwd(i);
+      const detail::UpsampleBackward<float> ubwd{u, udy.data(), udx_gather.data()};
+      for (std::int64_t i = 0; i < static_cast<std::int64_t>(un); ++i) ubwd(i);
+      std::vector<double> udx_ref(un, 0.0);
+      for (std::int64_t p = 0; p < planes; ++p)
+        for (std::int64_t d = 0; d < u.out[0]; ++d)
+          for (std::int64_t h = 0; h < u.out[1]; ++h)
+            for (std::int64_t w = 0; w < u.out[2]; ++w) {
+              const auto src = static_cast<std::size_t>(
+                  ((p * u.in[0] + d / u.stride[0]) * u.in[1] + h / u.stride[1]) * u.in[2] +
+                  w / u.stride[2]);
+              const auto dst =
+                  static_cast<std::size_t>(((p * u.out[0] + d) * u.out[1] + h) * u.out[2] + w);
+              CHECK(uy[dst] == dy[src]);
+              udx_ref[src] += udy[dst];
+            }
+      for (std::size_t i = 0; i < un; ++i)
+        CHECK(udx[i] == doctest::Approx(udx_ref[i]).epsilon(1e-5));
+      CHECK(uy == ug);
+      CHECK(std::memcmp(udx.data(), udx_gather.data(), un * sizeof(float)) == 0);
+    }
 }
 
 TEST_CASE("shapes that do not fit name the layer and both shapes") {

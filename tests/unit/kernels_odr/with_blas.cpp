@@ -1,5 +1,6 @@
 // Translation unit built WITH BLAS (dtrain::blas: DTRAIN_HAVE_CBLAS=1 and <cblas.h>). It calls the
-// same host::gemm as the unit without BLAS, plus the separate blas::gemm.
+// same host::gemm as the unit without BLAS, plus the separate blas::gemm; including blas.hpp
+// registers CBLAS as the program's automatic GEMM.
 #include <cstdint>
 #include <string>
 
@@ -17,6 +18,16 @@ namespace odr_test {
 void host_gemm_with_blas(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                          const float* b, float* c) {
   dtrain::host::gemm<float>(false, true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
+}
+void blocked_gemm_with_blas(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                            const float* b, float* c) {
+  dtrain::host::gemm<float>(false, true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n,
+                            dtrain::host::GemmPath::blocked);
+}
+void host_exec_gemm_with_blas(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
+                              const float* b, float* c) {
+  dtrain::HostExec exec;
+  exec.gemm(exec.compute_stream(), false, true, m, n, k, 1.0f, a, k, b, k, 0.0f, c, n);
 }
 void blas_gemm_with_blas(std::int64_t m, std::int64_t n, std::int64_t k, const float* a,
                          const float* b, float* c) {

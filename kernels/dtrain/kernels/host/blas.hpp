@@ -6,6 +6,9 @@
 // translation unit includes this header changes what it can call, never what host::gemm does, so
 // translation units built with and without BLAS cannot disagree about one inline function.
 //
+// Including it also makes CBLAS the automatic path of host::gemm for the whole program (see
+// <dtrain/kernels/host/gemm.hpp>), so the default HostExec runs it.
+//
 // The first call sets the BLAS library's threads for the process unless the user chose them
 // (blas_threads.hpp: DTRAIN_BLAS_THREADS, or the affinity mask shared by the node's ranks).
 #pragma once
@@ -45,6 +48,17 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
                 static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
                 beta, c, static_cast<int>(ldc));
 }
+
+namespace detail {
+template <class T>
+bool register_cblas() {
+  host::linked_gemm<T>().store(&gemm<T>, std::memory_order_release);
+  return true;
+}
+// Registers CBLAS as host::gemm's automatic path, once per program, before main (an inline
+// variable: one definition however many units include this header).
+inline const bool cblas_registered = register_cblas<float>() && register_cblas<double>();
+}  // namespace detail
 
 /// GEMM engine calling CBLAS (the counterpart of host::BlockedGemm). Stateless, thread-safe.
 struct CblasGemm {

@@ -58,6 +58,7 @@
 extern "C" {
 void openblas_set_num_threads(int num_threads) __attribute__((weak));
 int openblas_get_num_threads(void) __attribute__((weak));
+char* openblas_get_corename(void) __attribute__((weak));
 }
 #endif
 
@@ -307,11 +308,29 @@ inline int apply_threads(int n) noexcept {
 #endif
 }
 
+/// Whether OpenBLAS kernels for `core` (openblas_get_corename(), any case) use narrower vectors
+/// than a CPU with AVX2 and FMA runs: the SSE-only families and Sandybridge (AVX without FMA). A
+/// dynamic-architecture OpenBLAS falls back to one of them on a CPU newer than its build (Debian
+/// 12's 0.3.21 picks Prescott on an AVX-512 Xeon: its dense layers ran 3x slower than with
+/// OPENBLAS_CORETYPE=SkylakeX, benchmarks/RESULTS.md "Whole models"). Pure function.
+inline bool openblas_core_below_cpu(std::string core, bool cpu_has_avx2_fma) {
+  if (!cpu_has_avx2_fma) return false;
+  std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) {
+    return static_cast<char>(c >= 'A' && c <= 'Z' ? c + 32 : c);
+  });
+  for (const char* old :
+       {"katmai", "coppermine", "northwood", "banias", "prescott", "core2", "penryn", "dunnington",
+        "nehalem", "atom", "opteron", "barcelona", "bobcat", "sandybridge"})
+    if (core.rfind(old, 0) == 0) return true;
+  return false;
+}
+
 /// What configure_threads did. Plain value type.
 struct ThreadSetting {
   ThreadChoice choice;
   bool openblas = false;    ///< the program runs OpenBLAS
   int library_threads = 0;  ///< OpenBLAS's count afterwards (0 with another CBLAS)
+  std::string core;         ///< OpenBLAS's kernel family (openblas_get_corename), else empty
 };
 
 namespace detail {
@@ -330,6 +349,25 @@ inline ThreadSetting configure_threads_now() {
   // and where the user's own variable decided; a warning where DTRAIN_BLAS_THREADS cannot be
   // applied.
   const int rank = launcher_rank(get);
+#if defined(__GNUC__)
+  if (s.openblas && openblas_get_corename != nullptr && openblas_get_corename() != nullptr)
+    s.core = openblas_get_corename();
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+  __builtin_cpu_init();
+  const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  // Loaded with the library, the kernels cannot be changed from here: say what to set.
+  const LogLevel slow_level = rank > 0 ? LogLevel::debug : LogLevel::warn;
+  if (openblas_core_below_cpu(s.core, avx2_fma) && log_enabled(slow_level)) {
+    dtrain::detail::RankScope scope(rank >= 0 ? rank : dtrain::detail::thread_rank());
+    dtrain::log(slow_level,
+                dtrain::detail::concat(
+                    "OpenBLAS runs its ", s.core,
+                    " kernels on a CPU with AVX2 and FMA (its build does not know this CPU); set "
+                    "OPENBLAS_CORETYPE=Haswell, or SkylakeX where the CPU has AVX-512, in the "
+                    "job's environment (OpenBLAS reads it when the program starts)"));
+  }
+#endif
   LogLevel level = rank > 0 ? LogLevel::debug : LogLevel::info;
   if (s.choice.rule == ThreadRule::library_variable) level = LogLevel::debug;
   if (!s.openblas && s.choice.rule == ThreadRule::requested && rank <= 0) level = LogLevel::warn;

@@ -100,7 +100,7 @@ inline constexpr std::int64_t conv_direct_max_taps = 512;
 /// The extents and buffer strides of one direct convolution, trivially copyable. Scratch per
 /// sample (the caller allocates it zero-filled once, at the strides below, and keeps it):
 /// `xpad` [in_channels, x_stride], `ywide` [out_channels, y_stride], `dywide` [out_channels,
-/// dy_stride], `dxwide` [in_channels, dx_stride].
+/// dy_stride], `dxwide` [in_channels, dx_stride]; per batch `dwlanes` (see lane_bytes).
 struct ConvDirectPlan {
   std::int64_t in_channels = 0, out_channels = 0;
   std::int64_t in[3] = {1, 1, 1}, out[3] = {1, 1, 1}, kernel[3] = {1, 1, 1}, pad[3] = {0, 0, 0};
@@ -111,6 +111,9 @@ struct ConvDirectPlan {
 
   /// Every tile width of every instruction set divides this.
   static constexpr std::int64_t round = 64;
+  /// Bytes of the widest vector: each weight's slot in the weight-gradient scratch `dwlanes`
+  /// ([out_channels * in_channels * taps] slots of this many bytes).
+  static constexpr std::int64_t lane_bytes = 64;
   static std::int64_t round_up(std::int64_t n) { return (n + round - 1) / round * round; }
 
   ConvDirectPlan() = default;
@@ -219,13 +222,19 @@ struct ConvTiles {
   }
 
   // dw[co][ci][t0 + g] += sum over p < count of dy[co][p] * x[ci][p + off[t0 + g]], for output
-  // channels co0 .. co0 + C - 1 and G kernel cells.
+  // channels co0 .. co0 + C - 1 and G kernel cells, lane by lane: dw holds one vector per weight
+  // (slots of LS values), reduced across lanes once per batch by the caller. A horizontal sum per
+  // tile and sample cost more than the tile's FMAs on small grids (a 14 x 14 grid is 16 vectors).
+  static constexpr std::int64_t LS = ConvDirectPlan::lane_bytes / static_cast<int>(sizeof(T));
   template <int C, int G>
   DTRAIN_CONV_INLINE static void wgrad_tile(const T* x, const T* dy, std::int64_t dy_stride,
                                             std::int64_t count, const std::int64_t* off,
                                             std::int64_t t0, std::int64_t co0, std::int64_t ci,
                                             std::int64_t cin, std::int64_t taps, T* dw) {
-    V acc[C][G] = {};
+    V acc[C][G];
+    for (int c = 0; c < C; ++c)
+      for (int g = 0; g < G; ++g)
+        acc[c][g] = *reinterpret_cast<const U*>(dw + (((co0 + c) * cin + ci) * taps + t0 + g) * LS);
     for (std::int64_t p = 0; p < count; p += L) {
       V d[C];
       for (int c = 0; c < C; ++c)
@@ -241,11 +250,8 @@ struct ConvTiles {
       }
     }
     for (int c = 0; c < C; ++c)
-      for (int g = 0; g < G; ++g) {
-        T sum = 0;
-        for (int j = 0; j < L; ++j) sum += acc[c][g][j];
-        dw[((co0 + c) * cin + ci) * taps + t0 + g] += sum;
-      }
+      for (int g = 0; g < G; ++g)
+        *reinterpret_cast<U*>(dw + (((co0 + c) * cin + ci) * taps + t0 + g) * LS) = acc[c][g];
   }
 
   template <int C>
@@ -261,8 +267,9 @@ struct ConvTiles {
     for (; t < taps; ++t) wgrad_tile<C, 1>(x, dy, dy_stride, count, off, t, co0, ci, cin, taps, dw);
   }
 
-  // Weight gradient [cout, cin, taps] and bias gradient [cout] of one sample, accumulated. count:
-  // wide cells to sum over, a multiple of L (dy is zero past the output cells).
+  // Weight gradient [cout, cin, taps] (lane by lane, see wgrad_tile) and bias gradient [cout] of
+  // one sample, accumulated. count: wide cells to sum over, a multiple of L (dy is zero past the
+  // output cells).
   DTRAIN_CONV_INLINE static void weight_grad(const T* x, std::int64_t x_stride, std::int64_t cin,
                                              const T* dy, std::int64_t dy_stride, std::int64_t cout,
                                              const std::int64_t* off, std::int64_t taps,
@@ -439,12 +446,17 @@ void conv_direct_forward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, const
 
 /// Backward of `rows` samples: dw [cout, cin, taps] and db [cout] += this batch's gradients, and
 /// dx [rows, cin, in cells] = the input gradient unless dx is null. Scratch: wpack [cout * taps *
-/// cin] and the plan's xpad, dywide and dxwide. Local, blocking; the caller owns every buffer.
+/// cin], the plan's xpad, dywide and dxwide, and dwlanes [cout * cin * taps * lane_bytes /
+/// sizeof(T)] (any contents). Local, blocking; the caller owns every buffer.
 template <class T>
 void conv_direct_backward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, const T* x, const T* dy,
-                          const T* w, T* dw, T* db, T* dx, T* wpack, T* xpad, T* dywide,
-                          T* dxwide) {
+                          const T* w, T* dw, T* db, T* dx, T* wpack, T* xpad, T* dywide, T* dxwide,
+                          T* dwlanes) {
   const std::int64_t cin = p.in_channels, cout = p.out_channels, taps = p.taps;
+  // The weight gradient's partial sums, one vector per weight, summed across lanes at the end.
+  constexpr std::int64_t LS = ConvDirectPlan::lane_bytes / static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t weights = cout * cin * taps;
+  std::fill(dwlanes, dwlanes + weights * LS, T(0));
   const std::int64_t margin = p.last_offset;
   std::int64_t off[conv_direct_max_taps], mirrored[conv_direct_max_taps];
   detail::conv_offsets(p, off);
@@ -476,7 +488,7 @@ void conv_direct_backward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, cons
           std::copy(src, src + p.out[2], dywide + co * p.dy_stride + margin + p.flat(d, h, 0));
         }
     detail::conv_wgrad<T>(isa, {xpad, p.x_stride, cin, dywide + margin, p.dy_stride, cout, off,
-                                taps, p.y_stride, dw, db});
+                                taps, p.y_stride, dwlanes, db});
     if (!dx) continue;
     detail::conv_tiles<T>(isa, {dywide, p.dy_stride, cout, wpack, cin, mirrored, taps, nullptr,
                                 dxwide, p.dx_stride, lo, hi});
@@ -513,6 +525,12 @@ void conv_direct_backward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, cons
             dst[wi] = sum;
           }
         }
+  }
+  // Lanes a narrower instruction set never wrote are still zero: the sum is the same.
+  for (std::int64_t k = 0; k < weights; ++k) {
+    T sum = 0;
+    for (std::int64_t j = 0; j < LS; ++j) sum += dwlanes[k * LS + j];
+    dw[k] += sum;
   }
 }
 

@@ -4,9 +4,16 @@
 // dtrain::blas::gemm in <dtrain/kernels/host/blas.hpp> (needs dtrain::blas); code picks one by type
 // (host::BlockedGemm or blas::CblasGemm), never by a macro, so every translation unit that calls
 // host::gemm runs the same code whether or not the program also links a BLAS.
+//
+// The automatic path is a run-time choice, the same in every translation unit: CBLAS once a
+// program's translation unit has included blas.hpp (which registers it before main; this header
+// includes it wherever the dtrain::blas target is linked, which defines DTRAIN_HAVE_CBLAS), the
+// blocked kernel otherwise. So HostExec, the default policy of dtrain::Sequential, runs CBLAS in a
+// program that links the blas component, and its bits do not depend on which unit made the call.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -16,9 +23,24 @@
 namespace dtrain {
 namespace host {
 
-/// Which host GEMM host::gemm runs: `automatic` and `blocked` are the cache-blocked kernel,
-/// `reference` the serial reference. (CBLAS is dtrain::blas::gemm, a separate function.)
+/// Which host GEMM host::gemm runs: `automatic` is CBLAS when the program registered it (see
+/// linked_gemm) and the cache-blocked kernel otherwise, `blocked` always the cache-blocked kernel,
+/// `reference` the serial reference.
 enum class GemmPath : unsigned char { automatic, reference, blocked };
+
+/// A row-major GEMM function with host::gemm's arguments (no path).
+template <class T>
+using GemmFunction = void (*)(bool, bool, std::int64_t, std::int64_t, std::int64_t, T, const T*,
+                              std::int64_t, const T*, std::int64_t, T, T*, std::int64_t);
+
+/// The GEMM that GemmPath::automatic runs instead of the blocked kernel: null until a library GEMM
+/// registers itself (<dtrain/kernels/host/blas.hpp> does, during static initialisation). One per
+/// process and scalar type; reads and writes are atomic.
+template <class T>
+std::atomic<GemmFunction<T>>& linked_gemm() noexcept {
+  static std::atomic<GemmFunction<T>> f{nullptr};
+  return f;
+}
 
 namespace detail {
 inline void check_gemm(bool ta, bool tb, std::int64_t m, std::int64_t n, std::int64_t k,
@@ -140,14 +162,17 @@ void gemm_blocked(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, st
   }
 }
 
-/// GEMM on the chosen path (row-major): the blocked kernel unless `reference` is asked for.
-/// Local, blocking; the caller owns all buffers. Throws InvalidArgument on bad extents.
+/// GEMM on the chosen path (row-major, see GemmPath). Local, blocking; the caller owns all
+/// buffers. Throws InvalidArgument on bad extents.
 template <class T>
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, T alpha,
           const T* a, std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c,
           std::int64_t ldc, GemmPath path = GemmPath::automatic) {
   if (path == GemmPath::reference)
     return ref::gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  if (path == GemmPath::automatic)
+    if (const GemmFunction<T> f = linked_gemm<T>().load(std::memory_order_acquire))
+      return f(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   gemm_blocked(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -165,3 +190,9 @@ struct BlockedGemm {
 
 }  // namespace host
 }  // namespace dtrain
+
+// Where the dtrain::blas target is linked, CBLAS becomes the automatic GEMM of the whole program
+// (see the top of this file). Only an include: no inline function here changes with the macro.
+#if defined(DTRAIN_HAVE_CBLAS)
+#include <dtrain/kernels/host/blas.hpp>
+#endif
