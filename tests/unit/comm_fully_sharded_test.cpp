@@ -252,8 +252,13 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
         else
           sgd.step();
       }
-      if (cfg.edit)  // an average and a clamping of one's own, element-wise: the same bits
+      if (cfg.edit) {
+        // Collectives complete in order: whatever a sync started before this barrier (a gather
+        // ahead of the next forward) has read the parts before they change.
+        comm.barrier();
+        // An average and a clamping of one's own, element-wise: the same bits in either mode.
         for (float& v : model.parameter_span()) v = std::clamp(0.97f * v, -0.3f, 0.3f);
+      }
       if (step == 1) {  // the model's second input stage is made at the second pass
         res.first_peak = alloc.peak();
         res.live_steady = alloc.live();

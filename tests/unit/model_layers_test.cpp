@@ -458,6 +458,11 @@ TEST_CASE("a layer of one's own is one class: custom<L>(args) in a list and in a
   m.init(1);
   CHECK(m.parameter_span()[m.parameter_info()[2].offset] == doctest::Approx(0.7));
   CHECK(m.parameter_span()[m.parameter_info()[4].offset] == doctest::Approx(-0.4));
+  // A residual block of built-in layers is also a LayerSpec, for lists of those.
+  const std::vector<LayerSpec> specs{Input{4}, Residual{Linear(4, 4), Tanh{}}, Linear(4, 2)};
+  BasicSequential<double> from_specs(specs);
+  CHECK(from_specs.parameter_info()[0].name == "layers/0_residual/0_linear/weight");
+  CHECK(from_specs.parameter_count() == 20 + 10);
   // The same list type serves float on the host too.
   Sequential f({Input{3}, custom<ScaleTwice>(1.0), Residual{Relu{}, custom<ScaleTwice>(0.5)}});
   CHECK(f.parameter_count() == 12);
