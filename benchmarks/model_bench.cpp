@@ -93,17 +93,18 @@ struct ModelDef {
 ModelDef make_model(const std::string& name) {
   using namespace dtrain;
   if (name == "cnn")
-    return {
-        name,
-        {Input{1, 28, 28}, Conv2d(1, 16, 3).pad(1), Relu{}, MaxPool2d(2), Conv2d(16, 32, 3).pad(1),
-         Relu{}, MaxPool2d(2), Linear(32 * 7 * 7, 128), Relu{}, Linear(128, 10)},
-        64,
-        true};
+    return {name,
+            {Input{1, 28, 28}, Conv2d(1, 16, 3).with_padding(1), Relu{}, MaxPool2d(2),
+             Conv2d(16, 32, 3).with_padding(1), Relu{}, MaxPool2d(2), Linear(32 * 7 * 7, 128),
+             Relu{}, Linear(128, 10)},
+            64,
+            true};
   if (name == "surrogate")
     return {name,
-            {Input{1, 40, 64}, Conv2d(1, 8, 3).periodic(1),
-             Residual{Relu{}, Conv2d(8, 8, 3).periodic(1), Relu{}, Conv2d(8, 8, 3).periodic(1)},
-             Conv2d(8, 1, 3).periodic(1)},
+            {Input{1, 40, 64}, Conv2d(1, 8, 3).with_padding(1, dtrain::Padding::periodic),
+             Residual{Relu{}, Conv2d(8, 8, 3).with_padding(1, dtrain::Padding::periodic), Relu{},
+                      Conv2d(8, 8, 3).with_padding(1, dtrain::Padding::periodic)},
+             Conv2d(8, 1, 3).with_padding(1, dtrain::Padding::periodic)},
             2,
             false};
   std::fprintf(stderr, "model_bench: unknown model %s (cnn, surrogate)\n", name.c_str());
@@ -296,9 +297,9 @@ void print_lowerings(const LayerTime& l, std::int64_t batch, int reps) {
   auto spec = [&](ConvLowering how) {
     dtrain::Conv c = dtrain::Conv2d(g.in_channels, g.out_channels, g.kernel[2]);
     if (g.periodic)
-      c.periodic(g.pad[2]);
+      c.with_padding(g.pad[2], dtrain::Padding::periodic);
     else
-      c.pad(g.pad[2]);
+      c.with_padding(g.pad[2]);
     return c.with_lowering(how);
   };
   auto ms = [&](ConvLowering how) {

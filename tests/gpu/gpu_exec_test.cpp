@@ -107,11 +107,11 @@ TEST_CASE("grid layers on the device: the same loss and gradients as the host") 
     auto conv = [workspace](dtrain::Conv c) { return c.with_device_workspace(workspace); };
     const std::vector<dtrain::LayerSpec> layers = {
         dtrain::Input{2, 16, 16},
-        conv(dtrain::Conv2d(2, 8, 3).periodic(1)),
+        conv(dtrain::Conv2d(2, 8, 3).with_padding(1, dtrain::Padding::periodic)),
         dtrain::Relu(),
-        dtrain::Residual{conv(dtrain::Conv2d(8, 8, 3).pad(1)), dtrain::Tanh()},
+        dtrain::Residual{conv(dtrain::Conv2d(8, 8, 3).with_padding(1)), dtrain::Tanh()},
         dtrain::MaxPool2d(2),
-        conv(dtrain::Conv2d(8, 4, 3).pad(1).with_stride(2)),
+        conv(dtrain::Conv2d(8, 4, 3).with_padding(1).with_stride(2)),
         dtrain::Upsample2d(2),
         dtrain::AvgPool2d(2, 1),
         conv(dtrain::Conv2d(4, 1, 1))};

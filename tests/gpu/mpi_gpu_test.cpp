@@ -49,8 +49,13 @@ namespace {
 using Model = BasicSequential<float, Exec>;
 
 std::vector<LayerSpec> layers() {
-  return {Input{2, 8, 8}, Conv2d(2, 4, 3).pad(1), Relu(), MaxPool2d(2), Conv2d(4, 4, 3).periodic(1),
-          Tanh(),         Linear(64, 4)};
+  return {Input{2, 8, 8},
+          Conv2d(2, 4, 3).with_padding(1),
+          Relu(),
+          MaxPool2d(2),
+          Conv2d(4, 4, 3).with_padding(1, dtrain::Padding::periodic),
+          Tanh(),
+          Linear(64, 4)};
 }
 
 // Rank `rank`'s inputs and labels at `step`.
