@@ -307,10 +307,14 @@ TEST_CASE("levels: a rollback of the run directory is not undone by node-local c
   lv_train_and_save(d, 5, 2);
   CHECK(lv_identity_of(d.file(d.local(0), 3)).second == 2);  // follows step 2
   CHECK(lv_identity_of(d.file(d.local(0), 4)).second == 4);  // flushed itself
+  // The run directory's record of what it received: a copy that follows a newer step than this
+  // (its flush never completed) is restored, one that follows a step missing below it is not.
+  CHECK(lv_bytes_of(d.shared() + "/ckpt-flushed") == "4\n");
   // Roll back to step 2: its newer checkpoint deleted from the run directory.
   fs::remove(d.file(d.shared(), 4));
   const auto where = lv_restore_and_check(d, 2);
   CHECK(where.first == CheckpointLevel::shared);
+  CHECK(lv_bytes_of(d.shared() + "/ckpt-flushed") == "2\n");  // rolled back with it
   // Every later copy is set aside on both nodes, including step 3, which follows step 2.
   for (int n = 0; n < 2; ++n)
     for (int s = 3; s <= 5; ++s) {

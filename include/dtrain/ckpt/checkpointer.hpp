@@ -514,6 +514,8 @@ class Checkpointer {
   }
 
   bool levels_on() const noexcept { return opt_.levels.enabled(); }
+  // The run directory's record of the newest step flushed to it (levels).
+  std::string flush_record_path() const { return dir_ + "/" + opt_.prefix + "-flushed"; }
 
   // The constructor's checks of the level options; returns this rank's node label.
   int check_levels() const {
@@ -559,7 +561,7 @@ class Checkpointer {
         local_saves_ % opt_.levels.shared_every == 0) {
       try {
         if (!flusher_) flusher_ = std::make_unique<detail::CkptFlusher>();
-        flusher_->submit(step, local_path_for(step), target_in(dir_, step));
+        flusher_->submit(step, local_path_for(step), target_in(dir_, step), flush_record_path());
       } catch (...) {
         err = std::current_exception();
       }
@@ -579,29 +581,32 @@ class Checkpointer {
     const char* op = "checkpoint restore";
     const int rank = comm_.rank();
     const char* ext = Format::extension;
-    // The run directory's steps, on every rank: whether a copy follows one of them decides
-    // whether it may be restored, where the copy lies.
+    // The run directory's steps and the newest it received, on every rank: they decide whether
+    // a copy may be restored, where the copy lies.
     std::vector<detail::FoundCheckpoint> shared;
     std::vector<std::int64_t> shared_steps;
+    std::vector<std::int64_t> head{0, -1};  // {count, newest flushed}
     {
       std::exception_ptr e;
       if (rank == 0) {
         try {
           shared = detail::list_checkpoint_files(dir_, opt_.prefix, ext);
+          head[1] = detail::read_flush_record(flush_record_path(), op);
         } catch (...) {
           e = std::current_exception();
         }
         for (const auto& f : shared) shared_steps.push_back(f.step);
+        head[0] = static_cast<std::int64_t>(shared_steps.size());
       }
       detail::ckpt_agree(comm_, e, op);
-      std::vector<std::int64_t> n{static_cast<std::int64_t>(shared_steps.size())};
-      detail::ckpt_bcast_i64(comm_, n, 0);
-      shared_steps.resize(static_cast<std::size_t>(n[0]));
-      if (n[0] > 0) detail::ckpt_bcast_i64(comm_, shared_steps, 0);
+      detail::ckpt_bcast_i64(comm_, head, 0);
+      shared_steps.resize(static_cast<std::size_t>(head[0]));
+      if (head[0] > 0) detail::ckpt_bcast_i64(comm_, shared_steps, 0);
     }
+    const std::int64_t flushed = head[1];
     // Why a copy (verified, `m`) is not to be restored, or "".
     auto refusal = [&](const detail::CkptManifest& m) {
-      return detail::copy_refusal(m.run_id, m.shared_step, run_id_, shared_steps);
+      return detail::copy_refusal(m.run_id, m.shared_step, run_id_, shared_steps, flushed);
     };
     // A copy of this run newer than every checkpoint of the run directory that follows one no
     // longer there: the run directory was rolled back.
@@ -691,6 +696,13 @@ class Checkpointer {
         action = {4, newest_shared, 0, 0};
         detail::ckpt_bcast_i64(comm_, action, 0);
         set_aside_after(newest_shared);
+        // The run directory received nothing after what it holds now: a flush of a step it
+        // writes again that does not complete is then not taken for another rollback.
+        try {
+          detail::write_flush_record(flush_record_path(), newest_shared, op);
+        } catch (const std::exception& e) {
+          DTRAIN_LOG(warn, e.what());
+        }
       };
       for (const Try& t : tries) {
         if (purged && t.node >= 0 && t.step > newest_shared) continue;  // set aside
@@ -771,8 +783,11 @@ class Checkpointer {
       if (!err && c.file.empty() && !tries.empty())
         DTRAIN_LOG(warn,
                    "no checkpoint of run " << run_id_ << " at any level: a fresh run" << tried);
+      // The step the run's next copies follow: the restored one's, or the newest the run
+      // directory received where the restored copy follows a step whose flush never completed.
       action = {c.file.empty() ? 3 : 2, static_cast<std::int64_t>(restored_level_), restored_node_,
-                restored_level_ == CheckpointLevel::shared ? c.m.step : c.m.shared_step};
+                restored_level_ == CheckpointLevel::shared ? c.m.step
+                                                           : std::min(c.m.shared_step, flushed)};
       detail::ckpt_bcast_i64(comm_, action, 0);
     } else {
       while (true) {

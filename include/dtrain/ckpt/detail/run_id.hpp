@@ -119,20 +119,21 @@ inline std::string resolve_run_id(const std::string& dir, const std::string& ado
 }
 
 /// Why a node-local or partner copy (`run_id`, `shared_step` from its file) must not be restored
-/// in run `run_id_now` whose run directory holds checkpoints `shared` (steps, any order); "" when
-/// it may be. A copy of another run is refused, and so is a copy that follows a checkpoint of the
-/// run directory (`shared_step`) which is no longer there while newer ones are (a rollback
-/// deleted it). Checkpoints older than every one of the run directory were pruned by keep_last,
-/// and a run directory without checkpoints has nothing to roll back to: neither refuses a copy.
+/// in run `run_id_now`, whose run directory holds checkpoints `shared` (steps, any order) and has
+/// received the steps up to `flushed` (read_flush_record; -1: none); "" when it may be. A copy of
+/// another run is refused, and so is a copy that follows a checkpoint the run directory received
+/// and no longer holds while it holds no older one: a rollback deleted it. A checkpoint never
+/// received (its flush did not complete) or older than every one there (pruned by keep_last)
+/// refuses nothing.
 inline std::string copy_refusal(const std::string& run_id, std::int64_t shared_step,
                                 const std::string& run_id_now,
-                                const std::vector<std::int64_t>& shared) {
+                                const std::vector<std::int64_t>& shared, std::int64_t flushed) {
   if (run_id != run_id_now)
     return run_id.empty() ? "it was written before run identities, this run is " + run_id_now
                           : "it belongs to run " + run_id + ", this run is " + run_id_now;
-  if (shared_step < 0 || shared.empty() ||
+  if (shared_step < 0 || shared_step > flushed ||
       std::find(shared.begin(), shared.end(), shared_step) != shared.end() ||
-      shared_step < *std::min_element(shared.begin(), shared.end()))
+      (!shared.empty() && shared_step < *std::min_element(shared.begin(), shared.end())))
     return {};
   return "it follows step " + std::to_string(shared_step) +
          " of the run directory, which is no longer there (rolled back)";
