@@ -159,6 +159,8 @@ TEST_CASE("levels from the environment only: a wiped node restored from the part
   OneRankPerNode fake_nodes;
   dtrain::MpiTransport transport(MPI_COMM_WORLD);
   MpiComm comm(transport);
+  // 2 ranks as 2 nodes; 3 ranks take no other path through the environment (CI time).
+  if (comm.size() != 2) return;
   const std::string base = common_dir("env");
   const std::string shared = base + "/shared";
   const std::string local = base + "/node" + std::to_string(comm.rank());

@@ -805,15 +805,24 @@ class Checkpointer {
         if (rank == src) {
           // Only a copy that verifies and is this run's is sent; others are set aside here.
           path = local_path_for(step);
+          struct stat st {};
+          if (::stat(path.c_str(), &st) != 0) {
+            // Gone since it was listed (a node-local path that is one directory for several
+            // nodes, and node 0 set the file aside): nothing to send, and not damage.
+            DTRAIN_LOG(info, "the partner copy " << path << " is no longer there");
+            verdict[0] = 2;
+          }
           try {
-            const detail::CkptManifest m = Format::verify(path);
-            const std::string why = refusal(m);
-            if (!why.empty()) {
-              DTRAIN_LOG(warn, "not restoring the partner copy " << path << " (node " << node
-                                                                 << "): " << why << "; renamed to "
-                                                                 << path << ".stale");
-              set_aside(path, ".stale");
-              verdict[0] = rolled_back(m) ? 3 : 2;
+            if (verdict[0] == 0) {
+              const detail::CkptManifest m = Format::verify(path);
+              const std::string why = refusal(m);
+              if (!why.empty()) {
+                DTRAIN_LOG(warn, "not restoring the partner copy "
+                                     << path << " (node " << node << "): " << why << "; renamed to "
+                                     << path << ".stale");
+                set_aside(path, ".stale");
+                verdict[0] = rolled_back(m) ? 3 : 2;
+              }
             }
           } catch (const IoError& e) {
             DTRAIN_LOG(warn, "skipping damaged partner copy " << path << ": " << e.what());
