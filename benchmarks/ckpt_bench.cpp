@@ -293,6 +293,7 @@ int main(int argc, char** argv) {
     auto run_saves = [&](const std::string& d, dtrain::CheckpointStrategy s, int n,
                          std::vector<double>& base, std::vector<double>& save) {
       dtrain::CheckpointOptions o;
+      o.read_env = false;  // what is measured is what the command line says
       o.keep_last = keep;
       o.strategy = s;
       o.config = "ckpt_bench --mb " + std::to_string(mib);
@@ -353,6 +354,7 @@ int main(int argc, char** argv) {
                      dtrain::CheckpointStrategy::parallel_slices}) {
         const std::string d = dir + "/parts-" + dtrain::name_of(s);
         dtrain::CheckpointOptions o;
+        o.read_env = false;  // what is measured is what the command line says
         o.keep_last = 2;
         o.strategy = s;
         dtrain::Checkpointer<Comm> ckpt(comm, d, o);
@@ -398,6 +400,7 @@ int main(int argc, char** argv) {
           BenchModel fresh(mib);
           Cursor c2;
           dtrain::CheckpointOptions o;
+          o.read_env = false;  // what is measured is what the command line says
           o.restore = kinds[which];
           dtrain::Checkpointer<Comm> ckpt(comm, dir, o);
           if (cold) drop_page_cache(rank);
@@ -436,6 +439,7 @@ int main(int argc, char** argv) {
       };
       auto timed = [&](int mode) {
         dtrain::CheckpointOptions o;
+        o.read_env = false;  // what is measured is what the command line says
         o.keep_last = 1;
         o.every_steps = 5;
         o.async = mode == 2;
@@ -508,6 +512,7 @@ int main(int argc, char** argv) {
       const std::string d = dir + "/levels-shared";
       auto level_opts = [&](bool partner, int shared_every) {
         dtrain::CheckpointOptions o;
+        o.read_env = false;  // what is measured is what the command line says
         o.keep_last = 2;
         o.levels.local_dir = levels_dir + "/node" + std::to_string(rank);
         o.levels.node = rank;
@@ -516,6 +521,7 @@ int main(int argc, char** argv) {
         return o;
       };
       dtrain::CheckpointOptions so;
+      so.read_env = false;  // what is measured is what the command line says
       so.keep_last = 2;
       dtrain::Checkpointer<LComm> shared_only(lcomm, d + "-only", so);
       dtrain::Checkpointer<LComm> local(lcomm, d + "-unused", level_opts(false, 0));

@@ -9,7 +9,9 @@
   check_train_ux.py resume MPIEXEC TRAINER      a run stopped on 2 ranks and resumed on 1 finishes
                                                 its epoch (steps counted independently); metrics
                                                 and timing files hold each step once; a changed
-                                                schedule is refused unless --override-schedule
+                                                schedule is refused unless --override-schedule;
+                                                node-local checkpoints from DTRAIN_CKPT_LOCAL_DIR
+                                                restore, another run's are refused
 
 Small HDF5 files are written with h5py (exit 77 when it is missing)."""
 import fcntl
@@ -49,8 +51,8 @@ def make_file(path, n_train=256, n_test=64, train_dtype=np.uint8, test_dtype=np.
                 d.attrs["num_classes"] = np.int64(10)
 
 
-def run(cmd, timeout=120):
-    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+def run(cmd, timeout=120, extra_env=None):
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", **(extra_env or {}))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
     return p.returncode, p.stdout + p.stderr
 
@@ -209,6 +211,35 @@ def resume(mpiexec, trainer, tmp):
     print(f"{'ok  ' if ok else 'FAIL'} second epoch: steps {s['steps']} (want 53 + 63 = 116)")
     if not ok:
         FAILURES.append("override schedule steps")
+
+    # Multi-level checkpoints from the batch script's variable alone (2 ranks as 2 fake nodes, one
+    # node-local path): saved there and flushed to the run directory, restored from there.
+    local = os.path.join(tmp, "local")
+    lv_env = {"DTRAIN_RANKS_PER_NODE": "1", "DTRAIN_CKPT_LOCAL_DIR": local,
+              "DTRAIN_LOG_LEVEL": "info"}
+    lv_opts = [o if o != run_dir else run_dir + "-levels" for o in opts]
+    rc, text = run([mpiexec, "-n", "2", trainer] + lv_opts + ["--stop-after", "10"],
+                   extra_env=lv_env)
+    expect("levels from DTRAIN_CKPT_LOCAL_DIR", rc, text, 0,
+           ["node-local in " + local + " on 2 nodes (copied to the next node)", "step 10 of"])
+    name = "ckpt-000000000010.h5"
+    ok = os.path.exists(os.path.join(local, name)) and \
+        os.path.exists(os.path.join(run_dir + "-levels", name))
+    print(f"{'ok  ' if ok else 'FAIL'} {name} node-local and flushed to the run directory")
+    if not ok:
+        FAILURES.append("node-local checkpoint files")
+    rc, text = run([mpiexec, "-n", "2", trainer] + lv_opts + ["--stop-after", "5"],
+                   extra_env=lv_env)
+    expect("levels restore node-local", rc, text, 0,
+           ["restored step 10 from the node-local level", "resuming from step 10"])
+    # Another run directory, the same node-local directory: that run's copies are not restored.
+    lv_other = [o if o != run_dir else run_dir + "-other" for o in opts]
+    rc, text = run([mpiexec, "-n", "2", trainer] + lv_other + ["--stop-after", "5"],
+                   extra_env=lv_env)
+    expect("another run's node-local copies refused", rc, text, 0,
+           ["not restoring the node-local checkpoint", "it belongs to run", "step 5 of"])
+    if "resuming from" in text:
+        FAILURES.append("another run's node-local copy restored")
 
 
 def main():

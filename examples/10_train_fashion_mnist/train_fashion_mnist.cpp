@@ -132,6 +132,19 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
         dtrain_cli::checkpoint_options(cfg, "model=mlp-784-" + h + "-" + h +
                                                 "-10 batch=" + std::to_string(cfg.batch) +
                                                 " lr=" + std::to_string(cfg.lr)));
+    const auto& levels = ckpt->options().levels;  // --ckpt-local-dir, or DTRAIN_CKPT_*
+    if (rank == 0 && levels.enabled()) {
+      const int m = levels.shared_every;
+      const std::string flushed = m == 0   ? "none"
+                                  : m == 1 ? "every one"
+                                           : "every " + std::to_string(m) + "th";
+      std::printf(
+          "checkpoints of run %s: node-local in %s on %d node%s (%s), %s flushed to %s\n",
+          ckpt->run_id().c_str(), levels.local_dir.c_str(), ckpt->nodes(),
+          ckpt->nodes() == 1 ? "" : "s",
+          levels.partner && ckpt->nodes() > 1 ? "copied to the next node" : "no partner copies",
+          flushed.c_str(), cfg.run_dir.c_str());
+    }
     dtrain_cli::read_saved_run(*ckpt, plan, cfg, kProgram);
   }
   dtrain::BasicAdamW<Exec> opt(model, plan.record.make_schedule());
@@ -142,10 +155,18 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   if (cfg.step_mode == "sharded")
     dtrain::agreed(comm, [&] { sync.shard_updates(model.parameters(), opt); });
   std::int64_t step = 0;
-  if (plan.resumed)  // the checkpoint whose run record was checked (sharded moments: its parts)
-    step = ckpt->restore(ckpt->path_for(*plan.resumed), dtrain::named("model", model),
-                         dtrain::named("optimizer", opt), dtrain::named("sampler", sampler),
-                         dtrain::named("run", plan.saved));
+  // The checkpoint whose run record was checked (sharded moments: its parts), at whichever level
+  // holds it (node-local, a partner copy or --run-dir).
+  if (plan.resumed) {
+    const auto again =
+        ckpt->restore_latest(dtrain::named("model", model), dtrain::named("optimizer", opt),
+                             dtrain::named("sampler", sampler), dtrain::named("run", plan.saved));
+    if (again != plan.resumed)  // the same answer on every rank
+      throw dtrain::AgreedError(std::string(kProgram) +
+                                ": the newest checkpoint changed from step " +
+                                std::to_string(*plan.resumed) + " while restoring it");
+    step = *again;
+  }
   dtrain_cli::continue_run(plan, cfg, sampler, batch_size, steps_per_epoch, step, world);
   opt.set_schedule(plan.record.make_schedule());
   const std::int64_t first_step = step, total_steps = plan.total_steps;

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // The options every training example shares (examples only, not part of the library): the model
 // and schedule (--epochs --max-steps --batch --hidden --lr --seed), the run directory and what it
-// holds (--run-dir --ckpt-every --ckpt-strategy --stop-after --override-schedule --log-every
-// --json-summary --no-plot), --target, --bucket-kib, --step and --device. A program adds its own
-// options (its data) to the same CLI::App and parses them all at once with
+// holds (--run-dir --ckpt-every --ckpt-strategy --ckpt-local-dir --stop-after --override-schedule
+// --log-every --json-summary --no-plot), --target, --bucket-kib, --step and --device. A program
+// adds its own options (its data) to the same CLI::App and parses them all at once with
 // parse_train_options(), which also checks combinations and that every rank got the same options.
 #pragma once
 
@@ -37,6 +37,7 @@ struct TrainOptions {
   bool plot = true;
   std::string device = "auto";
   std::string ckpt_strategy = "automatic";
+  std::string ckpt_local_dir;
   std::string step_mode = "separate";
 };
 
@@ -74,6 +75,11 @@ inline void add_train_options(CLI::App& app, TrainOptions& o) {
                  "moments written in place by every rank, never assembled on rank 0)")
       ->check(CLI::IsMember({"automatic", "rank0", "parallel_rank0", "parallel_slices"}))
       ->capture_default_str();
+  app.add_option("--ckpt-local-dir", o.ckpt_local_dir,
+                 "multi-level checkpoints: each save goes to this node-local directory (the same "
+                 "path on every node: /dev/shm/..., local NVMe), a copy to the next node's, and in "
+                 "the background to --run-dir; a restart takes the newest copy of this run at any "
+                 "level. DTRAIN_CKPT_LOCAL_DIR (the batch script's) overrides it");
   app.add_option("--step", o.step_mode,
                  "how the AdamW step meets the gradient sync: separate (every bucket averaged, "
                  "then one step), fused (each bucket updated as soon as its average arrives), "
@@ -90,6 +96,7 @@ inline const char* train_options_problem(const TrainOptions& o) {
   if (o.max_steps == 0) return "--max-steps 0 leaves nothing to train (-1: no limit)";
   if (o.ckpt_every > 0 && o.run_dir.empty()) return "--ckpt-every needs --run-dir";
   if (o.stop_after >= 0 && o.run_dir.empty()) return "--stop-after needs --run-dir";
+  if (!o.ckpt_local_dir.empty() && o.run_dir.empty()) return "--ckpt-local-dir needs --run-dir";
   if (o.stop_after == 0) return "--stop-after 0 leaves nothing to train (-1: no limit)";
   return nullptr;
 }

@@ -166,7 +166,8 @@ void continue_run(RunPlan& plan, const TrainOptions& o, const Sampler& sampler, 
 }
 
 /// Local. The checkpoint options of the shared options: every --ckpt-every steps, the newest 2
-/// kept, written by --ckpt-strategy; `config` is stored verbatim in every file.
+/// kept (at every level), written by --ckpt-strategy, node-local first with --ckpt-local-dir;
+/// `config` is stored verbatim in every file. The Checkpointer applies DTRAIN_CKPT_* over them.
 inline dtrain::CheckpointOptions checkpoint_options(const TrainOptions& o, std::string config) {
   dtrain::CheckpointOptions c;
   c.every_steps = o.ckpt_every;
@@ -176,6 +177,7 @@ inline dtrain::CheckpointOptions checkpoint_options(const TrainOptions& o, std::
         dtrain::CheckpointStrategy::parallel_rank0, dtrain::CheckpointStrategy::parallel_slices})
     if (o.ckpt_strategy == dtrain::name_of(s)) c.strategy = s;
   c.config = std::move(config);
+  c.levels.local_dir = o.ckpt_local_dir;
   return c;
 }
 

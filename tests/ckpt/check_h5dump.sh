@@ -22,6 +22,9 @@ h5dump -a /format_version "$file" | grep -q '(0): 1' || fail "format_version"
 h5dump -a /format "$file" | grep -q '"dtrain-checkpoint"' || fail "format"
 h5dump -a /ranks/1/sampler/cursor "$file" | grep -q '(0): 3' || fail "per-rank scalar"
 h5dump -d /config "$file" | grep -q 'lr' || fail "config"
+run_id=$(cat "$(dirname "$file")/dtrain-run-id") || fail "the run directory's dtrain-run-id"
+h5dump -a /run_id "$file" | grep -q "\"$run_id\"" || fail "run_id"
+h5dump -a /shared_step "$file" | grep -q '(0): 3' || fail "shared_step"
 for g in '/model' '/model/fc1' '/optimizer' '/dropout' '/schedule' '/ranks/0/sampler' '/ranks/1/sampler/rng'; do
   h5dump -g "$g" -H "$file" > /dev/null || fail "group $g"
 done

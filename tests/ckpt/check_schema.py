@@ -6,6 +6,7 @@ that this script recomputes with its own CRC32C, scalars as group attributes, /r
 usage: check_schema.py MAKE_SAMPLE_BINARY WORK_DIR
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -69,6 +70,13 @@ def main():
     check(float(a["created_unix"]) > 1.5e9, "created_unix")
     check(text(a["write_strategy"]) in ("rank0", "parallel_rank0", "parallel_slices"),
           "write_strategy")
+    # The run's identity: the one its run directory holds; a file written there directly follows
+    # itself.
+    with open(os.path.join(os.path.dirname(path), "dtrain-run-id")) as idf:
+        run_id = idf.read().strip()
+    check(re.fullmatch(r"[A-Za-z0-9._:-]{1,128}", run_id) is not None, "dtrain-run-id " + run_id)
+    check(text(a["run_id"]) == run_id, "run_id")
+    check(int(a["shared_step"]) == 3, "shared_step")
     cfg = f["config"]
     check(cfg.shape == () and text(cfg[()]) == '{"model": "fake", "lr": 0.01}', "config")
     check(int(cfg.attrs["crc32c"]) == crc32c(cfg[()]), "config crc32c")

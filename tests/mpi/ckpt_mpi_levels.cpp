@@ -4,7 +4,8 @@
 // its partner are lost, bit-exact. With DTRAIN_TEST_PRIVATE_LOCAL_DIR set (by
 // tests/mpi/ckpt_levels_private_dir.sh) every rank runs in a mount namespace of its own with an
 // empty tmpfs over that one path: the same local_dir on every rank is then a different directory
-// per node, as on a cluster.
+// per node, as on a cluster. Levels set only by the batch script's DTRAIN_CKPT_* variables reach
+// a Checkpointer built with default options.
 #include <doctest/doctest.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -148,6 +149,57 @@ TEST_CASE("levels over MPI: partner copies as messages, restore from the partner
   MpiComm comm(transport);
   const std::string base = common_dir("msg");
   run_levels(comm, base + "/shared", [&] { return base + "/node" + std::to_string(comm.rank()); });
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm.rank() == 0) fs::remove_all(base);
+}
+
+TEST_CASE("levels from the environment only: a wiped node restored from the partner copy") {
+  OneRankPerNode fake_nodes;
+  dtrain::MpiTransport transport(MPI_COMM_WORLD);
+  MpiComm comm(transport);
+  // 2 ranks as 2 nodes; 3 ranks take no other path through the environment (CI time).
+  if (comm.size() != 2) return;
+  const std::string base = common_dir("env");
+  const std::string shared = base + "/shared";
+  const std::string local = base + "/node" + std::to_string(comm.rank());
+  // What a batch script exports; the program passes no level options.
+  ::setenv("DTRAIN_CKPT_LOCAL_DIR", local.c_str(), 1);
+  ::setenv("DTRAIN_CKPT_LOCAL_EVERY", "1", 1);
+  {
+    dtrain::Checkpointer<MpiComm> ckpt(comm, shared);
+    CHECK(ckpt.options().levels.local_dir == local);
+    FakeRun r(comm.rank());
+    for (int s = 1; s <= 2; ++s) {
+      r.step(comm);
+      CHECK(ckpt.maybe_save(s, named("model", r.model), named("optimizer", r.opt),
+                            per_rank("sampler", r.sampler), named("dropout", r.dropout),
+                            named("schedule", r.sched)));
+    }
+    ckpt.wait();
+    // Node 0 and its partner hold the node-local copies.
+    if (comm.rank() <= 1) CHECK(ckpt.local_files().front().step == 2);
+  }
+  // Node 0's local directory is wiped: the restart restores from node 1's partner copy.
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (comm.rank() == 0) remove_checkpoints(local);
+  MPI_Barrier(MPI_COMM_WORLD);
+  {
+    dtrain::Checkpointer<MpiComm> ckpt(comm, shared);
+    check_restore(ckpt, comm, 2, CheckpointLevel::partner, 1);
+  }
+  // read_env off: the options as given, no levels.
+  {
+    dtrain::CheckpointOptions o;
+    o.read_env = false;
+    dtrain::Checkpointer<MpiComm> ckpt(comm, shared, o);
+    CHECK_FALSE(ckpt.options().levels.enabled());
+  }
+  // The variables on some ranks only: refused on every rank, not a hang.
+  if (comm.rank() != 0) ::unsetenv("DTRAIN_CKPT_LOCAL_DIR");
+  CHECK_THROWS_WITH_AS(dtrain::Checkpointer<MpiComm>(comm, shared),
+                       doctest::Contains("differ between ranks"), dtrain::InvalidArgument);
+  ::unsetenv("DTRAIN_CKPT_LOCAL_DIR");
+  ::unsetenv("DTRAIN_CKPT_LOCAL_EVERY");
   MPI_Barrier(MPI_COMM_WORLD);
   if (comm.rank() == 0) fs::remove_all(base);
 }

@@ -106,7 +106,8 @@ for launcher in srun mpiexec; do
   # target (this checks the batch system, not the training).
   # Submitted, then its state polled every 0.2 s: sbatch --wait polls at intervals of seconds
   # (10 s per 2 s job here).
-  job=$(DTRAIN_LAUNCHER=$launcher sbatch --parsable --ntasks=2 --output="$out" \
+  # The script's multi-level checkpoints, node-local directory inside the test's own.
+  job=$(DTRAIN_LAUNCHER=$launcher DTRAIN_CKPT_LOCAL_DIR="$tmp/local-$launcher" sbatch --parsable --ntasks=2 --output="$out" \
       --chdir="$tmp" "$script" "$binary" --data "$data" --max-steps 60 --log-every 20 \
       --run-dir "$tmp/run-$launcher" --ckpt-every 30 --no-plot --target 0) || job=""
   state=""
@@ -129,6 +130,10 @@ for launcher in srun mpiexec; do
   fi
   if ! ls "$tmp/run-$launcher"/ckpt-*.h5 >/dev/null 2>&1; then
     echo "FAIL: the $launcher job left no checkpoint"
+    status=1
+  fi
+  if ! ls "$tmp/local-$launcher"/ckpt-*.h5 >/dev/null 2>&1; then
+    echo "FAIL: the $launcher job left no node-local checkpoint"
     status=1
   fi
 done

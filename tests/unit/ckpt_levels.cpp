@@ -3,6 +3,9 @@
 // directory is lost (bit-exact), from the shared level when a node and its partner are lost,
 // damage at each level, the shared flush in the background, the library's Communicator over the
 // loopback transport (its own node map, messages between two ranks) and a transfer deadline.
+// The run's identity: node-local directories left by another run are not restored, a run
+// continued on purpose adopts the identity, and a rollback of the run directory is not undone by
+// the node-local copies of later steps.
 #include <doctest/doctest.h>
 
 #include <hdf5.h>
@@ -177,7 +180,7 @@ TEST_CASE("levels: each save is node-local, copied to the partner node, flushed 
 TEST_CASE("levels: a lost node-local directory is restored from the partner copy, bit-exact") {
   LvDirs d("partner");
   lv_train_and_save(d, 3, 0);  // no shared level at all
-  CHECK(fs::is_empty(d.shared()));
+  CHECK(dtrain::detail::list_checkpoint_files(d.shared(), "ckpt", ".h5").empty());
   fs::remove_all(d.local(0));
   const auto where = lv_restore_and_check(d, 3);
   CHECK(where.first == CheckpointLevel::partner);
@@ -225,6 +228,132 @@ TEST_CASE("levels: a damaged file at each level is detected and the next level i
     if (e.path().extension() == ".h5") lv_damage(e.path().string());
   CHECK_THROWS_WITH_AS(lv_restore_and_check(d, 0),
                        doctest::Contains("no valid checkpoint at any level"), dtrain::Error);
+}
+
+// The identity in a run directory's dtrain-run-id file.
+std::string lv_run_id(const std::string& run_dir) {
+  std::string id = lv_bytes_of(run_dir + "/dtrain-run-id");
+  while (!id.empty() && id.back() == '\n') id.pop_back();
+  return id;
+}
+
+// Reads the identity and the step followed (root attributes) of a checkpoint file with HDF5.
+std::pair<std::string, std::int64_t> lv_identity_of(const std::string& path) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  REQUIRE(f >= 0);
+  hid_t a = H5Aopen(f, "run_id", H5P_DEFAULT);
+  hid_t t = H5Aget_type(a);
+  std::string id(H5Tget_size(t), '\0');
+  H5Aread(a, t, id.data());
+  H5Tclose(t);
+  H5Aclose(a);
+  id.resize(id.find('\0') == std::string::npos ? id.size() : id.find('\0'));
+  std::int64_t shared_step = -2;
+  a = H5Aopen(f, "shared_step", H5P_DEFAULT);
+  H5Aread(a, H5T_NATIVE_INT64, &shared_step);
+  H5Aclose(a);
+  H5Fclose(f);
+  return {id, shared_step};
+}
+
+TEST_CASE("levels: node-local copies of another run are set aside, not restored") {
+  LvDirs d("other_run");
+  lv_train_and_save(d, 3, 1);  // run A: node-local steps 1..3 on nodes 0 and 1
+  const std::string a_id = lv_run_id(d.shared());
+  CHECK(a_id.size() == 32);
+  for (int n = 0; n < 2; ++n) CHECK(lv_identity_of(d.file(d.local(n), 3)).first == a_id);
+  CHECK(lv_identity_of(d.file(d.shared(), 3)) == std::make_pair(a_id, std::int64_t{3}));
+  // Run B: another run directory, the same node-local directories (a later job on the nodes).
+  const std::string b_dir = d.base + "/shared_b";
+  run_ranks(4, [&](ThreadComm& comm) {
+    Checkpointer<ThreadComm> ckpt(comm, b_dir, lv_level_opts(d, comm.rank() / 2));
+    CHECK(ckpt.run_id() != a_id);
+    FakeRun r(comm.rank() + 100);
+    CHECK_FALSE(lv_restore_run(ckpt, r).has_value());  // a fresh run
+    CHECK(ckpt.restored_level() == CheckpointLevel::none);
+  });
+  // Refused on node 0 by rank 0 and on node 1 by its own leader; kept for inspection.
+  for (int n = 0; n < 2; ++n)
+    for (int s = 1; s <= 3; ++s) {
+      CAPTURE(n);
+      CAPTURE(s);
+      CHECK_FALSE(fs::exists(d.file(d.local(n), s)));
+      CHECK(fs::exists(d.file(d.local(n), s) + ".stale"));
+    }
+  CHECK(lv_run_id(b_dir) != a_id);
+}
+
+TEST_CASE("levels: a run continued on purpose adopts its identity (DTRAIN_CKPT_RUN_ID)") {
+  LvDirs d("adopt");
+  lv_train_and_save(d, 3, 0);  // nothing in the run directory
+  const std::string a_id = lv_run_id(d.shared());
+  // The run directory is lost; a new one continues the run from its node-local copies.
+  fs::remove_all(d.shared());
+  ::setenv("DTRAIN_CKPT_RUN_ID", a_id.c_str(), 1);
+  const auto where = lv_restore_and_check(d, 3);
+  ::unsetenv("DTRAIN_CKPT_RUN_ID");
+  CHECK(where.first == CheckpointLevel::local);
+  CHECK(lv_run_id(d.shared()) == a_id);  // written for the run's next jobs
+  // A malformed identity is refused on every rank, naming the variable.
+  ::setenv("DTRAIN_CKPT_RUN_ID", "two words", 1);
+  CHECK_THROWS_WITH_AS(lv_restore_and_check(d, 3), doctest::Contains("DTRAIN_CKPT_RUN_ID"),
+                       dtrain::InvalidArgument);
+  ::unsetenv("DTRAIN_CKPT_RUN_ID");
+}
+
+TEST_CASE("levels: a rollback of the run directory is not undone by node-local copies") {
+  LvDirs d("rollback");
+  // Node-local steps 3, 4, 5 (keep_last 3), the run directory steps 2 and 4.
+  lv_train_and_save(d, 5, 2);
+  CHECK(lv_identity_of(d.file(d.local(0), 3)).second == 2);  // follows step 2
+  CHECK(lv_identity_of(d.file(d.local(0), 4)).second == 4);  // flushed itself
+  // The run directory's record of what it received: a copy that follows a newer step than this
+  // (its flush never completed) is restored, one that follows a step missing below it is not.
+  CHECK(lv_bytes_of(d.shared() + "/ckpt-flushed") == "4\n");
+  // Roll back to step 2: its newer checkpoint deleted from the run directory.
+  fs::remove(d.file(d.shared(), 4));
+  const auto where = lv_restore_and_check(d, 2);
+  CHECK(where.first == CheckpointLevel::shared);
+  CHECK(lv_bytes_of(d.shared() + "/ckpt-flushed") == "2\n");  // rolled back with it
+  // Every later copy is set aside on both nodes, including step 3, which follows step 2.
+  for (int n = 0; n < 2; ++n)
+    for (int s = 3; s <= 5; ++s) {
+      CAPTURE(n);
+      CAPTURE(s);
+      CHECK_FALSE(fs::exists(d.file(d.local(n), s)));
+      CHECK(fs::exists(d.file(d.local(n), s) + ".stale"));
+    }
+  // The run continues from step 2; its new step 3 is restored from the node-local level.
+  run_ranks(4, [&](ThreadComm& comm) {
+    Checkpointer<ThreadComm> ckpt(comm, d.shared(), lv_level_opts(d, comm.rank() / 2, 2));
+    FakeRun r(comm.rank() + 100);
+    CHECK(lv_restore_run(ckpt, r) == std::optional<std::int64_t>(2));
+    r.step(comm);
+    lv_save_run(ckpt, 3, r);
+    ckpt.wait();
+  });
+  CHECK(lv_identity_of(d.file(d.local(1), 3)).second == 2);
+  CHECK(lv_restore_and_check(d, 3).first == CheckpointLevel::local);
+}
+
+TEST_CASE("levels: which copies are this run's (the rule on its own)") {
+  using dtrain::detail::copy_refusal;
+  const std::vector<std::int64_t> shared{30, 40};       // the run directory; it received up to 40
+  CHECK(copy_refusal("a", 40, "a", shared, 40) == "");  // follows a step it holds
+  CHECK(copy_refusal("a", -1, "a", shared, 40) == "");  // follows nothing
+  CHECK(copy_refusal("a", 10, "a", shared, 40) == "");  // follows a step pruned by keep_last
+  CHECK(copy_refusal("a", 50, "a", shared, 40) == "");  // its flush never completed
+  CHECK(copy_refusal("a", 50, "a", {}, -1) == "");      // a new run directory (adopted)
+  CHECK(copy_refusal("a", 35, "a", shared, 40).find("rolled back") != std::string::npos);
+  CHECK(copy_refusal("a", 40, "a", {30}, 40).find("step 40") != std::string::npos);
+  CHECK(copy_refusal("a", 20, "a", {}, 40).find("rolled back") != std::string::npos);
+  CHECK(copy_refusal("b", 40, "a", shared, 40).find("belongs to run b, this run is a") !=
+        std::string::npos);
+  CHECK(copy_refusal("", 40, "a", shared, 40).find("before run identities") != std::string::npos);
+  CHECK(dtrain::detail::valid_run_id(dtrain::detail::make_run_id()));
+  CHECK_FALSE(dtrain::detail::valid_run_id(""));
+  CHECK_FALSE(dtrain::detail::valid_run_id("a b"));
+  CHECK_FALSE(dtrain::detail::valid_run_id(std::string(129, 'a')));
 }
 
 TEST_CASE("levels: the shared flush runs in the background, after the save returned") {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // dtrain: the settings of a Checkpointer, its write strategies and its checkpoint levels. Plain
-// data; the levels can be read from the environment (<dtrain/core/env.hpp>).
+// data; the levels and the run identity are read from the environment (<dtrain/core/env.hpp>)
+// by the Checkpointer unless CheckpointOptions::read_env is off.
 #pragma once
 
 #include <cstdint>
@@ -129,6 +130,25 @@ struct CheckpointOptions {
   double parallel_write_timeout_seconds = 3600;
   /// Node-local, partner and shared levels (off unless levels.local_dir is set).
   CheckpointLevelOptions levels;
+  /// The run's identity, recorded in every file (docs/checkpoints.md, "Run identity"). Empty:
+  /// the run directory's own, read from <run_dir>/dtrain-run-id, or created there by the first
+  /// Checkpointer of the run. Set: this identity is adopted (written to that file), to continue
+  /// on purpose from node-local copies of another run. 1 to 128 characters of [A-Za-z0-9._:-].
+  /// Only rank 0's value counts.
+  std::string run_id;
+  /// The constructor applies the environment over these options: DTRAIN_CKPT_LOCAL_DIR and its
+  /// siblings over `levels` (CheckpointLevelOptions::with_env) and DTRAIN_CKPT_RUN_ID over
+  /// `run_id`, where they are set, so that a batch script reaches every program that
+  /// checkpoints. false: the options exactly as given.
+  bool read_env = true;
+
+  /// These options with the environment applied as the constructor applies it (read_env).
+  CheckpointOptions with_env() const {
+    CheckpointOptions c = *this;
+    c.levels = levels.with_env();
+    if (const auto v = env::get("DTRAIN_CKPT_RUN_ID")) c.run_id = *v;
+    return c;
+  }
 };
 
 }  // namespace dtrain

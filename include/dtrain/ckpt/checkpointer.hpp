@@ -36,6 +36,7 @@
 #include <dtrain/ckpt/detail/objects.hpp>
 #include <dtrain/ckpt/detail/restore.hpp>
 #include <dtrain/ckpt/detail/restore_distributed.hpp>
+#include <dtrain/ckpt/detail/run_id.hpp>
 #include <dtrain/ckpt/detail/save_job.hpp>
 #include <dtrain/ckpt/detail/save_parallel.hpp>
 #include <dtrain/ckpt/detail/save_rank0.hpp>
@@ -97,13 +98,16 @@ class Checkpointer {
                 "void allreduce(BufferView, ReduceOp)");
 
  public:
-  /// Collective. Creates the run directory and removes temporaries left by an interrupted save.
+  /// Collective. Applies the environment to the options (CheckpointOptions::read_env), creates
+  /// the run directory, removes temporaries left by an interrupted save, and reads the run's
+  /// identity from the run directory (creating it on the run's first start).
   Checkpointer(Comm& comm, std::string run_dir, CheckpointOptions options = {})
       : comm_(comm), dir_(std::move(run_dir)), opt_(std::move(options)) {
     std::exception_ptr err;
     int node_label = 0;
     try {
       const char* op = "Checkpointer";
+      if (opt_.read_env) opt_ = opt_.with_env();
       DTRAIN_REQUIRE(!dir_.empty(), op, "empty run directory");
       DTRAIN_REQUIRE(opt_.keep_last >= 1, op, "keep_last must be >= 1, got " << opt_.keep_last);
       DTRAIN_REQUIRE(opt_.every_steps >= 0, op, "every_steps must be >= 0");
@@ -119,11 +123,26 @@ class Checkpointer {
           DTRAIN_LOG(info, "removing " << t << " left by an interrupted checkpoint save");
           detail::remove_file_quietly(t);
         }
+        run_id_ = detail::resolve_run_id(dir_, opt_.run_id, op);
       }
     } catch (...) {
       err = std::current_exception();
     }
     detail::ckpt_agree(comm_, err, "Checkpointer");
+    detail::ckpt_bcast_string(comm_, run_id_, 0);
+    // Each rank applied its own environment: a level setting on some ranks only would have them
+    // take different paths through every save and restore.
+    {
+      const CheckpointLevelOptions& l = opt_.levels;
+      const std::string s =
+          detail::concat(l.enabled(), ' ', l.local_every, ' ', l.partner, ' ', l.shared_every);
+      DTRAIN_REQUIRE(detail::ckpt_same_everywhere(comm_, crc32c(s.data(), s.size()),
+                                                  static_cast<std::uint32_t>(s.size())),
+                     "Checkpointer",
+                     "the checkpoint level options differ between ranks (levels.local_dir set or "
+                     "not, local_every, partner, shared_every): DTRAIN_CKPT_* set for some ranks "
+                     "only?");
+    }
     if (!levels_on()) return;
     nodes_ = detail::ckpt_node_layout(comm_, node_label);
     try {
@@ -225,6 +244,8 @@ class Checkpointer {
     m.library_version = version_string();
     m.config = opt_.config;
     m.strategy = name_of(strategy_);
+    m.run_id = run_id_;
+    m.shared_step = step;  // written to the run directory; save_levels says otherwise
     {
       std::vector<std::int64_t> t{static_cast<std::int64_t>(std::time(nullptr))};
       detail::ckpt_bcast_i64(comm_, t, 0);
@@ -280,6 +301,7 @@ class Checkpointer {
     detail::CkptChoice<Format> c;
     if (levels_on()) {
       if (!choose_levels(c)) return std::nullopt;
+      shared_step_ = restored_shared_step_;
       detail::restore_objects(comm_, opt_, c.m, c.file, source_of(c), objects...);
       mark_saved(c.m.step);
       if (comm_.rank() == 0)
@@ -356,6 +378,9 @@ class Checkpointer {
   /// node whose directory held it (-1 for the shared level).
   CheckpointLevel restored_level() const noexcept { return restored_level_; }
   int restored_node() const noexcept { return restored_node_; }
+  /// Local. The run's identity, recorded in every file this object writes (the same on every
+  /// rank): CheckpointOptions::run_id, or the run directory's own.
+  const std::string& run_id() const noexcept { return run_id_; }
   /// Local. This rank's node and the number of nodes, as the levels number them (node 0 holds
   /// rank 0); 0 and 1 without levels.
   int node() const { return nodes_.node_of.empty() ? 0 : nodes_.node_of[comm_.rank()]; }
@@ -489,6 +514,8 @@ class Checkpointer {
   }
 
   bool levels_on() const noexcept { return opt_.levels.enabled(); }
+  // The run directory's record of the newest step flushed to it (levels).
+  std::string flush_record_path() const { return dir_ + "/" + opt_.prefix + "-flushed"; }
 
   // The constructor's checks of the level options; returns this rank's node label.
   int check_levels() const {
@@ -516,6 +543,11 @@ class Checkpointer {
   void save_levels(detail::CkptSaveJob& job, const char* op) {
     const std::int64_t step = job.m.step;
     job.target = target_in(opt_.levels.local_dir, step);
+    // Which step of the run directory this copy follows: a restore refuses the copy once that
+    // step is gone from there (a rollback), so it never brings back what was rolled back.
+    const bool flush =
+        opt_.levels.shared_every > 0 && (local_saves_ + 1) % opt_.levels.shared_every == 0;
+    job.m.shared_step = flush ? step : shared_step_;
     detail::save_rank0<Format>(comm_, job, op);
     std::exception_ptr err;
     if (opt_.levels.partner && nodes_.nodes() > 1) {
@@ -529,23 +561,60 @@ class Checkpointer {
         local_saves_ % opt_.levels.shared_every == 0) {
       try {
         if (!flusher_) flusher_ = std::make_unique<detail::CkptFlusher>();
-        flusher_->submit(step, local_path_for(step), target_in(dir_, step));
+        flusher_->submit(step, local_path_for(step), target_in(dir_, step), flush_record_path());
       } catch (...) {
         err = std::current_exception();
       }
     }
     detail::ckpt_agree(comm_, err, op);
+    if (flush) shared_step_ = step;
   }
 
   // Collective: the newest checkpoint that is complete and verified at some level, tried per
   // step, newest first: rank 0's node-local directory, then the other nodes' (partner copies,
   // copied back into rank 0's node-local directory first), then the run directory. Damaged
-  // files are renamed to .damaged where they lie. False when no level holds any checkpoint;
-  // IoError on every rank when files exist but none is valid.
+  // files are renamed to .damaged where they lie; node-local and partner copies that are not
+  // this run's (detail::copy_refusal: another run's, or rolled back) to .stale. False when no
+  // level holds a checkpoint of this run; IoError on every rank when files exist but none of
+  // them is valid.
   bool choose_levels(detail::CkptChoice<Format>& c) {
     const char* op = "checkpoint restore";
     const int rank = comm_.rank();
     const char* ext = Format::extension;
+    // The run directory's steps and the newest it received, on every rank: they decide whether
+    // a copy may be restored, where the copy lies.
+    std::vector<detail::FoundCheckpoint> shared;
+    std::vector<std::int64_t> shared_steps;
+    std::vector<std::int64_t> head{0, -1};  // {count, newest flushed}
+    {
+      std::exception_ptr e;
+      if (rank == 0) {
+        try {
+          shared = detail::list_checkpoint_files(dir_, opt_.prefix, ext);
+          head[1] = detail::read_flush_record(flush_record_path(), op);
+        } catch (...) {
+          e = std::current_exception();
+        }
+        for (const auto& f : shared) shared_steps.push_back(f.step);
+        head[0] = static_cast<std::int64_t>(shared_steps.size());
+      }
+      detail::ckpt_agree(comm_, e, op);
+      detail::ckpt_bcast_i64(comm_, head, 0);
+      shared_steps.resize(static_cast<std::size_t>(head[0]));
+      if (head[0] > 0) detail::ckpt_bcast_i64(comm_, shared_steps, 0);
+    }
+    const std::int64_t flushed = head[1];
+    // Why a copy (verified, `m`) is not to be restored, or "".
+    auto refusal = [&](const detail::CkptManifest& m) {
+      return detail::copy_refusal(m.run_id, m.shared_step, run_id_, shared_steps, flushed);
+    };
+    // A copy of this run newer than every checkpoint of the run directory that follows one no
+    // longer there: the run directory was rolled back.
+    const std::int64_t newest_shared =
+        shared_steps.empty() ? -1 : *std::max_element(shared_steps.begin(), shared_steps.end());
+    auto rolled_back = [&](const detail::CkptManifest& m) {
+      return m.run_id == run_id_ && m.step > newest_shared;
+    };
     // What each node's leader holds (unverified, by name).
     std::vector<unsigned char> mine;
     if (nodes_.is_leader(rank))
@@ -556,17 +625,32 @@ class Checkpointer {
     const auto held = detail::ckpt_gather_blobs(comm_, mine, /*to_all=*/false);
     // Rank 0 tries the candidates in order; a copy on another node is moved to rank 0 first,
     // which every rank learns from one broadcast {what, step, node} per try:
-    // what 1 = node `node` sends its copy of `step`, 2 = done, found, 3 = done, none found.
+    // what 1 = node `node` sends its copy of `step`, 2 = done, found, 3 = done, none found,
+    // 4 = the run directory was rolled back to `step`: every node sets its later copies aside.
     std::exception_ptr err;
     std::vector<std::int64_t> action(4, 0);
-    auto set_aside = [](const std::string& path) {
-      DTRAIN_LOG(warn, "renaming damaged checkpoint " << path << " to " << path << ".damaged");
+    auto set_aside = [](const std::string& path, const char* suffix = ".damaged") {
+      if (std::string(suffix) == ".damaged")
+        DTRAIN_LOG(warn, "renaming damaged checkpoint " << path << " to " << path << suffix);
       try {
-        detail::rename_path(path, path + ".damaged", "checkpoint restore");
+        detail::rename_path(path, path + suffix, "checkpoint restore");
       } catch (const std::exception& e) {
         DTRAIN_LOG(warn, e.what());
       }
     };
+    // A node's leader, once a rollback to `newest` is seen: copies of later steps are not restored
+    // (not even those that follow a checkpoint still there: the rolled-back run wrote them) and
+    // would shadow the steps the run writes again.
+    auto set_aside_after = [&](std::int64_t newest) {
+      for (const auto& f : local_files())
+        if (f.step > newest) {
+          DTRAIN_LOG(warn, "the run directory " << dir_ << " was rolled back to step " << newest
+                                                << ": renaming the node-local copy " << f.path
+                                                << " to " << f.path << ".stale");
+          set_aside(f.path, ".stale");
+        }
+    };
+    bool damaged = false;  // rank 0: a file of this run failed verification or a transfer
     if (rank == 0) {
       struct Try {
         std::int64_t step;
@@ -586,7 +670,6 @@ class Checkpointer {
         }
       }
       const bool any_local = !steps.empty();
-      const auto shared = detail::list_checkpoint_files(dir_, opt_.prefix, ext);
       for (const auto& f : shared) steps.push_back(f.step);
       std::sort(steps.rbegin(), steps.rend());
       steps.erase(std::unique(steps.begin(), steps.end()), steps.end());
@@ -606,16 +689,44 @@ class Checkpointer {
                        << " nodes (a restart on other nodes?): falling back to the shared level "
                        << dir_);
       std::string tried;
+      bool purged = false;
+      auto purge = [&] {
+        if (purged) return;
+        purged = true;
+        action = {4, newest_shared, 0, 0};
+        detail::ckpt_bcast_i64(comm_, action, 0);
+        set_aside_after(newest_shared);
+        // The run directory received nothing after what it holds now: a flush of a step it
+        // writes again that does not complete is then not taken for another rollback.
+        try {
+          detail::write_flush_record(flush_record_path(), newest_shared, op);
+        } catch (const std::exception& e) {
+          DTRAIN_LOG(warn, e.what());
+        }
+      };
       for (const Try& t : tries) {
+        if (purged && t.node >= 0 && t.step > newest_shared) continue;  // set aside
         std::string path;
         if (t.node > 0) {
           action = {1, t.step, t.node, 0};
           detail::ckpt_bcast_i64(comm_, action, 0);
           const int src = nodes_.leader[static_cast<std::size_t>(t.node)];
+          // The node's verdict on its copy: 0 it is sent, 1 damaged, 2 not to be restored,
+          // 3 not to be restored: the run directory was rolled back.
+          std::vector<std::int64_t> verdict{0};
+          detail::ckpt_bcast_i64(comm_, verdict, src);
+          if (verdict[0] != 0) {
+            damaged = damaged || verdict[0] == 1;
+            tried += "\n  step " + std::to_string(t.step) + " on node " + std::to_string(t.node) +
+                     ": " + (verdict[0] == 1 ? "damaged" : "refused (see that rank's log)");
+            if (verdict[0] == 3) purge();
+            continue;
+          }
           std::exception_ptr e = detail::ckpt_transfer_file(
               comm_, src, 0, std::string(), target_in(opt_.levels.local_dir, t.step),
               opt_.levels.transfer_timeout_seconds, "checkpoint restore from a partner copy");
           if (e) {
+            damaged = true;
             tried += "\n  step " + std::to_string(t.step) + " on node " + std::to_string(t.node) +
                      ": " + detail::classify(e).second;
             DTRAIN_LOG(warn, "the copy of step "
@@ -629,6 +740,18 @@ class Checkpointer {
         }
         try {
           c.m = Format::verify(path);
+          const std::string why = t.node >= 0 ? refusal(c.m) : std::string();
+          if (!why.empty()) {
+            DTRAIN_LOG(warn, "not restoring the node-local checkpoint "
+                                 << path << " (node 0" << (t.node > 0 ? ", rebuilt from node " : "")
+                                 << (t.node > 0 ? std::to_string(t.node) : std::string())
+                                 << "): " << why << "; renamed to " << path << ".stale");
+            tried += "\n  " + path + ": " + why;
+            set_aside(path, ".stale");
+            if (rolled_back(c.m)) purge();
+            c.m = detail::CkptManifest{};
+            continue;
+          }
           c.file = path;
           restored_level_ = t.node == 0  ? CheckpointLevel::local
                             : t.node > 0 ? CheckpointLevel::partner
@@ -638,13 +761,14 @@ class Checkpointer {
         } catch (const IoError& e) {
           DTRAIN_LOG(warn, "skipping damaged checkpoint " << path << ": " << e.what());
           tried += "\n  " + path + ": " + e.what();
+          damaged = true;
           set_aside(path);
         } catch (...) {
           err = std::current_exception();
           break;
         }
       }
-      if (!err && !tries.empty() && c.file.empty())
+      if (!err && damaged && c.file.empty())
         err = std::make_exception_ptr(make_error<IoError>(
             op,
             detail::concat("no valid checkpoint at any level (node-local ", opt_.levels.local_dir,
@@ -656,31 +780,61 @@ class Checkpointer {
           err = std::current_exception();
         }
       }
+      if (!err && c.file.empty() && !tries.empty())
+        DTRAIN_LOG(warn,
+                   "no checkpoint of run " << run_id_ << " at any level: a fresh run" << tried);
+      // The step the run's next copies follow: the restored one's, or the newest the run
+      // directory received where the restored copy follows a step whose flush never completed.
       action = {c.file.empty() ? 3 : 2, static_cast<std::int64_t>(restored_level_), restored_node_,
-                0};
+                restored_level_ == CheckpointLevel::shared ? c.m.step
+                                                           : std::min(c.m.shared_step, flushed)};
       detail::ckpt_bcast_i64(comm_, action, 0);
     } else {
       while (true) {
         detail::ckpt_bcast_i64(comm_, action, 0);
+        if (action[0] == 4) {
+          if (nodes_.is_leader(rank)) set_aside_after(action[1]);
+          continue;
+        }
         if (action[0] != 1) break;
         const std::int64_t step = action[1];
         const int node = static_cast<int>(action[2]);
         const int src = nodes_.leader[static_cast<std::size_t>(node)];
         std::string path;
+        std::vector<std::int64_t> verdict{0};
         if (rank == src) {
-          // Only a copy that verifies is sent; a damaged one is set aside here.
+          // Only a copy that verifies and is this run's is sent; others are set aside here.
           path = local_path_for(step);
+          struct stat st {};
+          if (::stat(path.c_str(), &st) != 0) {
+            // Gone since it was listed (a node-local path that is one directory for several
+            // nodes, and node 0 set the file aside): nothing to send, and not damage.
+            DTRAIN_LOG(info, "the partner copy " << path << " is no longer there");
+            verdict[0] = 2;
+          }
           try {
-            (void)Format::verify(path);
+            if (verdict[0] == 0) {
+              const detail::CkptManifest m = Format::verify(path);
+              const std::string why = refusal(m);
+              if (!why.empty()) {
+                DTRAIN_LOG(warn, "not restoring the partner copy "
+                                     << path << " (node " << node << "): " << why << "; renamed to "
+                                     << path << ".stale");
+                set_aside(path, ".stale");
+                verdict[0] = rolled_back(m) ? 3 : 2;
+              }
+            }
           } catch (const IoError& e) {
             DTRAIN_LOG(warn, "skipping damaged partner copy " << path << ": " << e.what());
             set_aside(path);
-            path.clear();
+            verdict[0] = 1;
           } catch (const std::exception& e) {
             DTRAIN_LOG(warn, "partner copy " << path << ": " << e.what());
-            path.clear();
+            verdict[0] = 1;
           }
         }
+        detail::ckpt_bcast_i64(comm_, verdict, src);
+        if (verdict[0] != 0) continue;
         std::exception_ptr e = detail::ckpt_transfer_file(comm_, src, 0, path, detail::CkptTarget{},
                                                           opt_.levels.transfer_timeout_seconds,
                                                           "checkpoint restore from a partner copy");
@@ -692,6 +846,7 @@ class Checkpointer {
         restored_node_ = static_cast<int>(action[2]);
       }
     }
+    restored_shared_step_ = action[3];
     detail::ckpt_agree(comm_, err, op);
     if (action[0] != 2) return false;
     if (rank == 0) {
@@ -744,6 +899,9 @@ class Checkpointer {
   Comm& comm_;
   std::string dir_;
   CheckpointOptions opt_;
+  std::string run_id_;             // the run's identity, the same on every rank
+  std::int64_t shared_step_ = -1;  // newest step sent to the run directory (levels), -1: none
+  std::int64_t restored_shared_step_ = -1;
   CheckpointStrategy strategy_ = CheckpointStrategy::rank0;
   RestoreStrategy restore_ = RestoreStrategy::rank0;
   std::optional<std::int64_t> last_saved_step_;

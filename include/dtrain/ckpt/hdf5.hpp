@@ -241,6 +241,8 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
   h5_put_attr_i64(file, "world_size", m.world_size, "/");
   h5_put_attr_f64(file, "created_unix", m.created_unix, "/");
   h5_put_attr_str(file, "write_strategy", m.strategy, "/");
+  h5_put_attr_str(file, "run_id", m.run_id, "/");
+  h5_put_attr_i64(file, "shared_step", m.shared_step, "/");
   h5_put_attr_i64(file, "entry_count", static_cast<std::int64_t>(m.entries.size()), "/");
 
   H5Handle indep(DTRAIN_CHECK_H5(H5Pcreate(H5P_DATASET_XFER), op, "transfer list"), H5Pclose);
@@ -732,6 +734,11 @@ struct Hdf5Format {
       auto v = detail::ckpt_h5::h5_get_attr(file, "created_unix", where);
       m.created_unix = v.kind == detail::EntryKind::f64 ? v.f64 : 0.0;
     }
+    // The run's identity: absent in files written before identities (read as "" and -1).
+    if (DTRAIN_CHECK_H5(H5Aexists(file, "run_id"), op, where + "@run_id") > 0)
+      m.run_id = detail::ckpt_h5::h5_get_str(file, "run_id", where);
+    if (DTRAIN_CHECK_H5(H5Aexists(file, "shared_step"), op, where + "@shared_step") > 0)
+      m.shared_step = detail::ckpt_h5::h5_get_i64(file, "shared_step", where);
     const std::int64_t expected = detail::ckpt_h5::h5_get_i64(file, "entry_count", where);
     {
       detail::ckpt_h5::H5Handle d(

@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -351,6 +353,56 @@ std::exception_ptr ckpt_transfer_file(Comm& comm, int src, int dst, const std::s
 
 // ---- the shared level: a background copy -------------------------------------------------------
 
+/// The newest step flushed to the run directory, as recorded in `path` by the flush (one line);
+/// -1 when there is no record. It tells a flush that never completed (its copy is newer than the
+/// record) from a checkpoint a rollback deleted (no newer than the record). IoError when the file
+/// exists but holds no step.
+inline std::int64_t read_flush_record(const std::string& path, const char* op) {
+  CkptFd f;
+  int fd;
+  do {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) {
+    if (errno == ENOENT) return -1;
+    raise<IoError>(op, "open " + path + ": " + errno_text(errno));
+  }
+  f = CkptFd(fd);
+  char buf[32] = {};
+  const ssize_t n = ::pread(f.fd, buf, sizeof buf - 1, 0);
+  char* end = nullptr;
+  const long long step = n > 0 ? std::strtoll(buf, &end, 10) : -1;
+  if (n <= 0 || end == buf || (*end != '\n' && *end != '\0') || step < 0)
+    raise<IoError>(op, path +
+                           " does not hold a step number (remove it: it is rewritten by the "
+                           "next flush)");
+  return step;
+}
+
+/// Durably records `step` in `path` (temporary, fsync, rename, fsync of the directory);
+/// `step` < 0 removes the record.
+inline void write_flush_record(const std::string& path, std::int64_t step, const char* op) {
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  if (step < 0) {
+    remove_file_quietly(path);
+    fsync_path(dir, true, op);
+    return;
+  }
+  const std::string tmp = dir + "/." + path.substr(slash + 1) + ".tmp";
+  try {
+    CkptFd f = ckpt_open(tmp, O_WRONLY | O_CREAT | O_TRUNC, op);
+    const std::string line = std::to_string(step) + "\n";
+    ckpt_write_all(f.fd, line.data(), line.size(), tmp, op);
+    ckpt_fsync_close(f, tmp, op);
+    rename_path(tmp, path, op);
+    fsync_path(dir, true, op);
+  } catch (...) {
+    remove_file_quietly(tmp);
+    throw;
+  }
+}
+
 /// Test knob: called on the flush thread before each chunk it copies to the shared level (step,
 /// bytes so far, total). Tests block it to see that a save returns before its flush is done.
 /// Must not throw. Set before the save, clear after the flush.
@@ -387,13 +439,16 @@ class CkptFlusher {
     }
   }
 
-  /// Local, returns at once: copy `src` (node-local, published) to `to` (the shared level).
-  /// IoError when `src` cannot be opened.
-  void submit(std::int64_t step, const std::string& src, const CkptTarget& to) {
+  /// Local, returns at once: copy `src` (node-local, published) to `to` (the shared level), then
+  /// record `step` in `record` (write_flush_record) unless it is empty. IoError when `src` cannot
+  /// be opened.
+  void submit(std::int64_t step, const std::string& src, const CkptTarget& to,
+              const std::string& record = {}) {
     Job j;
     j.step = step;
     j.src = src;
     j.to = to;
+    j.record = record;
     j.in = ckpt_open(src, O_RDONLY, "checkpoint flush");
     std::unique_lock<std::mutex> lock(m_);
     if (queued_)
@@ -431,6 +486,7 @@ class CkptFlusher {
     std::int64_t step = -1;
     std::string src;
     CkptTarget to;
+    std::string record;
     CkptFd in;
   };
 
@@ -479,6 +535,7 @@ class CkptFlusher {
     }
     ckpt_fsync_close(out, j.to.tmp_path, op);
     j.to.publish();
+    if (!j.record.empty()) write_flush_record(j.record, j.step, op);
     std::lock_guard<std::mutex> lock(m_);
     last_flushed_ = j.step;
   }

@@ -77,6 +77,11 @@ struct CkptManifest {
   std::string config;
   std::string strategy;
   double created_unix = 0;
+  /// The identity of the run that wrote the file ("" in files written before identities).
+  std::string run_id;
+  /// The newest step of the run that had been sent to the run directory when this file was
+  /// written (its own step when it is written or flushed there); -1: none.
+  std::int64_t shared_step = -1;
   std::vector<CkptEntry> entries;
   /// Called by a writer after all tensor data is written and before checksums are stored, so
   /// that checksums may still be in the making while the data is written.
@@ -548,6 +553,8 @@ inline void encode_header(BlobWriter& w, const CkptManifest& m) {
   w.put_str(m.config);
   w.put_str(m.strategy);
   w.put_f64(m.created_unix);
+  w.put_str(m.run_id);
+  w.put_i64(m.shared_step);
 }
 
 inline void decode_header(BlobReader& r, CkptManifest& m) {
@@ -558,6 +565,8 @@ inline void decode_header(BlobReader& r, CkptManifest& m) {
   m.config = r.get_str();
   m.strategy = r.get_str();
   m.created_unix = r.get_f64();
+  m.run_id = r.get_str();
+  m.shared_step = r.get_i64();
 }
 
 }  // namespace dtrain::detail
