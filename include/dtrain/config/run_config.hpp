@@ -96,8 +96,7 @@ struct RunConfig {
 inline RunConfig read_run_config(const std::string& path);
 
 /// The same from text; `source` names it in errors and in RunConfig::source.
-inline RunConfig parse_run_config(const std::string& text,
-                                  const std::string& source = "<text>");
+inline RunConfig parse_run_config(const std::string& text, const std::string& source = "<text>");
 
 /// The run description a checkpoint records (`dtrain::named("config", run)` beside the model):
 /// saves RunConfig::source and RunConfig::text; restoring a checkpoint whose text differs throws
@@ -123,3 +122,5 @@ struct serializer<RunConfig> {
 };
 
 }  // namespace dtrain
+
+#include <dtrain/config/detail/run_config_reader.hpp>
