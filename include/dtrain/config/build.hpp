@@ -110,8 +110,8 @@ inline FullyShardedOptions fully_sharded_options(const RunConfig& run) {
 }
 
 /// The Checkpointer's options for the run (checkpoint.options), recording the run's text in
-/// every file (CheckpointOptions::config). Save and restore `dtrain::named("config", run)` too so
-/// that a restore under another description fails (see serializer<RunConfig>).
+/// every file (CheckpointOptions::config). Save and restore `dtrain::named("run_config", run)` too
+/// so that a restore under another description fails (see serializer<RunConfig>).
 inline CheckpointOptions checkpoint_options(const RunConfig& run) {
   CheckpointOptions c = run.checkpoint.options;
   c.config = run.text;

@@ -98,7 +98,7 @@ inline RunConfig read_run_config(const std::string& path);
 /// The same from text; `source` names it in errors and in RunConfig::source.
 inline RunConfig parse_run_config(const std::string& text, const std::string& source = "<text>");
 
-/// The run description a checkpoint records (`dtrain::named("config", run)` beside the model):
+/// The run description a checkpoint records (`dtrain::named("run_config", run)` beside the model):
 /// saves RunConfig::source and RunConfig::text; restoring a checkpoint whose text differs throws
 /// InvalidArgument naming both sources. Name it first in save and restore calls so the check
 /// runs before any other object is loaded. The RunConfig is never modified by a restore.
