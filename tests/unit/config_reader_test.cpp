@@ -408,14 +408,18 @@ TEST_CASE("bad files are errors naming the file, the key path, the line, found a
       {"model:\n  layers: [relu]\n bad indent: 1", {"t.yaml:3:", "malformed YAML"}},
       {"", {"t.yaml: found nothing, expected a mapping"}},
       {"model: {layers: [relu]}\n---\nseed: 1",
-       {"t.yaml:3:", "found 2 YAML documents, expected one"}},
+       {"t.yaml:2:1: found more after the end of the first YAML document"}},
+      {"model: {layers: [relu]}\n,", {"t.yaml:2:1: malformed YAML"}},
+      // yaml-cpp's LoadAll never returns on this one (a stray token after the document)
+      {"{model: {layers: [relu]}},", {"t.yaml:1:", "found more after the end of the first YAML"}},
   };
   for (const Case& c : cases) {
-    CAPTURE(c.text);
+    CAPTURE(std::string(c.text));
     const std::string e = error_of(c.text);
     CHECK(e.rfind("dtrain: rank ", 0) == 0);
     for (const char* part : c.expect) {
-      CAPTURE(part);
+      CAPTURE(std::string(part));
+      CAPTURE(e);
       CHECK(e.find(part) != std::string::npos);
     }
   }

@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <dtrain/config/run_config.hpp>
@@ -35,16 +36,13 @@ class RunConfigReader {
       : op_(std::move(operation)), source_(std::move(source)) {}
 
   RunConfig read(const std::string& text) {
-    std::vector<YAML::Node> docs;
+    YAML::Node root;
     try {
-      docs = YAML::LoadAll(text);
+      root = YAML::Load(text);
+      after_first_document(text);
     } catch (const YAML::Exception& e) {
       fail(e.mark, "", "malformed YAML: " + e.msg);
     }
-    if (docs.size() > 1)
-      fail(docs[1].Mark(), "",
-           "found " + std::to_string(docs.size()) + " YAML documents, expected one");
-    const YAML::Node root = docs.empty() ? YAML::Node() : docs[0];
     if (!root.IsMap()) fail(root, "", root, "a mapping with at least the key model");
 
     RunConfig run;
@@ -69,6 +67,38 @@ class RunConfigReader {
  private:
   // The most layers one file may describe (aliases can repeat a residual body exponentially).
   static constexpr std::size_t max_layers = 100000;
+
+  // Events of a parse that only note where the second document starts.
+  struct DocumentMarks final : YAML::EventHandler {
+    YAML::Mark start = YAML::Mark::null_mark();
+    void OnDocumentStart(const YAML::Mark& m) override { start = m; }
+    void OnDocumentEnd() override {}
+    void OnNull(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnAlias(const YAML::Mark&, YAML::anchor_t) override {}
+    void OnScalar(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                  const std::string&) override {}
+    void OnSequenceStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                         YAML::EmitterStyle::value) override {}
+    void OnSequenceEnd() override {}
+    void OnMapStart(const YAML::Mark&, const std::string&, YAML::anchor_t,
+                    YAML::EmitterStyle::value) override {}
+    void OnMapEnd() override {}
+  };
+
+  // A file holds one document: anything after it (a second document, or a stray token) is an
+  // error. Parsed event by event, at most two documents, rather than with YAML::LoadAll, which in
+  // yaml-cpp up to 0.8.0 loops without end, allocating, on a stray token after a document
+  // (e.g. a trailing ','; jbeder/yaml-cpp pull request 1319).
+  void after_first_document(const std::string& text) const {
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    DocumentMarks marks;
+    if (!parser.HandleNextDocument(marks)) return;
+    if (parser.HandleNextDocument(marks))
+      fail(marks.start, "",
+           "found more after the end of the first YAML document (a second document or a stray "
+           "token), expected one document");
+  }
 
   [[noreturn]] void fail(const YAML::Mark& mark, const std::string& path,
                          const std::string& what) const {
