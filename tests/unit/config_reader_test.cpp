@@ -450,6 +450,24 @@ TEST_CASE("read_run_config reads a file and names it in errors") {
 }
 
 TEST_CASE("the example run descriptions read and build") {
+  // docs/configuration.md shows complete.yaml as it is (without its leading comment lines).
+  const std::string src(DTRAIN_SOURCE_DIR);
+  std::ifstream page(src + "/docs/configuration.md"), file(src + "/examples/configs/complete.yaml");
+  std::string line, shown, kept;
+  bool in_block = false, done = false;
+  while (!done && std::getline(page, line)) {
+    if (in_block && line == "```")
+      done = true;
+    else if (in_block)
+      shown += line + "\n";
+    else if (line == "```yaml")
+      in_block = true;
+  }
+  while (std::getline(file, line))
+    if (!(kept.empty() && line.rfind("#", 0) == 0)) kept += line + "\n";
+  CHECK(done);
+  CHECK(shown == kept);
+
   for (const auto& entry :
        std::filesystem::directory_iterator(std::string(DTRAIN_SOURCE_DIR) + "/examples/configs")) {
     CAPTURE(entry.path().string());

@@ -52,7 +52,7 @@ enum class SyncMode : unsigned char { replicated, sharded, fully_sharded };
 struct SyncConfig {
   SyncMode mode = SyncMode::replicated;
   /// GradientSync bucket size (replicated and sharded modes).
-  std::size_t bucket_bytes = std::size_t{4} << 20;
+  std::size_t bucket_bytes = 4194304;
   /// All-reduce algorithm of the buckets.
   AllreduceAlgorithm algorithm = AllreduceAlgorithm::automatic;
   /// Bitwise reproducible reductions (CommConfig::reproducible for the run's communicator).
