@@ -13,6 +13,7 @@
 
 #include <string>
 #include <type_traits>
+#include <variant>
 
 #include <dtrain/ckpt/checkpoint_options.hpp>
 #include <dtrain/comm/comm_config.hpp>
@@ -45,7 +46,11 @@ auto build_model(const RunConfig& run, F&& make) {
       const auto colon = inner.find(": ", prefix.size());
       if (colon != std::string::npos) inner.erase(0, colon + 2);
     }
-    raise<InvalidArgument>("make_model", run.source + ": model.layers: " + inner);
+    // Sequential numbers its layers after the Input entry; say so where the file has one.
+    const bool input = !run.layers.empty() && std::holds_alternative<Input>(run.layers.front());
+    raise<InvalidArgument>("make_model",
+                           run.source + ": model.layers: " + inner +
+                               (input ? " (layer numbers count from the entry after input)" : ""));
   }
 }
 }  // namespace detail
