@@ -3,9 +3,9 @@
 # the consumer's target and puts dtrain.h on its include path; dtrain::fortran adds
 # bindings/fortran/dtrain.f90 (`use dtrain`) on top of dtrain::c. Both are compiled by the
 # consumer's own compilers and MPI: link them into ONE target of a program (its executable), the
-# one that calls them. Needs dtrain::config, dtrain::mpi and dtrain::hdf5; the fortran component
-# needs enable_language(Fortran) before find_package(dtrain) and MPI's mpi_f08 module. Sets
-# DTRAIN_HAVE_C and DTRAIN_HAVE_FORTRAN in the caller's scope.
+# one that calls them. Needs dtrain::config, dtrain::mpi and dtrain::hdf5 (and uses dtrain::blas
+# when found); the fortran component needs enable_language(Fortran) before find_package(dtrain)
+# and MPI's mpi_f08 module. Sets DTRAIN_HAVE_C and DTRAIN_HAVE_FORTRAN in the caller's scope.
 
 include_guard(GLOBAL)
 
@@ -25,6 +25,10 @@ function(dtrain_define_bindings)
     set(_libs dtrain::config dtrain::hdf5 dtrain::mpi)
     if(TARGET MPI::MPI_C)
       list(APPEND _libs MPI::MPI_C)
+    endif()
+    # The layers' GEMM through CBLAS where the package found it, as a C++ program linking it gets.
+    if(TARGET dtrain::blas)
+      list(APPEND _libs dtrain::blas)
     endif()
     set_target_properties(dtrain::c PROPERTIES
       INTERFACE_SOURCES "${A_DIR}/c/dtrain_c.cpp"
@@ -61,9 +65,13 @@ function(dtrain_define_bindings)
   endif()
   if(_why_f STREQUAL "")
     add_library(dtrain::fortran INTERFACE IMPORTED GLOBAL)
+    # MPI's Fortran flags (MPICH's -fallow-argument-mismatch ...) for Fortran sources only: the
+    # target also compiles the C API's C++ source.
     set_target_properties(dtrain::fortran PROPERTIES
       INTERFACE_SOURCES "${A_DIR}/fortran/dtrain.f90"
-      INTERFACE_LINK_LIBRARIES "dtrain::c;MPI::MPI_Fortran")
+      INTERFACE_INCLUDE_DIRECTORIES "$<TARGET_PROPERTY:MPI::MPI_Fortran,INTERFACE_INCLUDE_DIRECTORIES>"
+      INTERFACE_COMPILE_OPTIONS "$<$<COMPILE_LANGUAGE:Fortran>:$<TARGET_PROPERTY:MPI::MPI_Fortran,INTERFACE_COMPILE_OPTIONS>>"
+      INTERFACE_LINK_LIBRARIES "dtrain::c;$<LINK_ONLY:MPI::MPI_Fortran>")
     set(DTRAIN_HAVE_FORTRAN ON)
   else()
     list(FIND A_REQUIRED fortran _req)

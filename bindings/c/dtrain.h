@@ -126,7 +126,8 @@ int dtrain_wait_checkpoints(dtrain_run run);
 /** Local. Opens this rank's in-situ store of up to `capacity` (input, target) pairs of the model's
  * shapes, filled by dtrain_store_add and read by dtrain_train_step_from_store. With `normalise`
  * 1, the inputs are normalised per channel by running statistics of everything fed (merged over
- * the ranks at each step from the store). Once per run. */
+ * the ranks at each step from the store). Once per run; open it before dtrain_restore_latest when
+ * the checkpoints hold a store: from then on checkpoints hold each rank's samples too. */
 int dtrain_store_open(dtrain_run run, int64_t capacity, int eviction, int normalise);
 /** Local. Copies a batch of pairs into the store (x and targets as dtrain_train_step, values
  * only). */

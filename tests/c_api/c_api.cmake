@@ -19,8 +19,12 @@ if(DTRAIN_HAVE_C AND NOT DTRAIN_UNIT_ONLY)
             ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:c_api_test> "${_lang_dir}/mlp.yaml"
             "${_lang_dir}/bad_key.yaml" params.bin)
   add_executable(lang_bits_cpp "${_lang_dir}/lang_bits_cpp.cpp")
+  # The objects dtrain::c builds on, CBLAS included when found: the same kernels, the same bits.
   target_link_libraries(lang_bits_cpp PRIVATE dtrain::config dtrain::hdf5 dtrain::mpi
                                               dtrain_project_flags)
+  if(DTRAIN_HAVE_BLAS)
+    target_link_libraries(lang_bits_cpp PRIVATE dtrain::blas)
+  endif()
   add_test(NAME c_api_lang_bits_cpp
     COMMAND bash "${_lang_dir}/run_in.sh" "${_lang_work}/cpp" ${MPIEXEC_EXECUTABLE}
             ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:lang_bits_cpp> "${_lang_dir}/mlp.yaml"
@@ -38,4 +42,11 @@ if(DTRAIN_HAVE_C AND NOT DTRAIN_UNIT_ONLY)
   set_tests_properties(lang_same_bits PROPERTIES FIXTURES_REQUIRED "${_fixtures}")
   set_tests_properties(c_api c_api_lang_bits_cpp lang_same_bits PROPERTIES TIMEOUT 60
     PROCESSORS 2 LABELS "mpi;lang")
+  # docs/fortran-and-c.md's C and Fortran programs compile (its C++ one is docs_fortran_and_c).
+  if(DTRAIN_HAVE_FORTRAN)
+    add_test(NAME docs_fortran_and_c_languages
+      COMMAND bash "${_lang_dir}/doc_snippets.sh" "${PROJECT_SOURCE_DIR}" "${_lang_work}/docs"
+              "${MPI_C_COMPILER}" "${MPI_Fortran_COMPILER}")
+    set_tests_properties(docs_fortran_and_c_languages PROPERTIES TIMEOUT 60 LABELS "docs;lang")
+  endif()
 endif()

@@ -457,8 +457,9 @@ class ConfiguredRun {
   /// errors. Nothing without checkpoints.
   void wait_checkpoints() { run_->wait_checkpoints(); }
 
-  /// Local. Opens this rank's store of (input, target) pairs (f32 copies). Once per run. The
-  /// store is not checkpointed: a restarted simulation feeds it again.
+  /// Local. Opens this rank's store of (input, target) pairs (f32 copies). Once per run, before
+  /// restore_latest when the checkpoints hold a store: from then on checkpoints also hold each
+  /// rank's samples, its sampler's position and the running statistics.
   void open_store(const StoreOptions& options) { run_->open_store(options); }
   /// Local. Copies `n` pairs into the store (the statistics see every input fed).
   template <class X, class Y>
