@@ -16,7 +16,8 @@
  * same memory, so the Fortran module passes its arrays as they are, shape reversed.
  *
  * Collective calls (every rank of the run's communicator calls them in the same order): create,
- * close, train steps, save, maybe_save, restore_latest, wait_checkpoints. The others are local.
+ * close, train steps, save, maybe_save, restore_latest, wait_checkpoints, and with sync mode
+ * fully_sharded predict and evaluate. The others are local.
  * One thread drives a run at a time. */
 #ifndef DTRAIN_C_DTRAIN_H
 #define DTRAIN_C_DTRAIN_H
@@ -99,16 +100,19 @@ int dtrain_rank(dtrain_run run, int* rank, int* size);
 int dtrain_train_step(dtrain_run run, const void* x, int x_dtype, int x_ndim,
                       const int64_t* x_shape, const void* targets, int t_dtype, int t_ndim,
                       const int64_t* t_shape, double* loss);
-/** Local. Evaluation forward of x into y (F32/F64, shape {b, output shape...}). */
+/** Local (collective with sync mode fully_sharded: each forward gathers parameters). Evaluation
+ * forward of x into y (F32/F64, shape {b, output shape...}). */
 int dtrain_predict(dtrain_run run, const void* x, int x_dtype, int x_ndim, const int64_t* x_shape,
                    void* y, int y_dtype, int y_ndim, const int64_t* y_shape);
-/** Local. Evaluation of x against targets (as dtrain_train_step): the mean loss, and with class
- * labels the fraction classified correctly (-1 for value targets). Either output may be null. */
+/** Local (collective when fully sharded, as dtrain_predict). Evaluation of x against targets (as
+ * dtrain_train_step): the mean loss, and with class labels the fraction classified correctly (-1
+ * for value targets). Either output may be null. */
 int dtrain_evaluate(dtrain_run run, const void* x, int x_dtype, int x_ndim, const int64_t* x_shape,
                     const void* targets, int t_dtype, int t_ndim, const int64_t* t_shape,
                     double* loss, double* accuracy);
 /** Local. Copies the parameters (this rank's whole model, in the model's arena order) into out,
- * converted to `dtype` (F32 or F64); `count` must equal dtrain_parameter_count. */
+ * converted to `dtype` (F32 or F64); `count` must equal dtrain_parameter_count. Not with sync mode
+ * fully_sharded (each rank holds a part). */
 int dtrain_copy_parameters(dtrain_run run, void* out, int dtype, int64_t count);
 
 /** Collective. Saves checkpoint dtrain_step(run) into the configured checkpoint directory. */

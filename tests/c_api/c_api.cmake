@@ -46,7 +46,7 @@ if(DTRAIN_HAVE_C AND NOT DTRAIN_UNIT_ONLY)
   if(DTRAIN_HAVE_FORTRAN)
     add_test(NAME docs_fortran_and_c_languages
       COMMAND bash "${_lang_dir}/doc_snippets.sh" "${PROJECT_SOURCE_DIR}" "${_lang_work}/docs"
-              "${MPI_C_COMPILER}" "${MPI_Fortran_COMPILER}")
+              "${MPI_C_COMPILER}" "${MPI_Fortran_COMPILER}" "${_lang_work}/mod")
     set_tests_properties(docs_fortran_and_c_languages PROPERTIES TIMEOUT 60 LABELS "docs;lang")
   endif()
 endif()

@@ -2,8 +2,10 @@
 // The C++ side of the same-bits test: the run of tests/c_api/mlp.yaml trained LANG_STEPS steps on
 // the batches of lang_data.h twice, by dtrain::ConfiguredRun and by a loop written by hand from
 // the library's own objects (make_model, make_optimizer, GradientSync on a reproducible
-// communicator), which must agree to the bit. Rank 0 writes the parameters (float32) for the
-// comparison with the C and Fortran programs; checkpoints go to ./ckpt as in those programs.
+// communicator), which must agree to the bit; then in the sharded and fully sharded sync modes,
+// whose losses and predictions must be replicated's bits (2 ranks). Rank 0 writes the parameters
+// (float32) for the comparison with the C and Fortran programs; checkpoints go to ./ckpt as in
+// those programs.
 //   mpiexec -n 2 lang_bits_cpp <mlp.yaml> <params output file>
 #include <mpi.h>
 
@@ -58,6 +60,33 @@ int main(int argc, char** argv) {
     if (p.size() != hand.size() || std::memcmp(p.data(), hand.data(), p.size() * 4) != 0) {
       std::fprintf(stderr, "rank %d: ConfiguredRun and the hand-written loop differ\n", rank);
       failed = 1;
+    }
+    // The same run in the sharded and fully sharded modes (no checkpoints): on 2 ranks the same
+    // losses and the same predictions, bit for bit, as replicated.
+    auto in_mode = [&](dtrain::SyncMode mode) {
+      dtrain::RunConfig c = cfg;
+      c.sync.mode = mode;
+      c.checkpoint.directory.clear();
+      dtrain::ConfiguredRun r(MPI_COMM_WORLD, c);
+      std::vector<double> out;
+      for (int s = 0; s < LANG_STEPS; ++s) {
+        fill(s);
+        out.push_back(r.train_step(x.data(), t.data(), LANG_BATCH));
+      }
+      fill(LANG_STEPS);
+      std::vector<double> y(LANG_BATCH * LANG_OUT);
+      r.predict(x.data(), y.data(), LANG_BATCH);
+      out.insert(out.end(), y.begin(), y.end());
+      return out;
+    };
+    const auto replicated = in_mode(dtrain::SyncMode::replicated);
+    for (auto mode : {dtrain::SyncMode::sharded, dtrain::SyncMode::fully_sharded}) {
+      const auto other = in_mode(mode);
+      if (std::memcmp(other.data(), replicated.data(), replicated.size() * 8) != 0) {
+        std::fprintf(stderr, "rank %d: sync mode %s differs from replicated\n", rank,
+                     mode == dtrain::SyncMode::sharded ? "sharded" : "fully_sharded");
+        failed = 1;
+      }
     }
     if (rank == 0) {
       std::FILE* f = std::fopen(argv[2], "wb");

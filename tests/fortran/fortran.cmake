@@ -7,7 +7,9 @@ if(DTRAIN_HAVE_FORTRAN AND NOT DTRAIN_UNIT_ONLY)
   target_link_libraries(fortran_test PRIVATE dtrain::fortran)
   target_compile_options(fortran_test PRIVATE
     $<$<COMPILE_LANGUAGE:Fortran>:-std=f2008 -Wall -Wextra -Werror>)
-  set_target_properties(fortran_test PROPERTIES LINKER_LANGUAGE Fortran)
+  # The module where docs_fortran_and_c_languages finds it (tests/c_api/doc_snippets.sh).
+  set_target_properties(fortran_test PROPERTIES LINKER_LANGUAGE Fortran
+    Fortran_MODULE_DIRECTORY "${PROJECT_BINARY_DIR}/tests/lang/mod")
   add_test(NAME fortran
     COMMAND bash "${PROJECT_SOURCE_DIR}/tests/c_api/run_in.sh" "${PROJECT_BINARY_DIR}/tests/lang/fortran"
             ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:fortran_test>
