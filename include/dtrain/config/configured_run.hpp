@@ -197,7 +197,7 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
       const std::vector<float> in(std::size_t(model_.in_features()), 0.0f),
           out(std::size_t(model_.out_features()), 0.0f);
       while (std::int64_t(store_->size()) < store_count_.stored) store_->append_pair(in, out);
-      sampler_->set_num_samples(store_->size());
+      sampler_->set_num_samples(std::size_t(store_count_.sampled));
     }
     return with_items([&](const auto&... o) { return c.restore_latest(o...); });
   }
@@ -313,17 +313,20 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
     if (!store_)
       return f(named("run_config", cfg_), named("model", model_), named("optimizer", *opt_));
     store_count_.stored = std::int64_t(store_->size());
+    store_count_.sampled = std::int64_t(sampler_->num_samples());
     return f(named("run_config", cfg_), named("model", model_), named("optimizer", *opt_),
              per_rank("store_count", store_count_), per_rank("store", *store_),
              per_rank("store_sampler", *sampler_), per_rank("store_stats", *stats_));
   }
 
-  // The samples a rank's store held when saved (restored first: it sizes the store).
+  // The samples a rank's store held when saved and those its sampler covered (it catches up
+  // with the store at the next step): restored first, they size the store and the sampler.
   struct StoreCount {
-    std::int64_t stored = 0;
+    std::int64_t stored = 0, sampled = 0;
     template <class V>
     void visit_state(V& v) {
       v.scalar("stored", stored);
+      v.scalar("sampled", sampled);
     }
   };
 
