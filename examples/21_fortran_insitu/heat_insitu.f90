@@ -15,9 +15,10 @@
 ! Checkpoints: dtrain saves model, optimizer and store (dtrain_save) every `ckpt_every` steps;
 ! the solver writes its own state beside it first (heat-<optimizer step>-<rank>.bin in the working
 ! directory), so a run stopped anywhere (--stop-after) resumes from the newest complete pair and
-! ends in the same bits. At the end the surrogate is rolled out 8 x horizon steps from the final
-! field and its error is printed beside persistence's (the field unchanged); it must be at most
-! half of it. Exit status 1 when a check fails.
+! ends in the same bits. At the end the surrogate is rolled out n_roll x horizon steps from the
+! final field and its error is printed beside persistence's (the field unchanged); it must be at
+! most half of it. Four applications: beyond them the learned operator amplifies modes that the
+! smooth training fields never excite (about 2x per application). Exit 1 when a check fails.
 !
 !   mpiexec.mpich -n 2 fortran_insitu examples/configs/heat_surrogate.yaml [--steps 240]
 !                                     [--stop-after N]
