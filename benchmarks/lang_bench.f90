@@ -3,8 +3,12 @@
 ! examples/configs/heat_surrogate.yaml: the in-situ example's patch CNN, batch 4 per rank) is
 ! built twice on the same ranks, once through `use dtrain` and once as a C++ ConfiguredRun
 ! (lang_bench_cpp.cpp), and both train on the same arrays: blocks of `block` steps alternate
-! between the two paths for `rounds` rounds after a warm-up, each block timed between barriers,
-! slowest rank. Prints each path's median time per step and their ratio (Fortran / C++).
+! between the two paths for `rounds` rounds after a warm-up (which path goes first alternates
+! too), each block timed between barriers, slowest rank. Prints each path's median time per step,
+! and the median over the rounds of the round's ratio (Fortran / C++): two blocks run back to back
+! see the same machine, so the ratio holds on a loaded one where the times do not. Last, the cost
+! of crossing the boundary alone: 100000 calls of dtrain_info(run, step=...) (Fortran wrapper,
+! C entry, run lookup, the C++ call), per call.
 !   OPENBLAS_NUM_THREADS=1 mpiexec.mpich -n 2 lang_bench <config.yaml> [rounds] [block]
 program lang_bench
   use, intrinsic :: iso_c_binding, only: c_float, c_double, c_int64_t, c_char, c_null_char, c_int
@@ -25,7 +29,7 @@ program lang_bench
   integer, parameter :: batch = 4
   type(dtrain_run) :: run
   real(c_float), allocatable :: x(:, :, :, :), y(:, :, :, :)
-  real(c_double), allocatable :: tf(:), tc(:)
+  real(c_double), allocatable :: tf(:), tc(:), ratio(:)
   real(c_double) :: t0, t, loss, mf, mc
   integer(c_int64_t) :: nin, nout
   character(len=512) :: config, arg
@@ -62,7 +66,7 @@ program lang_bench
       real(sin(0.37d0 * i + rank), c_float)
   end do
   y = 0.1_c_float * x(5:36, 5:12, :, :)
-  allocate(tf(rounds), tc(rounds))
+  allocate(tf(rounds), tc(rounds), ratio(rounds))
   ! Warm-up: both paths, first allocations and the MPI connections.
   do k = 1, block
     call dtrain_train_step(run, x, y, loss)
@@ -70,6 +74,7 @@ program lang_bench
   if (lang_bench_cpp_steps(MPI_COMM_WORLD%MPI_VAL, cpath, x, y, int(batch, c_int64_t), &
     int(block, c_int64_t)) < 0) error stop 'lang_bench: the C++ run failed'
   do r = 1, rounds
+    if (mod(r, 2) == 0) call cpp_block(tc(r))
     call MPI_Barrier(MPI_COMM_WORLD)
     t0 = MPI_Wtime()
     do k = 1, block
@@ -77,11 +82,15 @@ program lang_bench
     end do
     t = MPI_Wtime() - t0
     call MPI_Allreduce(t, tf(r), 1, MPI_DOUBLE_PRECISION, MPI_MAX, MPI_COMM_WORLD)
-    call MPI_Barrier(MPI_COMM_WORLD)
-    t = lang_bench_cpp_steps(MPI_COMM_WORLD%MPI_VAL, cpath, x, y, int(batch, c_int64_t), &
-      int(block, c_int64_t))
-    call MPI_Allreduce(t, tc(r), 1, MPI_DOUBLE_PRECISION, MPI_MAX, MPI_COMM_WORLD)
+    if (mod(r, 2) == 1) call cpp_block(tc(r))
+    ratio(r) = tf(r) / tc(r)
   end do
+  call MPI_Barrier(MPI_COMM_WORLD)
+  t0 = MPI_Wtime()
+  do k = 1, 100000
+    call dtrain_info(run, step=nin)
+  end do
+  t = (MPI_Wtime() - t0) / 100000
   mf = median(tf) / block
   mc = median(tc) / block
   if (rank == 0) then
@@ -91,7 +100,10 @@ program lang_bench
     print '(a)', '# path       time/step(us)'
     print '(a,f12.1)', 'fortran     ', mf * 1e6
     print '(a,f12.1)', 'cpp         ', mc * 1e6
-    print '(a,f8.4)', 'ratio fortran/cpp ', mf / mc
+    print '(a,f8.4,a,f8.4,a,f8.4)', 'ratio fortran/cpp (median of rounds) ', median(ratio), &
+      '  quartiles ', quantile(ratio, 0.25d0), ' ', quantile(ratio, 0.75d0)
+    print '(a,f8.3,a,f8.5,a)', 'boundary crossing (dtrain_info) ', t * 1e6, ' us per call = ', &
+      t / mc * 100, ' % of the C++ step'
   end if
   call dtrain_close(run)
   call lang_bench_cpp_close()
@@ -99,7 +111,24 @@ program lang_bench
 
 contains
 
-  real(c_double) function median(v)
+  ! One timed block of C++ steps, slowest rank.
+  subroutine cpp_block(tmax)
+    real(c_double), intent(out) :: tmax
+    real(c_double) :: tc1
+    call MPI_Barrier(MPI_COMM_WORLD)
+    tc1 = lang_bench_cpp_steps(MPI_COMM_WORLD%MPI_VAL, cpath, x, y, int(batch, c_int64_t), &
+      int(block, c_int64_t))
+    call MPI_Allreduce(tc1, tmax, 1, MPI_DOUBLE_PRECISION, MPI_MAX, MPI_COMM_WORLD)
+  end subroutine cpp_block
+
+  real(c_double) function quantile(v, q)
+    real(c_double), intent(in) :: v(:), q
+    real(c_double) :: s(size(v))
+    s = sorted(v)
+    quantile = s(max(1, min(size(s), nint(q * (size(s) - 1)) + 1)))
+  end function quantile
+
+  function sorted(v) result(s)
     real(c_double), intent(in) :: v(:)
     real(c_double) :: s(size(v)), tmp
     integer :: a, b
@@ -114,6 +143,12 @@ contains
       end do
       s(b + 1) = tmp
     end do
+  end function sorted
+
+  real(c_double) function median(v)
+    real(c_double), intent(in) :: v(:)
+    real(c_double) :: s(size(v))
+    s = sorted(v)
     median = 0.5d0 * (s((size(s) + 1) / 2) + s(size(s) / 2 + 1))
   end function median
 
