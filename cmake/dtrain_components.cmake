@@ -1,6 +1,7 @@
 # dtrain component discovery, shared by the source tree and by the installed package config.
 # Defines IMPORTED INTERFACE targets dtrain::core, dtrain::loopback and, when their dependencies are
-# found, dtrain::mpi, dtrain::hdf5, dtrain::ibverbs, dtrain::blas, dtrain::cuda, dtrain::hip, plus
+# found, dtrain::mpi, dtrain::hdf5, dtrain::ibverbs, dtrain::blas, dtrain::cuda, dtrain::hip,
+# dtrain::config, plus
 # dtrain::dtrain (everything found). Sets DTRAIN_HAVE_<COMP> in the caller's scope.
 
 include_guard(GLOBAL)
@@ -11,6 +12,7 @@ set(_dtrain_pkg_IBVERBS "libibverbs-dev")
 set(_dtrain_pkg_BLAS "libopenblas-dev")
 set(_dtrain_pkg_CUDA "nvidia-cuda-toolkit (or NVIDIA's CUDA toolkit)")
 set(_dtrain_pkg_HIP "hipcc libamdhip64-dev")
+set(_dtrain_pkg_CONFIG "libyaml-cpp-dev")
 
 # _dtrain_component_missing(COMP MODE WHY): AUTO -> one status line; ON -> fatal error.
 macro(_dtrain_component_missing comp mode why)
@@ -52,7 +54,7 @@ function(dtrain_define_components)
   if(TARGET dtrain::core)
     return()
   endif()
-  foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP)
+  foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP CONFIG)
     if(A_MODE STREQUAL "build")
       set(_mode_${comp} "${DTRAIN_ENABLE_${comp}}")
     else()
@@ -216,10 +218,40 @@ function(dtrain_define_components)
     endif()
   endif()
 
+  # yaml-cpp reads run descriptions (<dtrain/config/run_config.hpp>): its CMake package (the
+  # target is yaml-cpp::yaml-cpp from 0.8, yaml-cpp before), else pkg-config.
+  if(NOT _mode_CONFIG STREQUAL "OFF")
+    find_package(yaml-cpp CONFIG QUIET)
+    set(_dtrain_yaml "")
+    if(TARGET yaml-cpp::yaml-cpp)
+      set(_dtrain_yaml yaml-cpp::yaml-cpp)
+    elseif(TARGET yaml-cpp)
+      set(_dtrain_yaml yaml-cpp)
+    else()
+      find_package(PkgConfig QUIET)
+      if(PKG_CONFIG_FOUND)
+        pkg_check_modules(DTRAIN_YAML_CPP QUIET IMPORTED_TARGET GLOBAL yaml-cpp)
+        if(TARGET PkgConfig::DTRAIN_YAML_CPP)
+          set(_dtrain_yaml PkgConfig::DTRAIN_YAML_CPP)
+        endif()
+      endif()
+    endif()
+    if(_dtrain_yaml)
+      add_library(dtrain::config INTERFACE IMPORTED GLOBAL)
+      set_target_properties(dtrain::config PROPERTIES
+        INTERFACE_LINK_LIBRARIES "dtrain::core;${_dtrain_yaml}"
+        INTERFACE_COMPILE_DEFINITIONS "DTRAIN_HAVE_CONFIG=1")
+      set(DTRAIN_HAVE_CONFIG ON)
+      list(APPEND _all dtrain::config)
+    else()
+      _dtrain_component_missing(CONFIG ${_mode_CONFIG} "yaml-cpp (CMake package or pkg-config) not found")
+    endif()
+  endif()
+
   add_library(dtrain::dtrain INTERFACE IMPORTED GLOBAL)
   set_target_properties(dtrain::dtrain PROPERTIES INTERFACE_LINK_LIBRARIES "${_all}")
 
-  foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP ZLIB)
+  foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP CONFIG ZLIB)
     set(DTRAIN_HAVE_${comp} ${DTRAIN_HAVE_${comp}} PARENT_SCOPE)
   endforeach()
 endfunction()

@@ -17,6 +17,7 @@ DTRAIN_PACKAGES=(
   python3-h5py
   clang-format
   libcli11-dev
+  libyaml-cpp-dev
   gnuplot-nox
   clang libclang-rt-14-dev slurm-wlm munge
 )

@@ -1,6 +1,6 @@
 # Tests of example 20 on 2 and 3 ranks (its short defaults). Each runs the example four times
-# through insitu_test.cmake: uninterrupted (solver properties, falling error, CNN rollout better
-# than the MLP's), stopped part-way and resumed from the checkpoint (final checkpoint datasets
+# through insitu_test.cmake: uninterrupted (solver properties, falling error, CNN rollout error at
+# most half persistence's), stopped part-way and resumed from the checkpoint (final checkpoint datasets
 # compared byte for byte with h5dump), and without training (the field must be bit-identical:
 # dtrain's traffic on its duplicated communicator never disturbs the application's halo
 # exchange). DTRAIN_SHM=0 sends dtrain's all-reduce through MPI messages, concurrently with the

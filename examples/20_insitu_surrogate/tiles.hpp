@@ -1,6 +1,6 @@
 // Example 20's samples: a rank's tile of the solver's field (its own rows and the ghost rows either
-// side, see heat_solver.hpp) as the two surrogates see it. The CNN takes the scaled tile whole and
-// is scored on the own rows only; the MLP takes one neighbourhood per own cell.
+// side, see heat_solver.hpp) as the surrogate sees it: the CNN takes the scaled tile whole and is
+// scored on the own rows only.
 #pragma once
 
 #include <algorithm>
@@ -19,16 +19,6 @@ inline double scale_tile(const std::vector<double>& u, float* x) {
   const double s = std::max(std::sqrt(ss / double(u.size())), 1e-30);
   for (std::size_t k = 0; k < u.size(); ++k) x[k] = float((u[k] - m) / s);
   return s;
-}
-
-// The MLP's inputs: for each own cell of a scaled tile, its patch x patch neighbourhood minus its
-// centre.
-inline void neighbourhoods(const Grid& g, int patch, const float* x, float* p) {
-  for (int i = 0; i < g.rows; ++i)
-    for (int j = 0; j < g.nx; ++j)
-      for (int di = -patch / 2; di <= patch / 2; ++di)
-        for (int dj = -patch / 2; dj <= patch / 2; ++dj)
-          *p++ = x[g.at(i + di, (j + dj + g.nx) % g.nx)] - x[g.at(i, j)];
 }
 
 // The CNN's loss on `batch` tiles: the mean squared error of `out` against `y` over the rank's own

@@ -6,7 +6,7 @@ info string is `cpp` on a page is a complete C++17 program with `int main`, whos
 
     // docs-snippet: <components> [np=N]
 
-<components> are dtrain CMake components (core loopback mpi hdf5 blas ibverbs cuda hip). Without
+<components> are dtrain CMake components (core loopback mpi hdf5 blas ibverbs cuda hip config). Without
 np the program is only compiled; with np=N it is also built and run (under mpiexec -n N when
 `mpi` is listed, else directly) and must exit with status 0. A guide page (every docs/*.md but
 the reference pages in NOT_GUIDE_PAGES) must have such a block, near its top; README.md too.
@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-COMPONENTS = ("core", "loopback", "mpi", "hdf5", "blas", "ibverbs", "cuda", "hip")
+COMPONENTS = ("core", "loopback", "mpi", "hdf5", "blas", "ibverbs", "cuda", "hip", "config")
 GPU_COMPONENTS = ("cuda", "hip")
 # Pages under docs/ that are references (formats, measurement notes), not guide pages: they need
 # no snippet, and are compiled only if they have a `cpp` block that carries a docs-snippet header.

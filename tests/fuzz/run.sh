@@ -15,7 +15,7 @@ h5inc=/usr/include/hdf5/mpich
 h5lib=/usr/lib/x86_64-linux-gnu/hdf5/mpich
 flags=(-std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
        -I"$root/include" -I"$root/transports" -I"$root/kernels" -I/usr/include/x86_64-linux-gnu/mpich -I"$h5inc")
-libs=(-L"$h5lib" -Wl,-rpath,"$h5lib" -lhdf5 -L/usr/lib/x86_64-linux-gnu -lmpich -lz)
+libs=(-L"$h5lib" -Wl,-rpath,"$h5lib" -lhdf5 -L/usr/lib/x86_64-linux-gnu -lmpich -lz -lyaml-cpp)
 # build_one TARGET: builds fuzz_TARGET when stale; fuzz_one TARGET WALL_SECONDS: fuzzes it.
 build_one() {
   local t=$1 bin="$out/fuzz_$1"
@@ -37,7 +37,7 @@ fuzz_one() {
      -rss_limit_mb=1024 -max_len=4096 -print_final_stats=1 \
      "${dirs[@]}" 2>&1 | tail -n 12)
 }
-targets=(idx ckpt_manifest hdf5_open)
+targets=(idx ckpt_manifest hdf5_open config)
 jobs=$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)
 # The builds, as many at once as there are cores.
 running=0

@@ -450,8 +450,8 @@ def _mutations(recipe_text, top_cmake):
         ("doctest a link dependency",
          sub(r, 'depends_on("doctest", type="test")', 'depends_on("doctest")'), c, "doctest"),
         ("new CMake component",
-         r, sub(c, "foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP)",
-                "foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP NCCL)"), "DTRAIN_ENABLE_NCCL"),
+         r, sub(c, "foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP CONFIG)",
+                "foreach(comp MPI HDF5 IBVERBS BLAS CUDA HIP CONFIG NCCL)"), "DTRAIN_ENABLE_NCCL"),
     ]
 
 

@@ -19,3 +19,8 @@ if(ZLIB_FOUND AND EXISTS "${PROJECT_SOURCE_DIR}/transports/dtrain/transports/loo
   dtrain_add_unit_test(NAME data_loopback_test IN test_data SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_loopback_test.cpp
     LINK ZLIB::ZLIB dtrain::loopback TIMEOUT 120)
 endif()
+# Running normalisation statistics: Welford / Chan merges, across loopback ranks, checkpointed.
+if(EXISTS "${PROJECT_SOURCE_DIR}/transports/dtrain/transports/loopback.hpp")
+  dtrain_add_unit_test(NAME data_running_stats_test IN test_data
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/data_running_stats_test.cpp LINK dtrain::loopback TIMEOUT 60)
+endif()

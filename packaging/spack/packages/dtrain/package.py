@@ -29,6 +29,7 @@ class Dtrain(CMakePackage, CudaPackage, ROCmPackage):
     )
     variant("ibverbs", default=False, description="RDMA verbs transport (dtrain::ibverbs)")
     variant("blas", default=True, description="CBLAS fast path of the host kernels (dtrain::blas)")
+    variant("config", default=True, description="Run description files, YAML (dtrain::config)")
     # +cuda / cuda_arch come from CudaPackage, +rocm / amdgpu_target from ROCmPackage.
 
     depends_on("c", type="build")  # FindMPI's and FindHDF5's probes compile C
@@ -41,6 +42,7 @@ class Dtrain(CMakePackage, CudaPackage, ROCmPackage):
     depends_on("hdf5+mpi", when="+hdf5+mpi")
     depends_on("rdma-core", when="+ibverbs")
     depends_on("blas", when="+blas")
+    depends_on("yaml-cpp", when="+config")
 
     depends_on("doctest", type="test")
 
@@ -53,6 +55,7 @@ class Dtrain(CMakePackage, CudaPackage, ROCmPackage):
             self.define_from_variant("DTRAIN_ENABLE_HDF5", "hdf5"),
             self.define_from_variant("DTRAIN_ENABLE_IBVERBS", "ibverbs"),
             self.define_from_variant("DTRAIN_ENABLE_BLAS", "blas"),
+            self.define_from_variant("DTRAIN_ENABLE_CONFIG", "config"),
             self.define_from_variant("DTRAIN_ENABLE_CUDA", "cuda"),
             self.define_from_variant("DTRAIN_ENABLE_HIP", "rocm"),
             # The library is headers only: nothing is compiled unless the tests are wanted.

@@ -1,0 +1,156 @@
+! SPDX-License-Identifier: BSD-3-Clause
+! The Fortran module on 2 ranks: the run of tests/c_api/mlp.yaml trained on the batches of
+! tests/c_api/lang_data.h (the same integer formulas here), with Fortran arrays x(4, 2, nbatch)
+! (the model's Input [2, 4] reversed) and y(3, nbatch); prediction against evaluation, a strided
+! section (copied in by the compiler) against its contiguous copy, class labels, checkpoints and a
+! restore into a run made from an integer communicator, and the error paths through stat and
+! errmsg (wrong shape, bad and missing configuration files, a closed run). Rank 0 writes the
+! parameters after 5 steps (float32, native order) for the same-bits comparison.
+!   mpiexec -n 2 fortran_test <mlp.yaml> <bad_key.yaml> <params output file>
+program fortran_test
+  use, intrinsic :: iso_c_binding, only: c_float, c_double, c_int32_t, c_int64_t
+  use mpi_f08
+  use dtrain
+  implicit none
+  integer, parameter :: nin = 8, nout = 3, nbatch = 4, nsteps = 5
+  type(dtrain_run) :: run, again, closed
+  real(c_float) :: x(4, 2, nbatch), t(nout, nbatch), big(4, 2, 2 * nbatch), wrong(5, 2, nbatch)
+  real(c_float), allocatable :: p(:), back(:)
+  real(c_float) :: y(nout, nbatch), ys(nout, nbatch)
+  real(c_double) :: loss, eval_loss, mse, accuracy
+  integer(c_int32_t) :: labels(nbatch)
+  integer(c_int64_t) :: nparams, step, insize, outsize
+  character(len=512) :: config, bad, out
+  character(len=256) :: msg
+  integer :: rank, nranks, stat, s, failures, total, u
+  logical :: saved
+
+  call MPI_Init()
+  call MPI_Comm_rank(MPI_COMM_WORLD, rank)
+  failures = 0
+  call get_command_argument(1, config)
+  call get_command_argument(2, bad)
+  call get_command_argument(3, out)
+
+  ! A bad file and a missing one: status and message, no run.
+  msg = ''
+  call dtrain_create(run, MPI_COMM_WORLD, trim(bad), stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_INVALID_ARGUMENT .and. index(msg, 'bad_key.yaml') > 0 .and. &
+    index(msg, 'bias_typo') > 0 .and. run%id == 0, 'bad configuration file: ' // trim(msg))
+  call dtrain_create(run, MPI_COMM_WORLD, 'no_such_dir/run.yaml', stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_IO .and. index(msg, 'no_such_dir/run.yaml') > 0, &
+    'missing file: ' // trim(msg))
+
+  call dtrain_create(run, MPI_COMM_WORLD, trim(config))
+  call dtrain_info(run, input_size=insize, output_size=outsize, parameter_count=nparams, &
+    rank=s, size=nranks)
+  call check(insize == nin .and. outsize == nout .and. s == rank .and. nranks == 2, 'info')
+  do s = 0, nsteps - 1
+    call fill(s, x, t)
+    call dtrain_train_step(run, x, t, loss)
+    call check(loss > 0, 'loss')
+    call dtrain_maybe_save(run, saved)
+    call check(saved .eqv. (s + 1 == 3), 'maybe_save interval')
+  end do
+  allocate(p(nparams), back(nparams))
+  call dtrain_copy_parameters(run, p)
+  if (rank == 0) then
+    open(newunit=u, file=trim(out), access='stream', form='unformatted', status='replace')
+    write(u) p
+    close(u)
+  end if
+  call dtrain_save(run)
+  call dtrain_wait_checkpoints(run)
+
+  ! Prediction, against evaluation's loss.
+  call fill(nsteps, x, t)
+  call dtrain_predict(run, x, y)
+  call dtrain_evaluate(run, x, t, eval_loss)
+  mse = sum((real(y, c_double) - real(t, c_double))**2) / size(y)
+  call check(abs(eval_loss - mse) < 1e-5_c_double * mse, 'evaluate against predict')
+  ! A strided section: every other sample of `big`, copied in by the compiler.
+  big = 0
+  big(:, :, 1::2) = x
+  call dtrain_predict(run, big(:, :, 1::2), ys)
+  call check(all_same_bits(reshape(ys, [size(ys)]), reshape(y, [size(y)])), 'strided section')
+  ! Class labels (0-based): mse against one-hot targets, accuracy in [0, 1].
+  labels = [0, 1, 2, 1]
+  call dtrain_evaluate(run, x, labels, eval_loss, accuracy)
+  call check(eval_loss > 0 .and. accuracy >= 0 .and. accuracy <= 1, 'labels')
+
+  ! A wrong shape: status and message in C order, nothing trained.
+  wrong = 0
+  call dtrain_train_step(run, wrong, t, stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_INVALID_ARGUMENT .and. index(msg, 'x has shape {4, 2, 5}') > 0, &
+    'wrong shape: ' // trim(msg))
+  call dtrain_info(run, step=step)
+  call check(step == nsteps, 'step after a refused call')
+
+  ! A run from the integer handle restores the saved step with the same bits.
+  call dtrain_create(again, MPI_COMM_WORLD%MPI_VAL, trim(config))
+  call dtrain_restore_latest(again, step)
+  call check(step == nsteps, 'restored step')
+  call dtrain_copy_parameters(again, back)
+  call check(all_same_bits(back, p), 'restored parameters')
+
+  closed = run
+  call dtrain_close(run)
+  call check(run%id == 0, 'close resets the handle')
+  call dtrain_train_step(closed, x, t, stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_CLOSED .and. index(msg, 'was closed') > 0, &
+    'closed run: ' // trim(msg))
+  call dtrain_close(again)
+
+  call MPI_Allreduce(failures, total, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD)
+  if (rank == 0) then
+    if (total == 0) then
+      print '(a)', 'fortran_test: ok'
+    else
+      print '(a,i0,a)', 'fortran_test: FAILED (', total, ' failed checks)'
+    end if
+  end if
+  call MPI_Finalize()
+  if (total /= 0) error stop 1
+
+contains
+
+  ! Sample b of step s on this rank (0-based), as lang_data.h: x(:, :, b+1) holds input elements
+  ! 0..7 in C order (element i = 4 c + w at x(w+1, c+1, b+1)), t(:, b+1) the targets.
+  subroutine fill(s, x, t)
+    integer, intent(in) :: s
+    real(c_float), intent(out) :: x(4, 2, nbatch), t(nout, nbatch)
+    integer :: b, c, w, i, j
+    do b = 0, nbatch - 1
+      do c = 0, 1
+        do w = 0, 3
+          i = c * 4 + w
+          x(w + 1, c + 1, b + 1) = &
+            real(mod(rank * 7919 + s * 131 + b * 17 + i * 3, 97) - 48, c_float) / 48.0_c_float
+        end do
+      end do
+      do j = 0, nout - 1
+        t(j + 1, b + 1) = &
+          real(mod(rank * 7919 + s * 131 + b * 17 + j * 5 + 1, 89) - 44, c_float) / 44.0_c_float
+      end do
+    end do
+  end subroutine fill
+
+  subroutine check(ok, what)
+    logical, intent(in) :: ok
+    character(len=*), intent(in) :: what
+    if (.not. ok) then
+      write(*, '(a,i0,a,a)') 'rank ', rank, ': check failed: ', what
+      failures = failures + 1
+    end if
+  end subroutine check
+
+  logical function all_same_bits(a, b)
+    real(c_float), intent(in) :: a(:), b(:)
+    integer :: k
+    all_same_bits = size(a) == size(b)
+    do k = 1, min(size(a), size(b))
+      all_same_bits = all_same_bits .and. transfer(a(k), 1) == transfer(b(k), 1)
+    end do
+  end function all_same_bits
+
+end program fortran_test
