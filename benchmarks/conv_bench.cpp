@@ -1,15 +1,14 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // conv_bench: forward + backward of a convolutional surrogate stack on the host, one BLAS thread,
 // against the machine's measured FMA peak (its widest vectors). The stack (defaults): Input{1, 64,
-// 64}, Conv2d(1, 32, 3).pad(1), ReLU, Conv2d(32, 32, 3).pad(1), ReLU, Conv2d(32, 1, 3).pad(1), MSE
-// loss, batch 16:
-// the shapes benchmarks/compare/conv_torch.py times in PyTorch. Prints the median step time and
-// GFLOP/s (2 x multiply-adds of the convolutions, times 3 for forward, input and weight
-// gradients, per second of the process's CPU time) and the fraction of the peak. Two ranks: run two
-// copies under mpiexec (each prints its own line). Usage: conv_bench [batch] [grid] [channels]
-// [reps] [isa]; isa (avx512, avx2, portable) forces the direct kernel's instruction set
-// (host::force_conv_isa): with `portable` the layers' automatic choice is the GEMM lowering (im2col
-// or shifted views), so one binary times both paths.
+// 64}, Conv2d(1, 32, 3).with_padding(1), ReLU, Conv2d(32, 32, 3).with_padding(1), ReLU, Conv2d(32,
+// 1, 3).with_padding(1), MSE loss, batch 16: the shapes benchmarks/compare/conv_torch.py times in
+// PyTorch. Prints the median step time and GFLOP/s (2 x multiply-adds of the convolutions, times 3
+// for forward, input and weight gradients, per second of the process's CPU time) and the fraction
+// of the peak. Two ranks: run two copies under mpiexec (each prints its own line). Usage:
+// conv_bench [batch] [grid] [channels] [reps] [isa]; isa (avx512, avx2, portable) forces the direct
+// kernel's instruction set (host::force_conv_isa): with `portable` the layers' automatic choice is
+// the GEMM lowering (im2col or shifted views), so one binary times both paths.
 #include <time.h>
 
 #include <algorithm>
@@ -84,8 +83,9 @@ int main(int argc, char** argv) {
   dtrain::blas::apply_threads(1);  // one BLAS thread per process
   dtrain::HostBlasExec exec;       // GEMM through CBLAS
   dtrain::BasicSequential<float, dtrain::HostBlasExec> model(
-      {dtrain::Input{1, grid, grid}, dtrain::Conv2d(1, ch, 3).pad(1), dtrain::Relu{},
-       dtrain::Conv2d(ch, ch, 3).pad(1), dtrain::Relu{}, dtrain::Conv2d(ch, 1, 3).pad(1)},
+      {dtrain::Input{1, grid, grid}, dtrain::Conv2d(1, ch, 3).with_padding(1), dtrain::Relu{},
+       dtrain::Conv2d(ch, ch, 3).with_padding(1), dtrain::Relu{},
+       dtrain::Conv2d(ch, 1, 3).with_padding(1)},
       exec);
   model.init(1);
   dtrain::RngStream rng(2, 0);

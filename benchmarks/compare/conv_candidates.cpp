@@ -1,18 +1,18 @@
 // SPDX-License-Identifier: BSD-3-Clause
 // conv_candidates: the host convolution candidates side by side on conv_bench's stack (Input{1,
-// 64, 64}, Conv2d(1, 32, 3).pad(1), ReLU, Conv2d(32, 32, 3).pad(1), ReLU, Conv2d(32, 1, 3).pad(1),
-// MSE, batch 16, float32, one thread). A step: forward, weight, bias and input gradients (none for
-// the first layer's input) with (a) dtrain's Sequential on HostBlasExec (im2col / shifted views +
-// OpenBLAS), (b) the direct blocked 3x3 kernel below, (c) oneDNN 2.6 (libdnnl-dev): convolution
-// forward (ReLU fused), backward data, backward weights, eltwise ReLU backward, formats chosen by
-// oneDNN (format_tag::any). (c)'s timed step includes the reorders a model would run every step
-// (printed): nchw input in, output to nchw for the loss and its gradient back, parameters kept in
-// the forward's weight format and reordered where a backward primitive wants another. Then the
-// 32 -> 32 layer alone (forward and the three gradients, no ReLU, data in each one's layout).
-// (b) and (c) are checked against (a) first: max |diff| / max |ref| below 1e-4, else exit 1.
-// Times: process CPU time per step, median of `steps` steps per round, candidates interleaved
-// round by round, median and range over rounds; GFLOP/s count conv_bench's 3.85 GFLOP per step.
-// Build (from the repository root; libopenblas-dev, libdnnl-dev):
+// 64, 64}, Conv2d(1, 32, 3).with_padding(1), ReLU, Conv2d(32, 32, 3).with_padding(1), ReLU,
+// Conv2d(32, 1, 3).with_padding(1), MSE, batch 16, float32, one thread). A step: forward, weight,
+// bias and input gradients (none for the first layer's input) with (a) dtrain's Sequential on
+// HostBlasExec (im2col / shifted views + OpenBLAS), (b) the direct blocked 3x3 kernel below, (c)
+// oneDNN 2.6 (libdnnl-dev): convolution forward (ReLU fused), backward data, backward weights,
+// eltwise ReLU backward, formats chosen by oneDNN (format_tag::any). (c)'s timed step includes the
+// reorders a model would run every step (printed): nchw input in, output to nchw for the loss and
+// its gradient back, parameters kept in the forward's weight format and reordered where a backward
+// primitive wants another. Then the 32 -> 32 layer alone (forward and the three gradients, no ReLU,
+// data in each one's layout). (b) and (c) are checked against (a) first: max |diff| / max |ref|
+// below 1e-4, else exit 1. Times: process CPU time per step, median of `steps` steps per round,
+// candidates interleaved round by round, median and range over rounds; GFLOP/s count
+// conv_bench's 3.85 GFLOP per step. Build (from the repository root; libopenblas-dev, libdnnl-dev):
 //   g++ -std=c++17 -O3 -march=native -DNDEBUG -DDTRAIN_HAVE_CBLAS=1 -Iinclude -Ikernels
 //     -I/usr/include/x86_64-linux-gnu/openblas-pthread benchmarks/compare/conv_candidates.cpp
 //     -o /tmp/conv_candidates -lopenblas -ldnnl -lpthread
@@ -363,8 +363,9 @@ int main(int argc, char** argv) {
   dtrain::blas::apply_threads(1);
   dtrain::HostBlasExec exec;  // (a), built as conv_bench builds it
   dtrain::BasicSequential<float, dtrain::HostBlasExec> model(
-      {dtrain::Input{1, kH, kW}, dtrain::Conv2d(1, kC, 3).pad(1), dtrain::Relu{},
-       dtrain::Conv2d(kC, kC, 3).pad(1), dtrain::Relu{}, dtrain::Conv2d(kC, 1, 3).pad(1)},
+      {dtrain::Input{1, kH, kW}, dtrain::Conv2d(1, kC, 3).with_padding(1), dtrain::Relu{},
+       dtrain::Conv2d(kC, kC, 3).with_padding(1), dtrain::Relu{},
+       dtrain::Conv2d(kC, 1, 3).with_padding(1)},
       exec);
   model.init(1);
   dtrain::RngStream rng(2, 0);
@@ -436,7 +437,7 @@ int main(int argc, char** argv) {
 
   // ---- the 32 -> 32 layer alone, each candidate in its own layout
   auto layer = dtrain::detail::make_layer<float, dtrain::HostBlasExec>(
-      dtrain::LayerSpec(dtrain::Conv2d(kC, kC, 3).pad(1)));
+      dtrain::LayerSpec(dtrain::Conv2d(kC, kC, 3).with_padding(1)));
   layer->setup(dtrain::Shape{kC, kH, kW});
   Vec lp(layer->param_count()), lg(lp.size()), lwk(lp.size()), ldb(kC);
   layer->bind(exec, lp.data(), lg.data());

@@ -15,8 +15,10 @@
 #include "learned_swish.hpp"
 
 template <class T, class Exec>
-std::vector<dtrain::LayerEntry<T, Exec>> layers() {  // a user layer mixes with built-in ones
-  return {dtrain::Linear(2, 16), LearnedSwishSpec{}, dtrain::Linear(16, 16), LearnedSwishSpec{},
+std::vector<dtrain::LayerEntry<T, Exec>> layers() {  // a user layer mixes with built-in ones,
+  return {dtrain::Linear(2, 16), dtrain::custom<LearnedSwish>(),  // inside a skip connection too
+          dtrain::Linear(16, 16),
+          dtrain::Residual{dtrain::custom<LearnedSwish>(), dtrain::Linear(16, 16)},
           dtrain::Linear(16, 1)};
 }
 template <class T>

@@ -1,7 +1,8 @@
 // Example 03: a layer of one's own. y = x * sigmoid(slope_j * x) with a learned slope per feature
 // (Swish with a trainable beta). Everything it needs lives in this one header: the math (host and
-// device), a host function and a hand-written CUDA/HIP kernel for each direction, and the Layer
-// that calls whichever the model's execution policy runs. Nothing else of dtrain changes for it.
+// device), a host function and a hand-written CUDA/HIP kernel for each direction, and the one
+// class, the Layer, that calls whichever the model's execution policy runs. A layer list names it
+// as dtrain::custom<LearnedSwish>(); nothing else of dtrain changes for it.
 #pragma once
 
 #include <cmath>
@@ -71,8 +72,8 @@ class LearnedSwish final : public dtrain::Layer<T, Exec> {
                const dtrain::PassContext&) override {
     const T* slope = this->parameters();
     if constexpr (dtrain::runs_host_kernels_v<Exec>)
-      dtrain::host_kernel(this->exec(), s, "swish forward", &swish_forward_host<T>, x, slope, y,
-                          rows, this->input_size());
+      this->exec().host_kernel(s, "swish forward", &swish_forward_host<T>, x, slope, y, rows,
+                               this->input_size());
 #if DTRAIN_DEVICE_CODE
     else
       swish_forward_kernel<T><<<256, 256, 0, s>>>(x, slope, y, rows, this->input_size());
@@ -83,20 +84,12 @@ class LearnedSwish final : public dtrain::Layer<T, Exec> {
     const T* slope = this->parameters();
     const std::int64_t n = this->input_size();
     if constexpr (dtrain::runs_host_kernels_v<Exec>)
-      dtrain::host_kernel(this->exec(), s, "swish backward", &swish_backward_host<T>, x, slope, dy,
-                          dx, this->gradients(), rows, n);
+      this->exec().host_kernel(s, "swish backward", &swish_backward_host<T>, x, slope, dy, dx,
+                               this->gradients(), rows, n);
 #if DTRAIN_DEVICE_CODE
     else
       swish_backward_kernel<T>
           <<<(n + 127) / 128, 128, 0, s>>>(x, slope, dy, dx, this->gradients(), rows, n);
 #endif
-  }
-};
-
-// The description a layer list takes: Sequential calls make<T, Exec>() for its scalar and policy.
-struct LearnedSwishSpec {
-  template <class T, class Exec>
-  std::unique_ptr<dtrain::Layer<T, Exec>> make() const {
-    return std::make_unique<LearnedSwish<T, Exec>>();
   }
 };

@@ -79,10 +79,13 @@ int run(const Config& cfg) {
   // and the projection alone are a linear 5 x 5 stencil). Named all-reduce algorithms fix the
   // reduction order, so a resumed run reproduces the bits.
   const long long C = kChannels, H = kHidden, T = g.rows + 2 * g.halo, nf = kPatch * kPatch;
-  dtrain::Sequential cnn{dtrain::Input{1, T, cfg.nx}, dtrain::Conv2d(1, C, 3).periodic(1),
-                         dtrain::Residual{dtrain::Relu(), dtrain::Conv2d(C, C, 3).periodic(1),
-                                          dtrain::Relu(), dtrain::Conv2d(C, C, 3).periodic(1)},
-                         dtrain::Conv2d(C, 1, 3).periodic(1)};
+  dtrain::Sequential cnn{
+      dtrain::Input{1, T, cfg.nx},
+      dtrain::Conv2d(1, C, 3).with_padding(1, dtrain::Padding::periodic),
+      dtrain::Residual{
+          dtrain::Relu(), dtrain::Conv2d(C, C, 3).with_padding(1, dtrain::Padding::periodic),
+          dtrain::Relu(), dtrain::Conv2d(C, C, 3).with_padding(1, dtrain::Padding::periodic)},
+      dtrain::Conv2d(C, 1, 3).with_padding(1, dtrain::Padding::periodic)};
   dtrain::Sequential mlp{dtrain::Linear(nf, H), dtrain::Tanh(), dtrain::Linear(H, H),
                          dtrain::Tanh(), dtrain::Linear(H, 1)};
   cnn.init(cfg.seed);

@@ -103,10 +103,14 @@ TEST_CASE("grid layers on the device: the same loss and gradients as the host") 
   // Every grid layer kind (their device functors: im2col, col2im, pooling, upsampling, the skip)
   // on the device against the host model of the same seed and parameters.
   const std::vector<dtrain::LayerSpec> layers = {
-      dtrain::Input{2, 16, 16}, dtrain::Conv2d(2, 8, 3).periodic(1),
-      dtrain::Relu(),           dtrain::Residual{dtrain::Conv2d(8, 8, 3).pad(1), dtrain::Tanh()},
-      dtrain::MaxPool2d(2),     dtrain::Conv2d(8, 4, 3).pad(1).with_stride(2),
-      dtrain::Upsample2d(2),    dtrain::AvgPool2d(2, 1),
+      dtrain::Input{2, 16, 16},
+      dtrain::Conv2d(2, 8, 3).with_padding(1, dtrain::Padding::periodic),
+      dtrain::Relu(),
+      dtrain::Residual{dtrain::Conv2d(8, 8, 3).with_padding(1), dtrain::Tanh()},
+      dtrain::MaxPool2d(2),
+      dtrain::Conv2d(8, 4, 3).with_padding(1).with_stride(2),
+      dtrain::Upsample2d(2),
+      dtrain::AvgPool2d(2, 1),
       dtrain::Conv2d(4, 1, 1)};
   dtrain::HostExec host_exec;
   gpu::GpuExec dev_exec;

@@ -71,35 +71,39 @@ class FeatureScale final : public Layer<T, Exec> {
   void init(std::uint64_t, std::uint64_t, T* w) override {
     for (std::int64_t i = 0; i < n_; ++i) w[i] = T(1) + T(0.05) * static_cast<T>(i);
   }
-  void forward(stream_type, const T* x, T* y, std::int64_t rows, const PassContext&) override {
-    const T* w = this->parameters();
-    for (std::int64_t i = 0; i < rows * n_; ++i) y[i] = x[i] * w[i % n_];
+  void forward(stream_type s, const T* x, T* y, std::int64_t rows, const PassContext&) override {
+    this->exec().host_kernel(s, "feature_scale forward", &fwd, x, this->parameters(), y, rows, n_);
   }
-  void backward(stream_type, const T* x, const T*, const T* dy, T* dx, std::int64_t rows,
+  void backward(stream_type s, const T* x, const T*, const T* dy, T* dx, std::int64_t rows,
                 const PassContext&) override {
-    const T* w = this->parameters();
-    T* dw = this->gradients();
-    for (std::int64_t i = 0; i < rows * n_; ++i) {
-      dw[i % n_] += dy[i] * x[i];
-      if (dx) dx[i] = dy[i] * w[i % n_];
-    }
+    this->exec().host_kernel(s, "feature_scale backward", &bwd, x, this->parameters(), dy, dx,
+                             this->gradients(), rows, n_);
   }
 
  private:
-  std::int64_t n_ = 0;
-};
-struct FeatureScaleSpec {
-  template <class T, class Exec>
-  std::unique_ptr<Layer<T, Exec>> make() const {
-    return std::make_unique<FeatureScale<T, Exec>>();
+  static void fwd(const T* x, const T* w, T* y, std::int64_t rows, std::int64_t n) {
+    for (std::int64_t i = 0; i < rows * n; ++i) y[i] = x[i] * w[i % n];
   }
+  static void bwd(const T* x, const T* w, const T* dy, T* dx, T* dw, std::int64_t rows,
+                  std::int64_t n) {
+    for (std::int64_t i = 0; i < rows * n; ++i) {
+      dw[i % n] += dy[i] * x[i];
+      if (dx) dx[i] = dy[i] * w[i % n];
+    }
+  }
+  std::int64_t n_ = 0;
 };
 
 // 8 layers: a user layer, a residual block, layers without parameters between units.
 std::vector<Sequential::entry_type> layers() {
-  return {
-      Linear(6, 24), Tanh(), FeatureScaleSpec{}, Residual{Linear(24, 24), Gelu()}, LayerNorm(24),
-      Linear(24, 7), Relu(), Linear(7, 3)};
+  return {Linear(6, 24),
+          Tanh(),
+          custom<FeatureScale>(),
+          Residual{Linear(24, 24), Gelu()},
+          LayerNorm(24),
+          Linear(24, 7),
+          Relu(),
+          Linear(7, 3)};
 }
 // 8 square layers of 32: many small units, where a rank's parts and the working buffers of
 // the largest unit are well below the replicated state.
@@ -140,8 +144,10 @@ struct Config {
   int micro = 1;    // micro-batches per step
   double clip = 0;  // global-norm clipping
   int steps = 4;
-  bool deep = false;      // deep_layers()
-  bool deferred = false;  // sharded: built with deferred_arenas, init after the sync
+  bool deep = false;       // deep_layers()
+  bool deferred = false;   // sharded: built with deferred_arenas, init after the sync
+  bool opt_first = false;  // the optimizers made before the sync (and before a deferred init)
+  bool edit = false;       // after each update the parameters decay and are clamped
   FullyShardedOptions fs;
 };
 
@@ -192,6 +198,14 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
     SgdOptions so;
     so.momentum = 0.9;
     so.weight_decay = 1e-3;
+    std::unique_ptr<AdamW> adamw_p;
+    std::unique_ptr<Sgd> sgd_p;
+    auto make_optimizers = [&] {
+      adamw_p = std::make_unique<AdamW>(model, Schedule::constant(0.01));
+      sgd_p = std::make_unique<Sgd>(model, Schedule::constant(0.05), so);
+    };
+    // Made before the sync, they hold the whole arenas' views, which the sync frees.
+    if (cfg.opt_first) make_optimizers();
     std::unique_ptr<FullyShardedSync<Sequential>> fs;
     std::unique_ptr<GradientSync> sync;
     if (sharded)
@@ -199,8 +213,9 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
     else
       sync = std::make_unique<GradientSync>(comm, model.gradients(), 256);
     if (deferred) model.init(11);  // draws this rank's parts
-    AdamW adamw(model, Schedule::constant(0.01));
-    Sgd sgd(model, Schedule::constant(0.05), so);
+    if (!cfg.opt_first) make_optimizers();
+    AdamW& adamw = *adamw_p;
+    Sgd& sgd = *sgd_p;
     std::vector<float> x, y;
     for (int step = 0; step < cfg.steps; ++step) {
       model.zero_grad();
@@ -236,6 +251,13 @@ std::vector<RankResult> train(const Config& cfg, bool sharded) {
           adamw.step();
         else
           sgd.step();
+      }
+      if (cfg.edit) {
+        // Collectives complete in order: whatever a sync started before this barrier (a gather
+        // ahead of the next forward) has read the parts before they change.
+        comm.barrier();
+        // An average and a clamping of one's own, element-wise: the same bits in either mode.
+        for (float& v : model.parameter_span()) v = std::clamp(0.97f * v, -0.3f, 0.3f);
       }
       if (step == 1) {  // the model's second input stage is made at the second pass
         res.first_peak = alloc.peak();
@@ -711,6 +733,49 @@ TEST_CASE("fully sharded on the emulated device: accumulation and clipping to ro
       check_device(dc, 1e-5f);
     }
   }
+}
+
+TEST_CASE("fully sharded: an optimizer made before the sync follows the model to its parts") {
+  // The order model, optimizer, sync: the optimizer saw the whole arenas that the sync frees.
+  for (bool deferred : {false, true})
+    for (bool adamw : {true, false}) {
+      CAPTURE(deferred);
+      CAPTURE(adamw);
+      Config cfg;
+      cfg.steps = 3;
+      cfg.adamw = adamw;
+      cfg.deferred = deferred;
+      cfg.opt_first = true;
+      check_same_bits(cfg);
+    }
+}
+
+TEST_CASE("fully sharded: parameters changed between wait(opt) and the next forward are seen") {
+  // With units gathered ahead (2 and 3 buffers) and without; the edit changes every part.
+  for (int buffers : {2, 3, 1}) {
+    CAPTURE(buffers);
+    Config cfg;
+    cfg.steps = 3;
+    cfg.edit = true;
+    cfg.fs.buffers = buffers;
+    check_same_bits(cfg);
+  }
+}
+
+TEST_CASE("fully sharded: wait(opt) refuses an optimizer of the freed whole arenas") {
+  run_loopback(2, [&](LoopbackTransport& t) {
+    Communicator comm(t);
+    Sequential model(layers());
+    model.init(3);
+    // Made from the views, not the model: it cannot follow.
+    Sgd stale(model.parameters(), model.gradients(), Schedule::constant(0.1));
+    FullyShardedSync fs(comm, model);
+    std::vector<float> x(rows * 6, 0.5f), y(rows * 3, 0.25f);
+    model.zero_grad();
+    model.forward_backward(x.data(), y.data(), rows, Loss::mse);
+    CHECK_THROWS_WITH_AS(fs.wait(stale), doctest::Contains("not the sharded model's parts"),
+                         InvalidArgument);
+  });
 }
 
 TEST_CASE("fully sharded: refused visitors and a sync that is gone") {

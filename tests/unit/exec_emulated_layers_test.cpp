@@ -35,9 +35,9 @@ std::vector<T> random_vec(std::size_t n, std::uint64_t seed, double lo = -1, dou
 // A small surrogate-shaped model: every grid layer kind, periodic and zero padding, a skip.
 template <class T, class Exec>
 std::vector<LayerEntry<T, Exec>> cnn() {
-  return {Input{2, 6, 6}, Conv2d(2, 3, 3).periodic(1),
-          Tanh{},         Residual{Conv2d(3, 3, 3).pad(1), Gelu{}, Conv2d(3, 3, 1)},
-          MaxPool2d(2),   Conv2d(3, 2, 3).pad(1).with_stride(2),
+  return {Input{2, 6, 6}, Conv2d(2, 3, 3).with_padding(1, Padding::periodic),
+          Tanh{},         Residual{Conv2d(3, 3, 3).with_padding(1), Gelu{}, Conv2d(3, 3, 1)},
+          MaxPool2d(2),   Conv2d(3, 2, 3).with_padding(1).with_stride(2),
           Upsample2d(2),  AvgPool2d(2, 1),
           Conv2d(2, 1, 1)};
 }

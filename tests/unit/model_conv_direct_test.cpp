@@ -132,23 +132,23 @@ TEST_CASE("direct convolution: forward and gradients equal float64 loops, every 
     Shape in;
   };
   const std::vector<Case> cases = {
-      {Conv2d(3, 5, 3).pad(1), {3, 9, 65}},
-      {Conv2d(7, 33, 3).periodic(1), {7, 6, 63}},
-      {Conv2d(5, 7, 5).pad(2), {5, 7, 130}},
-      {Conv2d(1, 7, 5).periodic(2), {1, 5, 5}},
+      {Conv2d(3, 5, 3).with_padding(1), {3, 9, 65}},
+      {Conv2d(7, 33, 3).with_padding(1, Padding::periodic), {7, 6, 63}},
+      {Conv2d(5, 7, 5).with_padding(2), {5, 7, 130}},
+      {Conv2d(1, 7, 5).with_padding(2, Padding::periodic), {1, 5, 5}},
       {Conv2d(33, 1, 1), {33, 4, 5}},
-      {Conv2d(2, 3, 3).pad(1), {2, 4, 1}},
-      {Conv2d(2, 3, 3).periodic(1), {2, 5, 1}},
+      {Conv2d(2, 3, 3).with_padding(1), {2, 4, 1}},
+      {Conv2d(2, 3, 3).with_padding(1, Padding::periodic), {2, 5, 1}},
       {Conv2d(4, 6, 3), {4, 7, 9}},
-      {Conv2d(2, 2, 3).periodic(3), {2, 5, 4}},
-      {Conv2d(2, 2, 3).pad(3), {2, 4, 5}},
-      {Conv1d(5, 7, 3).pad(1), {5, 130}},
-      {Conv1d(1, 5, 5).periodic(2), {1, 63}},
+      {Conv2d(2, 2, 3).with_padding(3, Padding::periodic), {2, 5, 4}},
+      {Conv2d(2, 2, 3).with_padding(3), {2, 4, 5}},
+      {Conv1d(5, 7, 3).with_padding(1), {5, 130}},
+      {Conv1d(1, 5, 5).with_padding(2, Padding::periodic), {1, 63}},
       {Conv1d(7, 1, 1), {7, 1}},
-      {Conv1d(3, 4, 3).periodic(1), {3, 5}},
-      {Conv3d(2, 5, 3).pad(1), {2, 4, 5, 6}},
-      {Conv3d(3, 2, 3).periodic(1), {3, 3, 4, 65}},
-      {Conv3d(1, 3, 5).pad(2), {1, 5, 3, 5}},
+      {Conv1d(3, 4, 3).with_padding(1, Padding::periodic), {3, 5}},
+      {Conv3d(2, 5, 3).with_padding(1), {2, 4, 5, 6}},
+      {Conv3d(3, 2, 3).with_padding(1, Padding::periodic), {3, 3, 4, 65}},
+      {Conv3d(1, 3, 5).with_padding(2), {1, 5, 3, 5}},
   };
   const std::int64_t batch = 2;
   for (ConvIsa isa : isas_to_test()) {
@@ -203,15 +203,18 @@ TEST_CASE("direct convolution: float64 gradients match finite differences, every
     ForcedIsa forced(isa);
     INFO(std::string(host::conv_isa_name(isa)));
     // A convolution before the one under test turns its input gradient into parameter gradients.
-    CHECK(gradient_error({Input{2, 5, 7}, Conv2d(2, 3, 3).periodic(1).with_lowering(L::direct),
-                          Tanh{}, Conv2d(3, 2, 5).pad(2).with_lowering(L::direct)},
-                         21) < 1e-6);
-    CHECK(gradient_error({Input{1, 9}, Conv1d(1, 3, 3).pad(1).with_lowering(L::direct), Tanh{},
-                          Conv1d(3, 2, 1).with_lowering(L::direct)},
+    CHECK(
+        gradient_error({Input{2, 5, 7},
+                        Conv2d(2, 3, 3).with_padding(1, Padding::periodic).with_lowering(L::direct),
+                        Tanh{}, Conv2d(3, 2, 5).with_padding(2).with_lowering(L::direct)},
+                       21) < 1e-6);
+    CHECK(gradient_error({Input{1, 9}, Conv1d(1, 3, 3).with_padding(1).with_lowering(L::direct),
+                          Tanh{}, Conv1d(3, 2, 1).with_lowering(L::direct)},
                          22) < 1e-6);
-    CHECK(gradient_error({Input{1, 3, 4, 5}, Conv3d(1, 2, 3).pad(1).with_lowering(L::direct),
-                          Tanh{}, Conv3d(2, 1, 3).periodic(1).with_lowering(L::direct)},
-                         23) < 1e-6);
+    CHECK(gradient_error(
+              {Input{1, 3, 4, 5}, Conv3d(1, 2, 3).with_padding(1).with_lowering(L::direct), Tanh{},
+               Conv3d(2, 1, 3).with_padding(1, Padding::periodic).with_lowering(L::direct)},
+              23) < 1e-6);
   }
 }
 
@@ -227,10 +230,10 @@ TEST_CASE("direct convolution: the automatic choice and impossible requests") {
     // float, stride 1, dilation 1, more than one kernel cell, AVX2 or AVX-512: direct.
     const ConvLowering fast =
         isa == ConvIsa::portable ? ConvLowering::im2col : ConvLowering::direct;
-    CHECK(lowering_of(Conv2d(2, 4, 3).pad(1), {2, 8, 8}, 0.0f) == fast);
-    CHECK(lowering_of(Conv1d(2, 4, 5).periodic(2), {2, 8}, 0.0f) ==
+    CHECK(lowering_of(Conv2d(2, 4, 3).with_padding(1), {2, 8, 8}, 0.0f) == fast);
+    CHECK(lowering_of(Conv1d(2, 4, 5).with_padding(2, Padding::periodic), {2, 8}, 0.0f) ==
           (fast == ConvLowering::direct ? fast : ConvLowering::shifted));
-    CHECK(lowering_of(Conv2d(2, 4, 3).pad(1), {2, 8, 8}, 0.0) == ConvLowering::im2col);
+    CHECK(lowering_of(Conv2d(2, 4, 3).with_padding(1), {2, 8, 8}, 0.0) == ConvLowering::im2col);
     CHECK(lowering_of(Conv2d(2, 4, 1), {2, 8, 8}, 0.0f) == ConvLowering::im2col);
     CHECK(lowering_of(Conv2d(2, 4, 3).with_stride(2), {2, 8, 8}, 0.0f) == ConvLowering::im2col);
     CHECK(lowering_of(Conv2d(2, 4, 3).with_dilation(2), {2, 8, 8}, 0.0f) == ConvLowering::im2col);

@@ -53,33 +53,37 @@ double gradient_error(const Entries& layers, std::int64_t batch, std::uint64_t s
   return gc.relative_error;
 }
 
-// y = w * x elementwise with one weight, host only; its backward reports `skew` times the true
-// parameter gradient, so check_gradients must see a relative error near |skew - 1|.
-struct SkewedScale final : Layer<double, HostExec> {
+// y = w * x elementwise with one weight, host policies; its backward reports `skew` times the
+// true parameter gradient, so check_gradients must see a relative error near |skew - 1|.
+template <class T, class Exec>
+struct SkewedScale final : Layer<T, Exec> {
+  using typename Layer<T, Exec>::stream_type;
   explicit SkewedScale(double skew) : skew_(skew) {}
   const char* kind() const noexcept override { return "skewed_scale"; }
   Shape configure(const Shape& in) override { return in; }
   std::vector<LayerParam> params() const override { return {{"w", {1}, 0}}; }
-  void init(std::uint64_t, std::uint64_t, double* host) override { host[0] = 1.5; }
-  void forward(stream_type, const double* x, double* y, std::int64_t rows,
-               const PassContext&) override {
-    for (std::int64_t i = 0; i < rows * input_size(); ++i) y[i] = parameters()[0] * x[i];
+  void init(std::uint64_t, std::uint64_t, T* host) override { host[0] = T(1.5); }
+  void forward(stream_type s, const T* x, T* y, std::int64_t rows, const PassContext&) override {
+    this->exec().host_kernel(
+        s, "skewed forward",
+        [](const T* w, const T* in, T* out, std::int64_t n) {
+          for (std::int64_t i = 0; i < n; ++i) out[i] = w[0] * in[i];
+        },
+        this->parameters(), x, y, rows * this->input_size());
   }
-  void backward(stream_type, const double* x, const double*, const double* dy, double* dx,
-                std::int64_t rows, const PassContext&) override {
-    for (std::int64_t i = 0; i < rows * input_size(); ++i) {
-      if (dx) dx[i] = parameters()[0] * dy[i];
-      gradients()[0] += skew_ * x[i] * dy[i];
-    }
+  void backward(stream_type s, const T* x, const T*, const T* dy, T* dx, std::int64_t rows,
+                const PassContext&) override {
+    this->exec().host_kernel(
+        s, "skewed backward",
+        [](const T* w, const T* in, const T* d, T* din, T* g, std::int64_t n, T skew) {
+          for (std::int64_t i = 0; i < n; ++i) {
+            if (din) din[i] = w[0] * d[i];
+            g[0] += skew * in[i] * d[i];
+          }
+        },
+        this->parameters(), x, dy, dx, this->gradients(), rows * this->input_size(), T(skew_));
   }
   double skew_;
-};
-struct SkewedScaleSpec {
-  double skew;
-  template <class T, class Exec>
-  std::unique_ptr<Layer<T, Exec>> make() const {
-    return std::make_unique<SkewedScale>(skew);
-  }
 };
 
 // Direct convolution of one sample (independent of the lowering): x [cin, d, h, w] padded to
@@ -137,30 +141,33 @@ TEST_CASE("grid layers: gradients match float64 finite differences") {
     // gradients, so every backward's dx is checked as well as the parameters.
     const std::vector<Case> cases = {
         {"conv1d",
-         {Input{2, 9}, c(Conv1d(2, 3, 3).pad(1)), Tanh{}, c(Conv1d(3, 2, 2).with_stride(2))}},
+         {Input{2, 9}, c(Conv1d(2, 3, 3).with_padding(1)), Tanh{},
+          c(Conv1d(3, 2, 2).with_stride(2))}},
         {"conv2d-dilation",
-         {Input{2, 7, 6}, c(Conv2d(2, 3, 3).pad(2).with_dilation(2)), Gelu{},
-          c(Conv2d(3, 2, 3).with_stride(2).pad(1))}},
+         {Input{2, 7, 6}, c(Conv2d(2, 3, 3).with_padding(2).with_dilation(2)), Gelu{},
+          c(Conv2d(3, 2, 3).with_stride(2).with_padding(1))}},
         {"conv2d-periodic",
-         {Input{1, 5, 6}, c(Conv2d(1, 3, 3).periodic(1)), Tanh{},
-          c(Conv2d(3, 2, 3).periodic(2).with_stride(2)), c(Conv2d(2, 2, 3).periodic(3))}},
+         {Input{1, 5, 6}, c(Conv2d(1, 3, 3).with_padding(1, Padding::periodic)), Tanh{},
+          c(Conv2d(3, 2, 3).with_padding(2, Padding::periodic).with_stride(2)),
+          c(Conv2d(2, 2, 3).with_padding(3, Padding::periodic))}},
         {"conv3d",
-         {Input{2, 4, 5, 3}, c(Conv3d(2, 2, 3).pad(1)), Tanh{}, c(Conv3d(2, 1, 2)),
-          c(Conv3d(1, 2, 2).periodic(1).with_dilation(2))}},
+         {Input{2, 4, 5, 3}, c(Conv3d(2, 2, 3).with_padding(1)), Tanh{}, c(Conv3d(2, 1, 2)),
+          c(Conv3d(1, 2, 2).with_padding(1, Padding::periodic).with_dilation(2))}},
         {"maxpool2d",
-         {Input{1, 6, 6}, c(Conv2d(1, 2, 3).pad(1)), MaxPool2d(2), c(Conv2d(2, 1, 1))}},
+         {Input{1, 6, 6}, c(Conv2d(1, 2, 3).with_padding(1)), MaxPool2d(2), c(Conv2d(2, 1, 1))}},
         {"maxpool1d-overlap",
          {Input{2, 9}, c(Conv1d(2, 2, 1)), MaxPool1d(3, 2), c(Conv1d(2, 1, 1))}},
         {"avgpool3d", {Input{1, 4, 4, 6}, c(Conv3d(1, 2, 1)), AvgPool3d(2), c(Conv3d(2, 1, 1))}},
         {"avgpool1d-overlap",
          {Input{1, 8}, c(Conv1d(1, 2, 1)), AvgPool1d(3, 2), c(Conv1d(2, 1, 1))}},
         {"upsample2d",
-         {Input{1, 3, 4}, c(Conv2d(1, 2, 1)), Upsample2d(2), c(Conv2d(2, 1, 3).pad(1))}},
+         {Input{1, 3, 4}, c(Conv2d(1, 2, 1)), Upsample2d(2), c(Conv2d(2, 1, 3).with_padding(1))}},
         {"upsample3d", {Input{1, 2, 3, 2}, c(Conv3d(1, 2, 1)), Upsample3d(3), c(Conv3d(2, 1, 2))}},
         {"residual",
-         {Input{2, 6, 6}, c(Conv2d(2, 3, 3).pad(1)),
-          Residual{c(Conv2d(3, 3, 3).pad(1)), Tanh{}, c(Conv2d(3, 3, 3).periodic(1))}, Tanh{},
-          c(Conv2d(3, 1, 1))}},
+         {Input{2, 6, 6}, c(Conv2d(2, 3, 3).with_padding(1)),
+          Residual{c(Conv2d(3, 3, 3).with_padding(1)), Tanh{},
+                   c(Conv2d(3, 3, 3).with_padding(1, Padding::periodic))},
+          Tanh{}, c(Conv2d(3, 1, 1))}},
         {"conv-linear-head", {Input{1, 4, 4}, c(Conv2d(1, 2, 3)), Relu{}, Linear(8, 3)}, true},
         {"residual-first", {Input{4}, Residual{Linear(4, 4), Tanh{}}, Linear(4, 2)}},
     };
@@ -176,7 +183,7 @@ TEST_CASE("grid layers: gradients match float64 finite differences") {
 TEST_CASE("check_gradients finds a backward that is off by 1%") {
   for (const double skew : {1.0, 1.01}) {
     CAPTURE(skew);
-    BasicSequential<double> m(Entries{Linear(3, 4), SkewedScaleSpec{skew}, Linear(4, 2)});
+    BasicSequential<double> m(Entries{Linear(3, 4), custom<SkewedScale>(skew), Linear(4, 2)});
     m.init(5);
     const auto x = random_vec(3 * 6, 7, -1, 1);
     const auto t = random_vec(2 * 6, 8);
@@ -200,12 +207,12 @@ TEST_CASE("convolution equals a direct loop, zero and periodic padding, any stri
     Shape in;
   };
   const std::vector<Case> cases = {
-      {Conv1d(2, 3, 3).pad(1), {2, 10}},
-      {Conv1d(1, 2, 4).with_stride(3).periodic(2), {1, 7}},
-      {Conv2d(3, 4, 3).pad(1), {3, 8, 7}},
-      {Conv2d(2, 2, 3).periodic(1), {2, 5, 6}},
-      {Conv2d(2, 3, 2).with_stride(2).with_dilation(2).pad(1), {2, 9, 8}},
-      {Conv3d(2, 2, 3).periodic(1).with_stride(2), {2, 5, 4, 6}},
+      {Conv1d(2, 3, 3).with_padding(1), {2, 10}},
+      {Conv1d(1, 2, 4).with_stride(3).with_padding(2, Padding::periodic), {1, 7}},
+      {Conv2d(3, 4, 3).with_padding(1), {3, 8, 7}},
+      {Conv2d(2, 2, 3).with_padding(1, Padding::periodic), {2, 5, 6}},
+      {Conv2d(2, 3, 2).with_stride(2).with_dilation(2).with_padding(1), {2, 9, 8}},
+      {Conv3d(2, 2, 3).with_padding(1, Padding::periodic).with_stride(2), {2, 5, 4, 6}},
   };
   for (const auto& base : cases)
     for (ConvLowering lowering :
@@ -247,12 +254,12 @@ TEST_CASE("the device lowering functors equal the host lowering") {
     Shape in;
   };
   const std::vector<Case> cases = {
-      {Conv1d(2, 1, 3).pad(1), {2, 11}},
-      {Conv2d(2, 1, 3).periodic(1), {2, 6, 5}},
-      {Conv2d(1, 1, 3).periodic(3).with_stride(2), {1, 4, 3}},
-      {Conv2d(3, 1, 2).with_stride(3).with_dilation(2).pad(2), {3, 9, 10}},
-      {Conv3d(2, 1, 3).pad(1).with_stride(2), {2, 5, 6, 4}},
-      {Conv3d(1, 1, 2).periodic(1).with_dilation(2), {1, 3, 4, 5}},
+      {Conv1d(2, 1, 3).with_padding(1), {2, 11}},
+      {Conv2d(2, 1, 3).with_padding(1, Padding::periodic), {2, 6, 5}},
+      {Conv2d(1, 1, 3).with_padding(3, Padding::periodic).with_stride(2), {1, 4, 3}},
+      {Conv2d(3, 1, 2).with_stride(3).with_dilation(2).with_padding(2), {3, 9, 10}},
+      {Conv3d(2, 1, 3).with_padding(1).with_stride(2), {2, 5, 6, 4}},
+      {Conv3d(1, 1, 2).with_padding(1, Padding::periodic).with_dilation(2), {1, 3, 4, 5}},
   };
   for (const auto& c : cases) {
     BasicSequential<double> m({Input(c.in), c.conv});
@@ -296,7 +303,7 @@ TEST_CASE("shapes that do not fit name the layer and both shapes") {
   CHECK(linear.find("[3, 2, 2]") != std::string::npos);
   CHECK(linear.find("10 features") != std::string::npos);
   const std::string skip = invalid_argument_text([] {
-    BasicSequential<double>({Input{2, 6, 6}, Residual{Conv2d(2, 3, 3).pad(1)}});
+    BasicSequential<double>({Input{2, 6, 6}, Residual{Conv2d(2, 3, 3).with_padding(1)}});
   });
   CHECK(skip.find("layer 0 (residual)") != std::string::npos);
   CHECK(skip.find("[2, 6, 6] to [3, 6, 6]") != std::string::npos);
@@ -314,8 +321,9 @@ TEST_CASE("shapes that do not fit name the layer and both shapes") {
   CHECK(first.find("Input{") != std::string::npos);
   CHECK_THROWS_AS(Conv2d(1, 1, 3).with_stride(0), InvalidArgument);
   CHECK_THROWS_AS(MaxPool2d(0), InvalidArgument);
-  CHECK_THROWS_AS(BasicSequential<double>({Input{1, 4}, Conv1d(1, 1, 3).periodic(5)}),
-                  InvalidArgument);
+  CHECK_THROWS_AS(
+      BasicSequential<double>({Input{1, 4}, Conv1d(1, 1, 3).with_padding(5, Padding::periodic)}),
+      InvalidArgument);
   CHECK_THROWS_AS(
       BasicSequential<double>(
           {Input{1, 8}, Conv1d(1, 1, 3).with_stride(2).with_lowering(ConvLowering::shifted)}),
@@ -323,8 +331,9 @@ TEST_CASE("shapes that do not fit name the layer and both shapes") {
 }
 
 TEST_CASE("a residual block's parameters are named per body layer, in arena order") {
-  Sequential m({Input{2, 4, 4}, Conv2d(2, 3, 3).pad(1),
-                Residual{Conv2d(3, 3, 3).pad(1), Relu{}, Conv2d(3, 3, 1)}, Conv2d(3, 1, 1)});
+  Sequential m({Input{2, 4, 4}, Conv2d(2, 3, 3).with_padding(1),
+                Residual{Conv2d(3, 3, 3).with_padding(1), Relu{}, Conv2d(3, 3, 1)},
+                Conv2d(3, 1, 1)});
   std::vector<std::string> names;
   std::size_t next = 0;
   for (const auto& p : m.parameter_info()) {
@@ -348,6 +357,220 @@ TEST_CASE("a residual block's parameters are named per body layer, in arena orde
   const auto p = m.parameter_span();
   const auto& info = m.parameter_info();
   CHECK(p[info[2].offset] != p[info[4].offset]);
+}
+
+}  // namespace dtrain_test_model_layers_test
+
+namespace dtrain_test_model_layers_test {
+namespace {
+// y = x * w + x * w^2 per feature (two tensors of the layer's own), one class for any scalar and
+// policy, its host code launched through the policy; starts at `w0`.
+template <class T, class Exec>
+class ScaleTwice final : public Layer<T, Exec> {
+ public:
+  using typename Layer<T, Exec>::stream_type;
+  explicit ScaleTwice(double w0) : w0_(w0) {}
+  const char* kind() const noexcept override { return "scale_twice"; }
+  Shape configure(const Shape& in) override { return in; }
+  std::vector<LayerParam> params() const override {
+    const std::int64_t n = this->input_size();
+    return {{"a", {n}, 0}, {"b", {n}, static_cast<std::size_t>(n)}};
+  }
+  void init(std::uint64_t, std::uint64_t, T* host) override {
+    for (std::int64_t j = 0; j < 2 * this->input_size(); ++j) host[j] = T(w0_ + 0.1 * j);
+  }
+  void forward(stream_type s, const T* x, T* y, std::int64_t rows, const PassContext&) override {
+    this->exec().host_kernel(s, "scale_twice forward", &fwd, x, this->parameters(), y, rows,
+                             this->input_size());
+  }
+  void backward(stream_type s, const T* x, const T*, const T* dy, T* dx, std::int64_t rows,
+                const PassContext&) override {
+    this->exec().host_kernel(s, "scale_twice backward", &bwd, x, this->parameters(), dy, dx,
+                             this->gradients(), rows, this->input_size());
+  }
+
+ private:
+  static void fwd(const T* x, const T* w, T* y, std::int64_t rows, std::int64_t n) {
+    for (std::int64_t i = 0; i < rows * n; ++i) {
+      const T a = w[i % n], b = w[n + i % n];
+      y[i] = x[i] * (a + b * b);
+    }
+  }
+  static void bwd(const T* x, const T* w, const T* dy, T* dx, T* g, std::int64_t rows,
+                  std::int64_t n) {
+    for (std::int64_t i = 0; i < rows * n; ++i) {
+      const T a = w[i % n], b = w[n + i % n];
+      if (dx) dx[i] = dy[i] * (a + b * b);
+      g[i % n] += dy[i] * x[i];
+      g[n + i % n] += dy[i] * x[i] * 2 * b;
+    }
+  }
+  double w0_;
+};
+
+// A layer that declares whatever tensors it is given, over `count` elements.
+template <class T, class Exec>
+class Declares final : public Layer<T, Exec> {
+ public:
+  using typename Layer<T, Exec>::stream_type;
+  Declares(std::vector<LayerParam> params, std::size_t count)
+      : params_(std::move(params)), count_(count) {}
+  const char* kind() const noexcept override { return "declares"; }
+  Shape configure(const Shape& in) override { return in; }
+  std::vector<LayerParam> params() const override { return params_; }
+  std::size_t param_count() const override { return count_; }
+  void forward(stream_type, const T*, T*, std::int64_t, const PassContext&) override {}
+  void backward(stream_type, const T*, const T*, const T*, T*, std::int64_t,
+                const PassContext&) override {}
+
+ private:
+  std::vector<LayerParam> params_;
+  std::size_t count_;
+};
+}  // namespace
+
+TEST_CASE("a layer of one's own is one class: custom<L>(args) in a list and in a residual") {
+  const Entries layers{Input{3},
+                       Linear(3, 4),
+                       custom<ScaleTwice>(0.7),
+                       Tanh{},
+                       Residual{custom<ScaleTwice>(-0.4), Linear(4, 4)},
+                       Linear(4, 2)};
+  for (std::int64_t batch : {1, 3}) {
+    CAPTURE(batch);
+    CHECK(gradient_error(layers, batch, 5) < 1e-6);
+  }
+  BasicSequential<double> m(layers);
+  std::vector<std::string> names;
+  for (const auto& p : m.parameter_info()) names.push_back(p.name);
+  const std::vector<std::string> expect = {"layers/0_linear/weight",
+                                           "layers/0_linear/bias",
+                                           "layers/1_scale_twice/a",
+                                           "layers/1_scale_twice/b",
+                                           "layers/3_residual/0_scale_twice/a",
+                                           "layers/3_residual/0_scale_twice/b",
+                                           "layers/3_residual/1_linear/weight",
+                                           "layers/3_residual/1_linear/bias",
+                                           "layers/4_linear/weight",
+                                           "layers/4_linear/bias"};
+  CHECK(names == expect);
+  // The constructor's argument reached each instance.
+  m.init(1);
+  CHECK(m.parameter_span()[m.parameter_info()[2].offset] == doctest::Approx(0.7));
+  CHECK(m.parameter_span()[m.parameter_info()[4].offset] == doctest::Approx(-0.4));
+  // A residual block of built-in layers is also a LayerSpec, for lists of those.
+  const std::vector<LayerSpec> specs{Input{4}, Residual{Linear(4, 4), Tanh{}}, Linear(4, 2)};
+  BasicSequential<double> from_specs(specs);
+  CHECK(from_specs.parameter_info()[0].name == "layers/0_residual/0_linear/weight");
+  CHECK(from_specs.parameter_count() == 20 + 10);
+  // The same list type serves float on the host too.
+  Sequential f({Input{3}, custom<ScaleTwice>(1.0), Residual{Relu{}, custom<ScaleTwice>(0.5)}});
+  CHECK(f.parameter_count() == 12);
+}
+
+TEST_CASE("a layer's tensors are checked at model build: inside its count, disjoint, named once") {
+  using test::invalid_argument_text;
+  using P = std::vector<LayerParam>;
+  auto build = [](P params, std::size_t count, bool in_residual = false) {
+    return invalid_argument_text([&] {
+      if (in_residual)
+        BasicSequential<double>({Input{4}, Residual{Relu{}, custom<Declares>(params, count)}});
+      else
+        BasicSequential<double>({Input{4}, Relu{}, custom<Declares>(params, count)});
+    });
+  };
+  const std::string overlap = build({{"a", {4}, 0}, {"b", {2, 2}, 2}}, 8);
+  CHECK(test::contains(overlap, "layer 1 (declares)"));
+  CHECK(test::contains(overlap, "tensors 'a' at [0, 4) and 'b' at [2, 6) overlap"));
+  const std::string past = build({{"a", {4}, 6}}, 8);
+  CHECK(test::contains(past, "tensor 'a' at [6, 10) ends past the layer's param_count() of 8"));
+  CHECK(test::contains(build({{"w", {2}, 0}, {"w", {2}, 2}}, 4), "'w' given twice"));
+  CHECK(test::contains(build({{"", {2}, 0}}, 2), "is empty or has an empty path component"));
+  CHECK(test::contains(build({{"w/", {2}, 0}}, 2), "empty path component"));
+  CHECK(test::contains(build({{"w", {2, -1}, 0}}, 2), "negative extent"));
+  const std::string nested = build({{"a", {4}, 0}, {"b", {4}, 3}}, 8, true);
+  CHECK(test::contains(nested, "layer 0 (residual): Residual: body layer 1 (declares)"));
+  CHECK(test::contains(nested, "overlap"));
+  // A gap, tensors out of order and empty tensors are fine; names are the layer's.
+  BasicSequential<double> ok(
+      {Input{4}, custom<Declares>(P{{"b", {2}, 4}, {"a", {2}, 0}, {"e", {0}, 2}}, std::size_t(6))});
+  CHECK(ok.parameter_count() == 6);
+  CHECK(ok.parameter_info()[0].name == "layers/0_declares/b");
+}
+
+TEST_CASE("layer descriptions are checked again at model build, naming the layer and the field") {
+  using test::contains;
+  using test::invalid_argument_text;
+  // Public fields set past the constructors' and builders' checks.
+  Conv stride0 = Conv2d(1, 1, 3);
+  stride0.stride = 0;  // divided by in the output extent
+  const std::string conv = invalid_argument_text([&] {
+    BasicSequential<double>({Input{1, 8, 8}, Relu{}, stride0});
+  });
+  CHECK(contains(conv, "Sequential: layer 1: Conv: stride must be positive, got 0"));
+  CHECK(conv.find("dtrain: rank", 1) == std::string::npos);  // one prefix, not two
+  Conv dil = Conv1d(1, 1, 3);
+  dil.dilation = 0;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{1, 8}, dil});
+                 }),
+                 "dilation must be positive, got 0"));
+  Conv pad = Conv1d(1, 1, 3);
+  pad.padding = -2;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{1, 8}, pad});
+                 }),
+                 "padding must be non-negative, got -2"));
+  Conv dims = Conv1d(1, 1, 3);
+  dims.dims = 4;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{1, 8}, dims});
+                 }),
+                 "dims must be 1, 2 or 3, got 4"));
+  const std::string body = invalid_argument_text([&] {
+    BasicSequential<double>({Input{1, 8, 8}, Residual{Relu{}, stride0}});
+  });
+  CHECK(contains(body, "layer 0: Residual: body layer 1: Conv: stride must be positive"));
+  Linear lin(3, 2);
+  lin.out_features = 0;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{3}, lin});
+                 }),
+                 "Linear: in_features and out_features must be positive, got 3 -> 0"));
+  Pool pool = MaxPool2d(2);
+  pool.stride = 0;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{1, 4, 4}, pool});
+                 }),
+                 "Pool: stride must be positive, got 0"));
+  Dropout drop(0.1f);
+  drop.p = 1.5f;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{3}, drop});
+                 }),
+                 "drop probability p = 1.5 outside [0, 1)"));
+  LayerNorm norm(3);
+  norm.eps = 0;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{3}, norm});
+                 }),
+                 "eps must be positive"));
+  Upsample up = Upsample1d(2);
+  up.scale = 0;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({Input{1, 3}, up});
+                 }),
+                 "scale must be positive, got 0"));
+  Input in{1, 4};
+  in.shape[1] = 0;
+  CHECK(contains(invalid_argument_text([&] {
+                   BasicSequential<double>({in, Relu{}});
+                 }),
+                 "entry 0: Input: shape's axes must be positive, got [1, 0]"));
+  // A description fixed after its check builds.
+  stride0.stride = 2;
+  BasicSequential<double> fixed({Input{1, 8, 8}, stride0});
+  CHECK(fixed.output_shape() == Shape{1, 3, 3});
 }
 
 }  // namespace dtrain_test_model_layers_test

@@ -186,6 +186,44 @@ TEST_CASE("own_model: adopted buffers are the arenas, untouched until init") {
                  "same buffer"));
 }
 
+namespace {
+// Counts the bytes it has handed out and not taken back.
+struct LiveBytes final : Allocator {
+  std::size_t live = 0;
+  void* allocate(std::size_t bytes, std::size_t alignment) override {
+    live += bytes;
+    return default_allocator().allocate(bytes, alignment);
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    live -= bytes;
+    default_allocator().deallocate(p, bytes);
+  }
+  Space space() const noexcept override { return Space::host; }
+};
+}  // namespace
+
+TEST_CASE("own_model: a set keeps no host copy of the parameters after init") {
+  LiveBytes alloc;
+  {
+    // Owned arenas: the two arenas only, after construction and after another init.
+    ParameterSet set(mlp_specs(), alloc);
+    const std::size_t arenas = 2 * set.parameter_count() * sizeof(float);
+    CHECK(alloc.live == arenas);
+    set.init(5);
+    CHECK(alloc.live == arenas);
+    CHECK(set.tensor("scale").param[0] == 1.0f);  // init did draw
+  }
+  CHECK(alloc.live == 0);
+  // Every tensor the application's: nothing of the set's own in memory after init.
+  std::vector<float> p(76, 2.0f), g(76);
+  HostExec exec(alloc);
+  ParameterSet adopted(BufferView(span<float>(p)), BufferView(span<float>(g)), mlp_specs(), exec);
+  adopted.init(5);
+  CHECK(alloc.live == 0);
+  CHECK(p[75] == 1.0f);
+  CHECK(p[72] == 2.0f);  // "head/bias", a `user` tensor, kept
+}
+
 TEST_CASE("own_model: grad_ready reports each tensor's arena range, in the order called") {
   ParameterSet set({{"a", {3, 2}}, {"empty", {0, 4}}, {"b", {5}}});
   std::vector<std::pair<std::size_t, std::size_t>> seen;

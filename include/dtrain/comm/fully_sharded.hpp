@@ -40,11 +40,13 @@ struct FullyShardedOptions {
   /// Working buffers for whole units' parameters, 1, 2 or 3: the unit computing and 0, 1 or 2
   /// units gathered ahead of it. 1 is the memory-tight mode: one parameter buffer and one
   /// gradient buffer (2 and 3 have two gradient buffers), so a rank holds its parts plus the
-  /// largest unit's working set; nothing is gathered ahead of the unit that computes (`prefetch`
-  /// only gathers the first unit at the end of wait(optimizer)), and a unit's gradient
-  /// reduce-scatter finishes before the next unit's backward reuses the gradient buffer.
+  /// largest unit's working set; nothing is gathered ahead of the unit that computes, and a unit's
+  /// gradient reduce-scatter finishes before the next unit's backward reuses the gradient buffer.
   int buffers = 2;
   /// Gather the next units while the current one computes (false: each unit when it is needed).
+  /// Never across a step's end: a forward gathers its first unit when it starts, so parameters
+  /// changed between two passes (the optimizer's update, an average or a clamping of one's own
+  /// on model.parameters()) are what every unit of the next pass sees.
   bool prefetch = true;
   /// Greater than 0: wait(optimizer) scales the gradients so that their global L2 norm (over
   /// every rank's parts) is at most this, before the update.
@@ -52,6 +54,14 @@ struct FullyShardedOptions {
 };
 
 namespace detail {
+// An optimizer that says which parameter arena it updates (the element-wise ones).
+template <class O, class = void>
+struct has_parameter_arena : std::false_type {};
+template <class O>
+struct has_parameter_arena<
+    O, std::void_t<decltype(BufferView(std::declval<const O&>().parameter_arena()))>>
+    : std::true_type {};
+
 // The collectives of a fully sharded model, planned once; hides the transport type.
 struct UnitCollectives {
   virtual ~UnitCollectives() = default;
@@ -109,15 +119,16 @@ struct PlannedUnits final : UnitCollectives {
 /// Device memory (a GPU policy, or a test's emulated device) that the communicator does not
 /// reduce itself (`reduces_device_memory()`, as for GradientSync) is staged: the collectives run
 /// on host buffers (from the policy's host allocator) of the same sizes as the working buffers,
-/// plus a host copy of this rank's parameter parts (refreshed at each forward's start, after an
-/// update and after init or restore) and of its gradient parts. A unit's gathered parameters are
+/// plus a host copy of this rank's parameter parts (refreshed at each forward's start and after
+/// init or restore) and of its gradient parts. A unit's gathered parameters are
 /// copied to its device working buffer on the compute stream before its kernels; after its
 /// backward its gradient buffer is copied to the host on the compute stream, reduce-scattered
 /// on the host, and the result copied into the device gradient part on the compute stream.
 ///
 /// The step: model.zero_grad(); model.forward_backward(...) (one or several micro-batches);
 /// sync.wait(optimizer) (the gradients complete, optionally clipped to a global norm, each part
-/// updated, and the first units gathered for the next forward). Every rank ends each step with
+/// updated); the parameters may then be changed further (an average, a clamping) before the next
+/// forward, which gathers them afresh. Every rank ends each step with
 /// the parameters the unsharded step gives: the same bits on 2 ranks, and in reproducible mode
 /// (rank-order sums in the reduce-scatter as in the all-reduce) on any number, with one backward
 /// per step; gradients accumulated over micro-batches are averaged per pass and added, which
@@ -235,12 +246,9 @@ class FullyShardedSync final : public UnitProvider {
   // ---- UnitProvider (called by the model) --------------------------------------------------
 
   void* acquire(std::size_t u, bool backward) override {
-    if (!backward && u == 0) {
-      // A new forward: what earlier passes left in the buffers may predate an update, except
-      // what wait(optimizer) gathered after its update.
-      if (!primed_) invalidate();
-      primed_ = false;
-    }
+    // A new forward: what earlier passes left in the buffers may predate a change of the
+    // parameters (an update, or the caller's own edit of its parts).
+    if (!backward && u == 0) invalidate();
     if (units_[u].count == 0) return nullptr;
     if (direct_) return static_cast<value_type*>(model_->parameters().data) + starts_[u];
     Slot& s = slot_of(u);
@@ -298,10 +306,7 @@ class FullyShardedSync final : public UnitProvider {
     for (GradSlot& g : grad_slots_) finish_scatter(g);
     std::fill(fresh_.begin(), fresh_.end(), 1);
   }
-  void parameters_changed() override {
-    invalidate();
-    primed_ = false;
-  }
+  void parameters_changed() override { invalidate(); }
 
   // ---- the step ------------------------------------------------------------------------------
 
@@ -321,7 +326,6 @@ class FullyShardedSync final : public UnitProvider {
     const bool any = std::any_of(reduced_.begin(), reduced_.end(), [](char r) { return r != 0; });
     const bool all = std::all_of(reduced_.begin(), reduced_.end(), [](char r) { return r != 0; });
     std::fill(reduced_.begin(), reduced_.end(), 0);
-    primed_ = false;
     if (first) std::rethrow_exception(first);
     DTRAIN_REQUIRE(any && all, "FullyShardedSync::wait",
                    (any ? "a backward pass did not reach every unit"
@@ -329,26 +333,29 @@ class FullyShardedSync final : public UnitProvider {
   }
 
   /// wait(), then (with FullyShardedOptions::max_grad_norm) the global-norm clipping, then
-  /// `opt`'s update of this rank's part of each unit and its complete_step(), then (with
-  /// prefetch) the first units' all-gathers for the next forward. `opt` is anything with
-  /// update(offset, count) in whole-arena offsets and complete_step(), such as an Sgd or AdamW
-  /// made from the sharded model. Collective, blocking.
+  /// `opt`'s update of this rank's part of each unit and its complete_step(). Nothing is
+  /// gathered for the next forward here: the parameters may still change before it (see
+  /// FullyShardedOptions::prefetch). `opt` is anything with update(offset, count) in whole-arena
+  /// offsets and complete_step(), such as an Sgd or AdamW made from the model (before or after
+  /// the sync: one made before follows the model to its parts). Collective, blocking. Throws
+  /// InvalidArgument, before any update, for an optimizer whose parameter_arena() is not the
+  /// model's parts (one made from the model's views before they were freed).
   template <class Optimizer>
   void wait(Optimizer& opt) {
+    if constexpr (detail::has_parameter_arena<Optimizer>::value) {
+      const BufferView mine = model_->parameters(), theirs = opt.parameter_arena();
+      DTRAIN_REQUIRE(
+          theirs.data == mine.data && theirs.count == mine.count, "FullyShardedSync::wait",
+          "the optimizer updates an arena of "
+              << theirs.count << " elements that is not the sharded model's parts (" << mine.count
+              << " elements): made from the model's views before the sync freed "
+                 "them? Make it from the model itself (e.g. AdamW opt(model, lr))");
+    }
     wait();
     if (options_.max_grad_norm > 0) clip_grad_norm(options_.max_grad_norm);
     for (const auto& [first, count] : parts_)
       if (count) opt.update(first, count);
     opt.complete_step();
-    if (options_.prefetch && !direct_) {
-      // The updates queued on the compute stream are what the gathers send.
-      exec_synchronize(*exec_, exec_->compute_stream(), exec_timeout_s(),
-                       "FullyShardedSync::wait (the update)");
-      invalidate();
-      for (std::size_t u = 0; u < units_.size() && u < slots_.size(); ++u)
-        if (units_[u].count) start_gather(u);
-      primed_ = true;
-    }
   }
 
   /// Collective, blocking, after wait(): scales this rank's parts of the gradients so that the
@@ -542,13 +549,12 @@ class FullyShardedSync final : public UnitProvider {
   // their collectives before the plans go.
   std::unique_ptr<detail::UnitCollectives> collectives_;
   std::vector<Slot> slots_;
-  std::vector<GradSlot> grad_slots_;  // 2, or 1 with buffers = 1
-  std::vector<char> fresh_;           // unit's part untouched since zero_grad
-  std::vector<char> reduced_;         // unit's gradients reduced since the last wait
-  bool primed_ = false;        // the buffers hold what wait(optimizer) gathered after its update
-  bool direct_ = false;        // one rank: the units are the model's own arenas
-  bool scratch_made_ = false;  // make_scratch
-  bool staged_ = false;        // device memory through host copies (see the class comment)
+  std::vector<GradSlot> grad_slots_;   // 2, or 1 with buffers = 1
+  std::vector<char> fresh_;            // unit's part untouched since zero_grad
+  std::vector<char> reduced_;          // unit's gradients reduced since the last wait
+  bool direct_ = false;                // one rank: the units are the model's own arenas
+  bool scratch_made_ = false;          // make_scratch
+  bool staged_ = false;                // device memory through host copies (see the class comment)
   Tensor param_mirror_, grad_mirror_;  // staged: host copies of this rank's parts
   Tensor norm_exec_, norm_host_;       // clip_grad_norm's sum of squares and its host copy
   double last_norm_ = 0;

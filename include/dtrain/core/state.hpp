@@ -42,6 +42,17 @@ struct ProbeVisitor {
   void child(const std::string&, U&) {}
   bool loading() const { return false; }
 };
+
+// The arenas a model holds now, shared (shared_ptr) between the model and the optimizers made
+// from it: when the model replaces its arenas (fully sharded training frees the whole ones and
+// keeps this rank's parts) it updates this and bumps `version`, and the optimizers follow
+// before their next use instead of writing memory that is gone.
+struct ArenaBinding {
+  BufferView params, grads;  // the arenas in use
+  std::size_t whole = 0;     // elements of the whole arenas
+  StateParts parts;          // the elements of the whole arenas held, when they are parts
+  std::uint64_t version = 0;
+};
 }  // namespace detail
 
 /// True when T has a member template visit_state(V&).

@@ -5,7 +5,10 @@
 //
 // Two ways, both in stream order on the stream the layer is given:
 //   - Host code: a policy whose kernels run on the host (HostExec, the emulated device of the
-//     tests) has `host_kernel(stream, name, f, args...)`, which runs f(args...) in stream order.
+//     tests) has `host_kernel(stream, name, f, args...)`, which runs f(args...) in stream order:
+//     a layer calls `this->exec().host_kernel(s, "name", f, args...)` under
+//     `if constexpr (runs_host_kernels_v<Exec>)`, never the host function directly (a policy
+//     with streams of its own runs it in their order).
 //     Pointer arguments are exec memory and are passed as direct arguments (a policy that maps
 //     device memory elsewhere translates them); never hide them inside a struct.
 //   - Device code: on a GPU policy (runs_host_kernels_v is false) `stream_type` is the native
@@ -93,15 +96,6 @@ void for_each_index(Exec& exec, typename Exec::stream_type stream, const char* n
                   "for_each_index on a device policy needs a unit compiled by nvcc or hipcc");
 #endif
   }
-}
-
-/// Runs the host function `f(args...)` in stream order on a host-running policy. On a device
-/// policy it is a compile-time error: give the layer a device kernel there.
-template <class Exec, class F, class... A>
-void host_kernel(Exec& exec, typename Exec::stream_type stream, const char* name, F f, A... args) {
-  static_assert(runs_host_kernels_v<Exec>,
-                "host_kernel needs a policy that runs host code (HostExec, an emulated device)");
-  exec.host_kernel(stream, name, f, args...);
 }
 
 }  // namespace dtrain

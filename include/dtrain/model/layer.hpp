@@ -12,6 +12,7 @@
 // How a layer runs its own kernels on each policy: <dtrain/exec/launch.hpp>.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -183,5 +184,63 @@ class Layer {
   T* grads_ = nullptr;
   Shape input_shape_, output_shape_;
 };
+
+namespace detail {
+// Runs f(); an InvalidArgument from it is thrown again as `op`'s, its detail after `where`
+// ("layer 3 (conv)"), with one "dtrain: rank R: " prefix, not two.
+template <class F>
+decltype(auto) in_layer(const char* op, const std::string& where, F&& f) {
+  try {
+    return f();
+  } catch (const InvalidArgument& e) {
+    std::string inner = e.what();
+    const std::string prefix = "dtrain: rank ";
+    if (inner.compare(0, prefix.size(), prefix) == 0) {
+      const auto colon = inner.find(": ", prefix.size());
+      if (colon != std::string::npos) inner.erase(0, colon + 2);
+    }
+    raise<InvalidArgument>(op, where + ": " + inner);
+  }
+}
+
+// A configured layer's own account of its tensors, taken on trust until now: each named (a
+// checkpoint path relative to the layer), once, with non-negative extents, inside the layer's
+// param_count() elements, no two overlapping (they would alias one another in checkpoints and
+// optimizers). Throws InvalidArgument naming the tensors.
+template <class T, class Exec>
+void check_layer_params(const Layer<T, Exec>& layer) {
+  constexpr const char* op = "Layer::params";
+  const std::size_t n = layer.param_count();
+  const std::vector<LayerParam> ps = layer.params();
+  std::vector<std::pair<std::size_t, std::size_t>> order;  // (offset, index)
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    const LayerParam& p = ps[i];
+    DTRAIN_REQUIRE(!p.name.empty() && p.name.front() != '/' && p.name.back() != '/' &&
+                       p.name.find("//") == std::string::npos,
+                   op, "tensor name '" << p.name << "' is empty or has an empty path component");
+    for (std::size_t j = 0; j < i; ++j)
+      DTRAIN_REQUIRE(ps[j].name != p.name, op, "tensor name '" << p.name << "' given twice");
+    for (auto e : p.shape)
+      DTRAIN_REQUIRE(
+          e >= 0, op,
+          "tensor '" << p.name << "' has a negative extent in " << shape_string(p.shape));
+    const std::size_t count = element_count(p.shape, op);
+    DTRAIN_REQUIRE(p.offset <= n && count <= n - p.offset, op,
+                   "tensor '" << p.name << "' at [" << p.offset << ", " << p.offset + count
+                              << ") ends past the layer's param_count() of " << n);
+    if (count) order.emplace_back(p.offset, i);
+  }
+  std::sort(order.begin(), order.end());
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    const LayerParam& a = ps[order[k - 1].second];
+    const LayerParam& b = ps[order[k].second];
+    const std::size_t a_end = a.offset + element_count(a.shape);
+    DTRAIN_REQUIRE(b.offset >= a_end, op,
+                   "tensors '" << a.name << "' at [" << a.offset << ", " << a_end << ") and '"
+                               << b.name << "' at [" << b.offset << ", "
+                               << b.offset + element_count(b.shape) << ") overlap");
+  }
+}
+}  // namespace detail
 
 }  // namespace dtrain

@@ -195,13 +195,19 @@ class BasicParameterSet {
   /// Fills every tensor whose ParameterSpec::init is not `user` as that init says for `seed`
   /// (identical on every rank passing the same seed, without communication), leaves the `user`
   /// tensors as they are, records the seed (checkpointed) and queues zero_grad(). Local,
-  /// blocking (values are generated on the host and uploaded through the policy).
+  /// blocking (values are generated in a host buffer of the drawn tensors' size, uploaded
+  /// through the policy and freed before it returns).
   void init(std::uint64_t seed) {
     seed_ = seed;
     const auto s = exec_->compute_stream();
-    if (!host_.raw() && count_ > 0)
-      host_ = Tensor({static_cast<std::int64_t>(count_)}, dtype_of_v<T>, exec_->host_allocator());
-    T* h = static_cast<T*>(host_.raw());
+    std::size_t drawn = 0;
+    for (std::size_t i = 0; i < info_.size(); ++i)
+      if (inits_[i] != ParameterInit::user) drawn = info_[i].offset + info_[i].count;
+    // Only up to the last drawn tensor; the set keeps no host copy between calls.
+    Tensor host;
+    if (drawn)
+      host = Tensor({static_cast<std::int64_t>(drawn)}, dtype_of_v<T>, exec_->host_allocator());
+    T* h = static_cast<T*>(host.raw());
     for (std::size_t i = 0; i < info_.size(); ++i) {
       const ParameterInfo& p = info_[i];
       if (inits_[i] == ParameterInit::user || p.count == 0) continue;
@@ -376,7 +382,6 @@ class BasicParameterSet {
   Tensor owned_params_, owned_grads_;  // owned arenas (empty when adopted)
   bool owned_arena_ = false;
   BufferView params_, grads_;  // the arenas in use: the owned ones or the adopted buffers
-  Tensor host_;                // host staging of init, made on first use
   StateMirror<Exec> mirror_;   // host side of device tensors for visitors without copiers
   std::uint64_t seed_ = 0;
   std::int64_t step_count_ = 0;

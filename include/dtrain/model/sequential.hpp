@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -77,13 +78,15 @@ class MovablePtr {
 }  // namespace detail
 
 /// One entry of a layer list for a model over scalar T and policy Exec: a built-in description
-/// (anything LayerSpec holds) or the description of a user layer: any copyable object with
-/// `template <class T, class Exec> std::unique_ptr<Layer<T, Exec>> make() const`. So one list
-/// mixes both: {Input{1, 64, 64}, Conv2d(1, 8, 3).pad(1), MyLayerSpec{...}, Relu{}}.
+/// (anything LayerSpec holds), a layer of one's own (custom<MyLayer>(args...), or any copyable
+/// object with `template <class T, class Exec> std::unique_ptr<Layer<T, Exec>> make() const`),
+/// or a Residual block of any of these. So one list mixes them: {Input{1, 64, 64},
+/// Conv2d(1, 8, 3).with_padding(1), custom<MyLayer>(), Residual{custom<MyLayer>(), Relu{}}}.
 template <class T, class Exec>
 class LayerEntry {
  public:
   template <class S, std::enable_if_t<!detail::has_make_layer<S, T, Exec>::value &&
+                                          !detail::is_residual<S>::value &&
                                           std::is_constructible_v<LayerSpec, const S&>,
                                       int> = 0>
   LayerEntry(const S& spec)  // NOLINT: implicit, so that lists read as layer lists
@@ -91,6 +94,19 @@ class LayerEntry {
   template <class S, std::enable_if_t<detail::has_make_layer<S, T, Exec>::value, int> = 0>
   LayerEntry(const S& spec)  // NOLINT
       : make_([spec] { return std::unique_ptr<Layer<T, Exec>>(spec.template make<T, Exec>()); }) {}
+  /// A skip connection whose body holds entries of any kind (each made as an entry of its own).
+  template <class... S, std::enable_if_t<(sizeof...(S) > 0), int> = 0>
+  LayerEntry(const Residual<S...>& block)  // NOLINT
+      : make_([body = std::apply(
+                   [](const S&... s) { return std::vector<LayerEntry>{LayerEntry(s)...}; },
+                   block.body)] {
+          std::vector<std::unique_ptr<Layer<T, Exec>>> layers;
+          for (std::size_t j = 0; j < body.size(); ++j)
+            layers.push_back(detail::in_layer("Residual", "body layer " + std::to_string(j),
+                                              [&] { return body[j].build(); }));
+          return std::unique_ptr<Layer<T, Exec>>(
+              std::make_unique<ResidualLayer<T, Exec>>(std::move(layers)));
+        }) {}
   /// The Input shape this entry gives, or null when it is a layer.
   const Input* input() const noexcept {
     return make_ ? nullptr : std::get_if<Input>(&spec_.base());
@@ -351,6 +367,11 @@ class BasicSequential {
     provider_ = &provider;
     sharded_ = true;
     for (auto& l : layers_) l->rebind(nullptr, nullptr);
+    // Optimizers made before now follow to the parts (the whole arenas are freed).
+    binding_->params = params_.view();
+    binding_->grads = grads_.view();
+    binding_->parts = parts_;
+    ++binding_->version;
   }
   /// Whether the arenas hold this rank's parts only (shard_parameters).
   bool fully_sharded() const noexcept { return sharded_; }
@@ -359,6 +380,10 @@ class BasicSequential {
   /// While fully sharded: the elements of the whole arenas that parameters() and gradients()
   /// hold, back to back (ascending, one per unit); empty otherwise.
   const StateParts& arena_parts() const noexcept { return parts_; }
+  /// The arenas in use, shared with the optimizers made from the model: an optimizer made
+  /// before the model is fully sharded follows it to its parts (the whole arenas it saw are
+  /// freed). Local.
+  std::shared_ptr<const detail::ArenaBinding> arena_binding() const noexcept { return binding_; }
   /// While fully sharded: the units (empty otherwise).
   const std::vector<ParameterUnit>& units() const noexcept { return units_; }
   /// Forgets `provider` if it is the model's (FullyShardedSync's destructor calls this). The
@@ -676,14 +701,17 @@ class BasicSequential {
     Shape shape;
     std::size_t first = 0;
     if (const Input* in = entries.front().input()) {
+      detail::in_layer("Sequential", "entry 0", [&] { in->check(); });
       shape = in->shape;
       first = 1;
     }
     DTRAIN_REQUIRE(entries.size() > first, "Sequential", "needs at least one layer");
     std::size_t total = 0;
     for (std::size_t i = first; i < entries.size(); ++i) {
-      auto layer = entries[i].build();
       const std::size_t index = layers_.size();
+      // A description's public fields may have bypassed its constructor's checks: checked here.
+      auto layer = detail::in_layer("Sequential", "layer " + std::to_string(index),
+                                    [&] { return entries[i].build(); });
       if (shape.empty()) {
         // No Input entry: the first layer must fix a flat input.
         if (const auto* linear = dynamic_cast<const LinearLayer<T, Exec>*>(layer.get()))
@@ -696,19 +724,11 @@ class BasicSequential {
                                    "the list with Input{...}");
       }
       if (shapes_.empty()) shapes_.push_back(shape);
-      try {
-        shape = layer->setup(shape);
-      } catch (const InvalidArgument& e) {
-        // Keep the layer's "<operation>: <detail>", without a second "dtrain: rank R: ".
-        std::string inner = e.what();
-        const std::string prefix = "dtrain: rank ";
-        if (inner.compare(0, prefix.size(), prefix) == 0) {
-          const auto colon = inner.find(": ", prefix.size());
-          if (colon != std::string::npos) inner.erase(0, colon + 2);
-        }
-        raise<InvalidArgument>(
-            "Sequential", "layer " + std::to_string(index) + " (" + layer->kind() + "): " + inner);
-      }
+      detail::in_layer("Sequential", "layer " + std::to_string(index) + " (" + layer->kind() + ")",
+                       [&] {
+                         shape = layer->setup(shape);
+                         detail::check_layer_params(*layer);
+                       });
       const std::string prefix =
           "layers/" + std::to_string(index) + "_" + std::string(layer->kind()) + "/";
       for (auto& p : layer->params()) {
@@ -739,6 +759,10 @@ class BasicSequential {
     slot_pass_.assign(loss_slots, 0);
     for (std::size_t k = 0; k < loss_slots; ++k) loss_events_.emplace_back(*exec_);
     for (auto& st : stages_) st.uploaded = ExecEvent<Exec>(*exec_);
+    binding_ = std::make_shared<detail::ArenaBinding>();
+    binding_->params = params_.view();
+    binding_->grads = grads_.view();
+    binding_->whole = total;
     T* p = static_cast<T*>(params_.raw());
     T* g = static_cast<T*>(grads_.raw());
     for (std::size_t i = 0; i < layers_.size(); ++i)
@@ -853,6 +877,7 @@ class BasicSequential {
   std::vector<std::size_t> offsets_;  // arena offset of each layer's parameters
   std::vector<ParameterInfo> info_;
   Tensor params_, grads_;
+  std::shared_ptr<detail::ArenaBinding> binding_;  // params_ and grads_, for the optimizers
   StateMirror<Exec> state_mirror_;  // host side of the parameters for checkpoints (devices)
   std::size_t arena_count_ = 0;     // elements of the whole arenas
   // Fully sharded mode (shard_parameters): params_ and grads_ hold parts_ back to back (part u

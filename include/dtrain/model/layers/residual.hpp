@@ -59,10 +59,15 @@ class ResidualLayer final : public Layer<T, Exec> {
     Shape shape = in;
     offsets_.clear();
     std::size_t total = 0;
-    for (auto& layer : body_) {
-      shape = layer->setup(shape);
+    for (std::size_t j = 0; j < body_.size(); ++j) {
+      Layer<T, Exec>& layer = *body_[j];
+      detail::in_layer("Residual", "body layer " + std::to_string(j) + " (" + layer.kind() + ")",
+                       [&] {
+                         shape = layer.setup(shape);
+                         detail::check_layer_params(layer);
+                       });
       offsets_.push_back(total);
-      total += layer->param_count();
+      total += layer.param_count();
     }
     count_ = total;
     DTRAIN_REQUIRE(shape == in, "Residual",
@@ -153,7 +158,10 @@ std::unique_ptr<Layer<T, Exec>> make_layer(const LayerSpec& spec) {
     Ptr operator()(const Input&) const {
       raise<InvalidArgument>("Sequential", "Input may only be the first entry of a layer list");
     }
-    Ptr operator()(const Linear& s) const { return std::make_unique<LinearLayer<T, Exec>>(s); }
+    Ptr operator()(const Linear& s) const {
+      s.check();
+      return std::make_unique<LinearLayer<T, Exec>>(s);
+    }
     Ptr operator()(const Relu&) const {
       return std::make_unique<ActivationLayer<T, Exec>>(host::Activation::relu);
     }
@@ -164,15 +172,30 @@ std::unique_ptr<Layer<T, Exec>> make_layer(const LayerSpec& spec) {
       return std::make_unique<ActivationLayer<T, Exec>>(host::Activation::tanh);
     }
     Ptr operator()(const LayerNorm& s) const {
+      s.check();
       return std::make_unique<LayerNormLayer<T, Exec>>(s);
     }
-    Ptr operator()(const Dropout& s) const { return std::make_unique<DropoutLayer<T, Exec>>(s); }
-    Ptr operator()(const Conv& s) const { return std::make_unique<ConvLayer<T, Exec>>(s); }
-    Ptr operator()(const Pool& s) const { return std::make_unique<PoolLayer<T, Exec>>(s); }
-    Ptr operator()(const Upsample& s) const { return std::make_unique<UpsampleLayer<T, Exec>>(s); }
-    Ptr operator()(const Residual& s) const {
+    Ptr operator()(const Dropout& s) const {
+      s.check();
+      return std::make_unique<DropoutLayer<T, Exec>>(s);
+    }
+    Ptr operator()(const Conv& s) const {
+      s.check();
+      return std::make_unique<ConvLayer<T, Exec>>(s);
+    }
+    Ptr operator()(const Pool& s) const {
+      s.check();
+      return std::make_unique<PoolLayer<T, Exec>>(s);
+    }
+    Ptr operator()(const Upsample& s) const {
+      s.check();
+      return std::make_unique<UpsampleLayer<T, Exec>>(s);
+    }
+    Ptr operator()(const Residual<>& s) const {
       std::vector<Ptr> body;
-      for (const auto& b : s.body) body.push_back(make_layer<T, Exec>(b));
+      for (std::size_t j = 0; j < s.body.size(); ++j)
+        body.push_back(in_layer("Residual", "body layer " + std::to_string(j),
+                                [&] { return make_layer<T, Exec>(s.body[j]); }));
       return std::make_unique<ResidualLayer<T, Exec>>(std::move(body));
     }
   };

@@ -14,6 +14,7 @@
 
 #include <dtrain/core/allocator.hpp>
 #include <dtrain/core/span.hpp>
+#include <dtrain/core/state.hpp>
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/optim/detail/optim_common.hpp>
@@ -31,6 +32,12 @@ struct has_arena_parts<M, std::void_t<decltype(bool(std::declval<const M&>().ful
                                       decltype(std::size_t(std::declval<const M&>().arena_count())),
                                       decltype(StateParts(std::declval<const M&>().arena_parts()))>>
     : std::true_type {};
+// A model that shares its arenas as they change (arena_binding(), e.g. Sequential).
+template <class M, class = void>
+struct has_arena_binding : std::false_type {};
+template <class M>
+struct has_arena_binding<M, std::void_t<decltype(std::shared_ptr<const ArenaBinding>(
+                                std::declval<const M&>().arena_binding()))>> : std::true_type {};
 
 /// The operation names an optimizer's errors and warnings carry.
 struct OptimizerLabels {
@@ -73,11 +80,18 @@ class ElementwiseOptimizer {
                              schedule, options) {}
   /// Same, on any model exposing parameters() and gradients() (e.g. Sequential), on the model's
   /// policy when it has one. A fully sharded model's arenas hold its parts of the whole arenas
-  /// (arena_parts()): the optimizer then holds the state of those parts only (hold_parts).
+  /// (arena_parts()): the optimizer then holds the state of those parts only (hold_parts). A
+  /// model that shares its arenas (arena_binding(), Sequential) is followed: when it is fully
+  /// sharded after the optimizer was made (FullyShardedSync frees its whole arenas), the
+  /// optimizer's next use works on the parts, its state (when made) kept for them.
   template <class M, class = std::enable_if_t<has_arenas<M>::value>>
   ElementwiseOptimizer(M& model, Schedule schedule, options_type options = {})
       : ElementwiseOptimizer(ExecHolder<Exec>::of_model(model), model.parameters(),
                              model.gradients(), schedule, options) {
+    if constexpr (has_arena_binding<M>::value) {
+      binding_ = model.arena_binding();
+      if (binding_) seen_ = binding_->version;
+    }
     if constexpr (has_arena_parts<M>::value)
       if (model.fully_sharded()) hold_parts(model.arena_count(), model.arena_parts());
   }
@@ -90,6 +104,7 @@ class ElementwiseOptimizer {
   /// and loads it as the whole arena's state. Call it before the first step. Local, blocking.
   /// Throws InvalidArgument on parts that do not fit.
   void hold_parts(std::size_t n, const StateShards::Parts& parts) {
+    follow();
     std::size_t total = 0;
     for (const auto& part : parts) total += part.second;
     DTRAIN_REQUIRE(total == params_.count && n >= total, Rule::labels.shard_state,
@@ -106,10 +121,20 @@ class ElementwiseOptimizer {
       if (part.second) compact_parts_.push_back(part);
   }
   /// Whether the arenas hold parts of larger ones (hold_parts).
-  bool holds_parts() const noexcept { return compact_; }
+  bool holds_parts() const {
+    follow();
+    return compact_;
+  }
+  /// The parameter arena the updates write (exec memory): the view given at construction, or
+  /// for an optimizer made from a model the model's arenas now. Local.
+  BufferView parameter_arena() const {
+    follow();
+    return params_;
+  }
 
   /// Queues one update with lr = schedule.lr(step_count()) and advances the step. Local.
   void step() {
+    follow();
     if (compact_)
       for (const auto& [first, count] : compact_parts_) update(first, count);
     else
@@ -123,6 +148,7 @@ class ElementwiseOptimizer {
   /// outside the arena, or, while the state is sharded (shard_state), on one that is not inside
   /// one of its parts.
   void update(std::size_t offset, std::size_t count) {
+    follow();
     check_range(offset, count, arena_elements_, Rule::labels.update);
     if (count == 0) return;
     const std::size_t at = state_.locate(offset, count, Rule::labels.update);
@@ -151,6 +177,7 @@ class ElementwiseOptimizer {
   /// Local.
   template <class F>
   void for_each_state_arena(F&& f) {
+    follow();
     state_.for_each(exec_.get(), f);
   }
   /// Sharded updates (GradientSync::shard_updates): keeps the state of `parts` (first element,
@@ -161,23 +188,34 @@ class ElementwiseOptimizer {
   /// for the compute stream). Throws InvalidArgument on parts out of order or outside the arena,
   /// and on other parts while sharded.
   void shard_state(const StateShards::Parts& parts) {
+    follow();
     state_.shard(exec_.get(), parts, Rule::labels.shard_state);
   }
   /// Whole-sized arenas again, this rank's parts in place and zeros elsewhere: still partial
   /// until the parts of the other ranks are gathered into them (GradientSync::gather_state).
   /// Nothing when not sharded. Local, blocking.
   void unshard_state() {
+    follow();
     DTRAIN_REQUIRE(!compact_, Rule::labels.unshard_state,
                    "the arenas hold parts (hold_parts): the state stays in parts");
     state_.unshard(exec_.get(), Rule::labels.unshard_state);
   }
   /// Elements per state arena in memory: the arena's, or while sharded its parts' total (0 when
   /// the state is not used).
-  std::size_t state_elements() const noexcept { return state_.elements(); }
+  std::size_t state_elements() const {
+    follow();
+    return state_.elements();
+  }
   /// Marks the whole-sized state current everywhere (after a gather) or partial. Local.
-  void set_state_partial(bool partial) noexcept { state_.set_partial(partial); }
+  void set_state_partial(bool partial) {
+    follow();
+    state_.set_partial(partial);
+  }
   /// Whether the state is current only in this rank's parts (sharded, or not yet gathered).
-  bool state_partial() const noexcept { return state_.partial(); }
+  bool state_partial() const {
+    follow();
+    return state_.partial();
+  }
 
   /// Checkpoint protocol: the state arenas as tensors of the rule's names (staged through host
   /// memory on a device, see StateMirror), scalars "step" and "schedule". Blocking. Saving throws
@@ -188,6 +226,7 @@ class ElementwiseOptimizer {
   /// that a restore does not undo the sharding's saving.
   template <class V>
   void visit_state(V& v) {
+    follow();
     state_.visit(exec_.get(), v, Rule::labels.visit_state);
     v.scalar("step", step_);
     visit_schedule(v, schedule_, Rule::labels.name);
@@ -195,7 +234,10 @@ class ElementwiseOptimizer {
 
  protected:
   /// State arena i as a view (made, zeros, if not made yet).
-  BufferView state_view(std::size_t i) const { return state_.view(exec_.get(), i); }
+  BufferView state_view(std::size_t i) const {
+    follow();
+    return state_.view(exec_.get(), i);
+  }
 
  private:
   ElementwiseOptimizer(ExecHolder<Exec> exec, BufferView params, BufferView grads,
@@ -209,6 +251,29 @@ class ElementwiseOptimizer {
         arena_elements_(params.count) {
     check_param_grad(params, grads, Rule::labels.name, Exec::space);
     Rule::check_options(options);
+  }
+  // Catches up with the model's arenas when it replaced them since the last call (see the model
+  // constructor): its parts from now on, the state kept for them. Const (the views and state
+  // are mutable) because the const accessors must not see what is gone either.
+  void follow() const {
+    if (!binding_ || binding_->version == seen_) return;
+    const ArenaBinding& b = *binding_;
+    params_ = b.params;
+    grads_ = b.grads;
+    if (!b.parts.empty() && !compact_) {
+      // A state made for the whole arenas keeps this rank's parts; one never made (or made for
+      // a model built without arenas, empty) starts at the parts' size.
+      if (!state_.made() || state_.arena_elements() != b.whole)
+        state_ = StateArenas<Exec, Rule::states>(Rule::state_names(), b.whole, params_.dtype,
+                                                 Rule::uses_state(opt_));
+      state_.shard(exec_.get(), b.parts, Rule::labels.shard_state);
+      arena_elements_ = b.whole;
+      compact_ = true;
+      compact_parts_.clear();
+      for (const auto& part : b.parts)
+        if (part.second) compact_parts_.push_back(part);
+    }
+    seen_ = b.version;
   }
   template <class T>
   void run(std::size_t offset, std::size_t at, std::size_t count,
@@ -224,13 +289,16 @@ class ElementwiseOptimizer {
   }
 
   ExecHolder<Exec> exec_;
-  BufferView params_, grads_;
+  // What follow() replaces is mutable: see there.
+  mutable BufferView params_, grads_;
   Schedule schedule_;
   options_type opt_;
-  StateArenas<Exec, Rule::states> state_;  // made on first use
-  std::size_t arena_elements_ = 0;         // of the whole arenas (hold_parts: more than held)
-  bool compact_ = false;                   // the arenas hold compact_parts_ (hold_parts)
-  StateShards::Parts compact_parts_;
+  mutable StateArenas<Exec, Rule::states> state_;  // made on first use
+  mutable std::size_t arena_elements_ = 0;  // of the whole arenas (hold_parts: more than held)
+  mutable bool compact_ = false;            // the arenas hold compact_parts_ (hold_parts)
+  mutable StateShards::Parts compact_parts_;
+  std::shared_ptr<const ArenaBinding> binding_;  // the model's arenas (made from a model)
+  mutable std::uint64_t seen_ = 0;               // binding_'s version the views are of
   std::int64_t step_ = 0;
 };
 

@@ -93,6 +93,10 @@ class StateArenas {
     shards_.clear();
   }
   bool sharded() const noexcept { return shards_.sharded(); }
+  /// Whether the arenas were made (make).
+  bool made() const noexcept { return made_; }
+  /// Elements of the whole arena the state is for.
+  std::size_t arena_elements() const noexcept { return arena_elements_; }
   /// Elements per arena in memory: n, or while sharded the parts' total; 0 when not used.
   std::size_t elements() const noexcept { return used_ ? shards_.held(arena_elements_) : 0; }
   /// Marks the whole-sized state current everywhere (after a gather) or partial.
