@@ -214,6 +214,10 @@ int main(int argc, char** argv) {
       for (std::size_t s = 0; s < losses.size(); ++s) std::printf("loss %zu %.9g\n", s, losses[s]);
     int repeated = -1;  // without --ckpt-dir: not checked
     std::string level;
+    // The peaks of the training with its save, before the restore (the largest rank).
+    double trained[2] = {static_cast<double>(counting.peak()), proc_status_mib("VmHWM")};
+    MPI_Allreduce(MPI_IN_PLACE, trained, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    const bool ckpt_ran = ckpt != nullptr;
     if (ckpt) {
       ckpt.reset();  // a fresh Checkpointer restores, as a restarted run would
       dtrain::Checkpointer<Comm> in(comm, a.ckpt_dir);
@@ -256,6 +260,9 @@ int main(int argc, char** argv) {
                     "the model %.3fx the bound\n",
                     bound * mib, most[0] / bound, most[1] / (bound * mib),
                     (most[1] - most[2]) / (bound * mib));
+      if (ckpt_ran)
+        std::printf("  before the restore: allocator peak %.2f MiB, VmHWM %.2f MiB\n",
+                    trained[0] * mib, trained[1]);
       if (repeated >= 0)
         std::printf("  checkpoint: saved after step %lld, restored from the %s level; second half "
                     "repeated %s\n",
