@@ -133,12 +133,18 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
                                                 "-10 batch=" + std::to_string(cfg.batch) +
                                                 " lr=" + std::to_string(cfg.lr)));
     const auto& levels = ckpt->options().levels;  // --ckpt-local-dir, or DTRAIN_CKPT_*
-    if (rank == 0 && levels.enabled())
+    if (rank == 0 && levels.enabled()) {
+      const int m = levels.shared_every;
+      const std::string flushed = m == 0   ? "none"
+                                  : m == 1 ? "every one"
+                                           : "every " + std::to_string(m) + "th";
       std::printf(
-          "checkpoints of run %s: node-local in %s on %d nodes (%s), every %d-th save also to %s\n",
+          "checkpoints of run %s: node-local in %s on %d node%s (%s), %s flushed to %s\n",
           ckpt->run_id().c_str(), levels.local_dir.c_str(), ckpt->nodes(),
+          ckpt->nodes() == 1 ? "" : "s",
           levels.partner && ckpt->nodes() > 1 ? "copied to the next node" : "no partner copies",
-          levels.shared_every, cfg.run_dir.c_str());
+          flushed.c_str(), cfg.run_dir.c_str());
+    }
     dtrain_cli::read_saved_run(*ckpt, plan, cfg, kProgram);
   }
   dtrain::BasicAdamW<Exec> opt(model, plan.record.make_schedule());

@@ -336,6 +336,26 @@ TEST_CASE("levels: a rollback of the run directory is not undone by node-local c
   CHECK(lv_restore_and_check(d, 3).first == CheckpointLevel::local);
 }
 
+TEST_CASE("levels: which copies are this run's (the rule on its own)") {
+  using dtrain::detail::copy_refusal;
+  const std::vector<std::int64_t> shared{30, 40};       // the run directory; it received up to 40
+  CHECK(copy_refusal("a", 40, "a", shared, 40) == "");  // follows a step it holds
+  CHECK(copy_refusal("a", -1, "a", shared, 40) == "");  // follows nothing
+  CHECK(copy_refusal("a", 10, "a", shared, 40) == "");  // follows a step pruned by keep_last
+  CHECK(copy_refusal("a", 50, "a", shared, 40) == "");  // its flush never completed
+  CHECK(copy_refusal("a", 50, "a", {}, -1) == "");      // a new run directory (adopted)
+  CHECK(copy_refusal("a", 35, "a", shared, 40).find("rolled back") != std::string::npos);
+  CHECK(copy_refusal("a", 40, "a", {30}, 40).find("step 40") != std::string::npos);
+  CHECK(copy_refusal("a", 20, "a", {}, 40).find("rolled back") != std::string::npos);
+  CHECK(copy_refusal("b", 40, "a", shared, 40).find("belongs to run b, this run is a") !=
+        std::string::npos);
+  CHECK(copy_refusal("", 40, "a", shared, 40).find("before run identities") != std::string::npos);
+  CHECK(dtrain::detail::valid_run_id(dtrain::detail::make_run_id()));
+  CHECK_FALSE(dtrain::detail::valid_run_id(""));
+  CHECK_FALSE(dtrain::detail::valid_run_id("a b"));
+  CHECK_FALSE(dtrain::detail::valid_run_id(std::string(129, 'a')));
+}
+
 TEST_CASE("levels: the shared flush runs in the background, after the save returned") {
   LvDirs d("flush");
   // The flush thread waits at its first chunk until the test has seen the save return.

@@ -19,6 +19,10 @@
 //   buffers): the host replicated step's parameter, optimizer-state and loss bits at 1-4 ranks
 //   with 1, 2 and 3 buffers, deferred arenas, eager streams; accumulation and clipping to
 //   rounding;
+// - optimizers made before the sync (the freed whole arenas, or a model built with deferred
+//   arenas) follow the model to its parts: the same bits; parameters decayed and clamped between
+//   wait(opt) and the next forward reach every unit (1, 2 and 3 buffers): the same bits;
+// - wait(opt) refuses an optimizer made from the views the sync freed;
 // - a saving visitor that does not take parts is refused; passes after the sync is gone throw.
 #include <doctest/doctest.h>
 

@@ -1,7 +1,10 @@
 // Grid layers (convolutions, pooling, upsampling, residual blocks): gradients against float64
 // central finite differences (check_gradients, itself checked on a planted wrong backward), the
 // convolution against a direct loop, the device functors against the host lowering, shape errors
-// that name the layer and both shapes.
+// that name the layer and both shapes; a layer of one's own as one class (custom<L>) in a list
+// and in residual blocks, its gradients against finite differences; descriptions whose public
+// fields went past their constructors, and layers whose tensors overlap, leave their slice or
+// repeat a name, refused at model build with the layer index and the field or tensors named.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -463,6 +466,9 @@ TEST_CASE("a layer of one's own is one class: custom<L>(args) in a list and in a
   BasicSequential<double> from_specs(specs);
   CHECK(from_specs.parameter_info()[0].name == "layers/0_residual/0_linear/weight");
   CHECK(from_specs.parameter_count() == 20 + 10);
+  // A block of one block nests it.
+  BasicSequential<double> nested({Input{4}, Residual{Residual{Linear(4, 4), Tanh{}}}});
+  CHECK(nested.parameter_info()[0].name == "layers/0_residual/0_residual/0_linear/weight");
   // The same list type serves float on the host too.
   Sequential f({Input{3}, custom<ScaleTwice>(1.0), Residual{Relu{}, custom<ScaleTwice>(0.5)}});
   CHECK(f.parameter_count() == 12);

@@ -1,5 +1,6 @@
 // ParameterSet, the arenas of a model that computes its own gradients: layout, names and
-// checks; init; adopted buffers; grad-ready reports; the optimizers and clipping on a set give
+// checks; init; adopted buffers; no host copy kept after init (an allocator's live bytes);
+// grad-ready reports; the optimizers and clipping on a set give
 // the bits they give on a Sequential holding the same values; and the state protocol writes a
 // Sequential's layout, so either restores the other's state.
 #include <doctest/doctest.h>

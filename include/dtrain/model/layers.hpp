@@ -273,6 +273,9 @@ struct Residual<> {
   Residual(const Residual<L...>& block);  // NOLINT: implicit, so that it is a LayerSpec
 };
 Residual(std::vector<LayerSpec>)->Residual<>;
+/// Residual{Residual{...}} nests the inner block (deduction would otherwise take it as a copy).
+template <class... L>
+Residual(Residual<L...>) -> Residual<Residual<L...>>;
 
 namespace detail {
 // A Residual<entry types...> (not the LayerSpec's Residual<>).

@@ -98,11 +98,22 @@ inline std::string write_run_id(const std::string& dir, const std::string& id, b
 
 /// Rank 0 of the Checkpointer's constructor, after the run directory exists: the run's identity.
 /// `adopt` set: that identity, written to the run directory's file. Else the file's, or a fresh
-/// one written there when the directory has none yet.
+/// one written there when the directory has none yet. A run directory that cannot take the file
+/// (read-only: a job that only restores) gets a warning, and the identity holds for this job.
 inline std::string resolve_run_id(const std::string& dir, const std::string& adopt,
                                   const char* op) {
   const std::string path = dir + "/" + kRunIdFile;
   const std::string held = read_run_id(path, op);
+  auto write = [&](const std::string& id, bool replace) {
+    try {
+      return write_run_id(dir, id, replace, op);
+    } catch (const IoError& e) {
+      DTRAIN_LOG(warn, "checkpoints: the run identity "
+                           << id << " could not be recorded in " << path << " (" << e.what()
+                           << "): later jobs will not restore the node-local copies of this one");
+      return id;
+    }
+  };
   if (!adopt.empty()) {
     DTRAIN_REQUIRE(valid_run_id(adopt), op,
                    "run identity '" << adopt
@@ -112,10 +123,10 @@ inline std::string resolve_run_id(const std::string& dir, const std::string& ado
     DTRAIN_LOG(info, "checkpoints: adopting run identity "
                          << adopt << (held.empty() ? std::string() : " (was " + held + ")")
                          << " in " << path);
-    return write_run_id(dir, adopt, true, op);
+    return write(adopt, true);
   }
   if (!held.empty()) return held;
-  return write_run_id(dir, make_run_id(), false, op);
+  return write(make_run_id(), false);
 }
 
 /// Why a node-local or partner copy (`run_id`, `shared_step` from its file) must not be restored
