@@ -107,20 +107,25 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   Args a;
-  CLI::App app("fs_memory_bench: measured memory of a deep MLP's training per rank, replicated "
-               "or fully sharded, against the fully sharded bound",
-               "fs_memory_bench");
+  CLI::App app(
+      "fs_memory_bench: measured memory of a deep MLP's training per rank, replicated "
+      "or fully sharded, against the fully sharded bound",
+      "fs_memory_bench");
   app.add_option("--mode", a.mode, "replicated (GradientSync, overlapped) or fully-sharded")
       ->check(CLI::IsMember({"replicated", "fully-sharded"}))
       ->capture_default_str();
   app.add_option("--layers", a.layers, "linear layers (fully sharded units)")
       ->check(CLI::Range(2, 4096))
       ->capture_default_str();
-  app.add_option("--hidden", a.hidden, "hidden width")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  app.add_option("--hidden", a.hidden, "hidden width")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
   app.add_option("--batch", a.batch, "samples per rank and step")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
-  app.add_option("--steps", a.steps, "training steps")->check(CLI::Range(2, 1 << 20))->capture_default_str();
+  app.add_option("--steps", a.steps, "training steps")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
   app.add_option("--fs-buffers", a.fs_buffers, "FullyShardedOptions::buffers")
       ->check(CLI::Range(1, 3))
       ->capture_default_str();
@@ -168,16 +173,16 @@ int main(int argc, char** argv) {
     } else {
       model = std::make_unique<Model>(layers, exec);
       model->init(a.seed);
-      sync = std::make_unique<dtrain::BasicGradientSync<HostPolicy>>(exec, comm,
-                                                                    model->gradients(), 256 << 10);
+      sync = std::make_unique<dtrain::BasicGradientSync<HostPolicy>>(exec, comm, model->gradients(),
+                                                                     256 << 10);
     }
     dtrain::BasicAdamW<HostPolicy> opt(*model, a.lr);
 
     std::vector<float> x(static_cast<std::size_t>(a.batch * kIn));
     std::vector<std::int32_t> y(static_cast<std::size_t>(a.batch));
     auto step = [&](std::int64_t s) {
-      dtrain::RngStream rng(a.seed, static_cast<std::uint64_t>(rank) * 1000003 +
-                                        static_cast<std::uint64_t>(s));
+      dtrain::RngStream rng(
+          a.seed, static_cast<std::uint64_t>(rank) * 1000003 + static_cast<std::uint64_t>(s));
       for (auto& v : x) v = static_cast<float>(rng.normal());
       for (auto& v : y) v = static_cast<std::int32_t>(rng.below(kClasses));
       model->zero_grad();
@@ -221,7 +226,8 @@ int main(int argc, char** argv) {
     if (ckpt) {
       ckpt.reset();  // a fresh Checkpointer restores, as a restarted run would
       dtrain::Checkpointer<Comm> in(comm, a.ckpt_dir);
-      const auto got = in.restore_latest(dtrain::named("model", *model), dtrain::named("optimizer", opt));
+      const auto got =
+          in.restore_latest(dtrain::named("model", *model), dtrain::named("optimizer", opt));
       repeated = got && *got == half ? 1 : 0;
       level = in.options().levels.enabled() ? dtrain::name_of(in.restored_level())
                                             : std::string("run directory's");
@@ -246,28 +252,29 @@ int main(int argc, char** argv) {
       std::printf(
           "fs_memory_bench: %s, %d ranks, %lld layers of %lld (%.0f parameters), batch %lld, "
           "%lld steps%s\n",
-          a.mode.c_str(), world, static_cast<long long>(a.layers),
-          static_cast<long long>(a.hidden), params, static_cast<long long>(a.batch),
-          static_cast<long long>(a.steps),
+          a.mode.c_str(), world, static_cast<long long>(a.layers), static_cast<long long>(a.hidden),
+          params, static_cast<long long>(a.batch), static_cast<long long>(a.steps),
           sharded ? (", buffers " + std::to_string(a.fs_buffers)).c_str() : "");
       std::printf("  replicated state %.2f MiB; largest unit %.0f elements\n", replicated * mib,
                   largest);
-      std::printf("  allocator peak %.2f MiB, VmHWM %.2f MiB, VmRSS before the model %.2f MiB "
-                  "(largest rank)\n",
-                  most[0] * mib, most[1], most[2]);
+      std::printf(
+          "  allocator peak %.2f MiB, VmHWM %.2f MiB, VmRSS before the model %.2f MiB "
+          "(largest rank)\n",
+          most[0] * mib, most[1], most[2]);
       if (sharded)
-        std::printf("  bound %.2f MiB: allocator peak %.3fx, VmHWM %.3fx, VmHWM less VmRSS before "
-                    "the model %.3fx the bound\n",
-                    bound * mib, most[0] / bound, most[1] / (bound * mib),
-                    (most[1] - most[2]) / (bound * mib));
+        std::printf(
+            "  bound %.2f MiB: allocator peak %.3fx, VmHWM %.3fx, VmHWM less VmRSS before "
+            "the model %.3fx the bound\n",
+            bound * mib, most[0] / bound, most[1] / (bound * mib),
+            (most[1] - most[2]) / (bound * mib));
       if (ckpt_ran)
         std::printf("  before the restore: allocator peak %.2f MiB, VmHWM %.2f MiB\n",
                     trained[0] * mib, trained[1]);
       if (repeated >= 0)
-        std::printf("  checkpoint: saved after step %lld, restored from the %s level; second half "
-                    "repeated %s\n",
-                    static_cast<long long>(half), level.c_str(),
-                    repeated ? "bit for bit" : "DIFFERENTLY");
+        std::printf(
+            "  checkpoint: saved after step %lld, restored from the %s level; second half "
+            "repeated %s\n",
+            static_cast<long long>(half), level.c_str(), repeated ? "bit for bit" : "DIFFERENTLY");
     }
     if (repeated == 0) code = 1;
   } catch (const std::exception& e) {

@@ -129,8 +129,8 @@ TEST_CASE("a save of a tensor held in parts allocates a piece, not the whole ten
     });
     const long long whole_b = static_cast<long long>(whole_n * sizeof(float));
     const long long extra = peak - before;
-    MESSAGE("save allocated at most " << extra << " B over the held parts; whole tensor "
-                                      << whole_b << " B");
+    MESSAGE("save allocated at most " << extra << " B over the held parts; whole tensor " << whole_b
+                                      << " B");
     // The bounded buffers (the ranks are threads of this process, so their buffers add up): one
     // piece of the stream, a file transfer's chunk at both ends (partner copy), one piece of a
     // verification, and bookkeeping. Assembling would allocate the whole tensor on top.

@@ -25,8 +25,7 @@ namespace dtrain::detail {
 /// each as its parts stream in from the ranks (stream_parts), so that no rank holds more of one
 /// than its parts and a piece; without it they must be assembled already (assemble_parts).
 template <class Format, class Comm>
-void save_rank0(Comm& comm, CkptSaveJob& job, const char* op,
-                const PartsLayout* layout = nullptr) {
+void save_rank0(Comm& comm, CkptSaveJob& job, const char* op, const PartsLayout* layout = nullptr) {
   const int rank = comm.rank(), p = comm.size();
   std::vector<CkptEntry> gathered = ckpt_exchange(comm, job.mine, /*with_data=*/true, false);
   // Every rank takes part in every entry's stream in the same order: rank 0 from inside the
