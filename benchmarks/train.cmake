@@ -41,3 +41,17 @@ if(DTRAIN_HAVE_MPI)
     target_compile_definitions(model_bench PRIVATE DTRAIN_BENCH_ONEDNN=1)
   endif()
 endif()
+# fs_memory_bench: measured memory per rank of a deep MLP, replicated or fully sharded, one mode
+# per process (peak resident set), optionally with a checkpoint saved and restored.
+if(DTRAIN_HAVE_MPI AND DTRAIN_HAVE_CLI11 AND DTRAIN_HAVE_HDF5)
+  set(_fs_memory_link dtrain::mpi dtrain::hdf5)
+  if(DTRAIN_HAVE_BLAS)
+    list(APPEND _fs_memory_link dtrain::blas)
+  endif()
+  dtrain_add_benchmark(NAME fs_memory_bench SOURCES ${CMAKE_CURRENT_LIST_DIR}/fs_memory_bench.cpp
+    LINK ${_fs_memory_link})
+  dtrain_use_cli11(fs_memory_bench)
+  if(DTRAIN_HAVE_BLAS)
+    target_compile_definitions(fs_memory_bench PRIVATE DTRAIN_HAVE_CBLAS=1)
+  endif()
+endif()

@@ -29,6 +29,11 @@ if(DTRAIN_HAVE_HDF5)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_fully_sharded.cpp LINK dtrain::hdf5 dtrain::loopback
     TIMEOUT 120)
 
+  # The memory of a save of a tensor held in parts (its own binary: it replaces operator new).
+  dtrain_add_unit_test(NAME ckpt_parts_memory_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_parts_memory.cpp LINK dtrain::hdf5 dtrain::loopback
+    TIMEOUT 60)
+
   # Multi-level checkpoints (node-local, partner, shared) with fake nodes and a directory each.
   dtrain_add_unit_test(NAME ckpt_levels_test IN test_ckpt
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_levels.cpp LINK dtrain::hdf5 dtrain::loopback

@@ -2,7 +2,8 @@
 // its parts of the parameters and of AdamW's moments into the datasets a replicated run writes,
 // so a replicated run resumes from a fully sharded run's file and the reverse, bit for bit in
 // reproducible mode, and a fully sharded run on another number of ranks reads it too, a model
-// built with deferred arenas (whose whole arenas never exist) as well.
+// built with deferred arenas (whose whole arenas never exist) as well; with checkpoint levels the
+// node-local, partner and shared copies of a fully sharded run restore too.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -45,13 +46,31 @@ struct Outcome {
   std::vector<float> params;  // whole (replicated) or this rank's parts (sharded)
   StateParts parts;
   std::optional<std::int64_t> restored;
+  CheckpointLevel level = CheckpointLevel::none;
 };
+
+// With `local_base`: checkpoint levels, each rank a node of its own with its node-local directory
+// under it (node-local, partner and shared every save).
+CheckpointOptions options(RestoreStrategy restore, const std::string& local_base, int rank) {
+  CheckpointOptions co;
+  co.read_env = false;
+  co.restore = restore;
+  if (!local_base.empty()) {
+    co.levels.local_dir = local_base + "/node" + std::to_string(rank);
+    co.levels.node = rank;
+    co.levels.local_every = 1;
+    co.levels.shared_every = 1;
+    co.levels.transfer_timeout_seconds = 30;
+  }
+  return co;
+}
 
 // Steps [first, 6] of a run on `p` ranks, fully sharded or not (with `deferred`, the model built
 // with deferred arenas); restores from `from` first when given, saves after step 3 into `to` when
 // given.
 std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std::string& to,
-                         RestoreStrategy restore = RestoreStrategy::rank0, bool deferred = false) {
+                         RestoreStrategy restore = RestoreStrategy::rank0, bool deferred = false,
+                         const std::string& local_base = "") {
   std::vector<Outcome> out(static_cast<std::size_t>(p));
   run_loopback(p, [&](LoopbackTransport& t) {
     CommConfig c;
@@ -74,14 +93,15 @@ std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std
     AdamW opt(model, Schedule::constant(0.02));
     std::int64_t step = 0;
     if (!from.empty()) {
-      CheckpointOptions co;
-      co.restore = restore;
-      Checkpointer<LoopComm> in(comm, from, co);
+      Checkpointer<LoopComm> in(comm, from, options(restore, local_base, t.rank()));
       o.restored = in.restore_latest(named("model", model), named("optimizer", opt));
+      o.level = in.restored_level();
       step = o.restored.value_or(0);
     }
     std::unique_ptr<Checkpointer<LoopComm>> ckpt;
-    if (!to.empty()) ckpt = std::make_unique<Checkpointer<LoopComm>>(comm, to);
+    if (!to.empty())
+      ckpt = std::make_unique<Checkpointer<LoopComm>>(
+          comm, to, options(RestoreStrategy::rank0, local_base, t.rank()));
     std::vector<float> x(rows * 5), y(rows * 2);
     for (; step < 6; ++step) {
       const std::uint64_t seed = static_cast<std::uint64_t>(t.rank() * 100 + step);
@@ -89,7 +109,10 @@ std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std
       for (std::size_t i = 0; i < y.size(); ++i) y[i] = test::hashed_value(seed + 50, i);
       test::fully_sharded_or_replicated_step(model, x.data(), y.data(), rows, Loss::mse,
                                              fsync.get(), sync.get(), opt);
-      if (ckpt && step + 1 == 3) ckpt->save(3, named("model", model), named("optimizer", opt));
+      if (ckpt && step + 1 == 3) {
+        ckpt->save(3, named("model", model), named("optimizer", opt));
+        ckpt->wait();  // the flush to the shared level, with levels
+      }
     }
     const auto v = model.parameter_span();
     o.params.assign(v.begin(), v.end());
@@ -141,6 +164,45 @@ TEST_CASE("fully sharded checkpoints: replicated and fully sharded runs resume f
     CHECK(same_bits(o.params, pick(three_plain[0].params, o.parts)));
   }
   for (const auto& d : {sharded_dir, plain_dir}) fs::remove_all(d);
+}
+
+TEST_CASE("fully sharded checkpoints with levels: node-local, partner and shared copies restore") {
+  const std::string base =
+      (fs::temp_directory_path() / ("dtrain_ckpt_fsdp_levels_" + std::to_string(::getpid())))
+          .string();
+  const std::string dir = base + "/run", local = base + "/local";
+  fs::remove_all(base);
+  const auto plain = run(2, false, "", "");
+  // The parts stream into rank 0's node-local write (no rank assembles a tensor), the file goes
+  // to node 1 and is flushed to the run directory.
+  const auto saved = run(2, true, "", dir, RestoreStrategy::rank0, true, local);
+  for (const auto& o : saved) CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
+  for (const auto& f : {local + "/node0/ckpt-000000000003.h5",
+                        local + "/node1/ckpt-000000000003.h5", dir + "/ckpt-000000000003.h5"}) {
+    CAPTURE(f);
+    CHECK(fs::exists(f));
+  }
+  const auto local_back = run(2, true, dir, "", RestoreStrategy::rank0, true, local);
+  for (const auto& o : local_back) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
+    CHECK(o.level == CheckpointLevel::local);
+    CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
+  }
+  // Node 0's copy lost: the partner's.
+  fs::remove(local + "/node0/ckpt-000000000003.h5");
+  const auto partner_back = run(2, true, dir, "", RestoreStrategy::rank0, true, local);
+  for (const auto& o : partner_back) {
+    CHECK(o.level == CheckpointLevel::partner);
+    CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
+  }
+  // Another world size from the shared level's file, fully sharded as replicated.
+  const auto three_plain = run(3, false, dir, "");
+  const auto three = run(3, true, dir, "", RestoreStrategy::distributed, true);
+  for (const auto& o : three) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
+    CHECK(same_bits(o.params, pick(three_plain[0].params, o.parts)));
+  }
+  fs::remove_all(base);
 }
 
 }  // namespace dtrain_test_ckpt_fully_sharded

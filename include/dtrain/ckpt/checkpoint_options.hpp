@@ -114,7 +114,7 @@ struct CheckpointOptions {
   /// objects are then an error unless this is set, in which case they keep their current state.
   bool reset_per_rank_on_resize = false;
   /// Keep a save's host buffers for the next save (device tensors' download on every rank; on
-  /// rank 0 the tensors assembled from the ranks' parts by rank0 and the asynchronous snapshot,
+  /// rank 0 the asynchronous snapshot, with the tensors assembled from the ranks' parts for it,
   /// each as large as what it holds): a later save costs copies, not fresh page faults. false:
   /// release them when the save is complete (a synchronous save on return; an asynchronous one when
   /// its write is waited for: the next save, wait()), for ranks whose memory matters more than the

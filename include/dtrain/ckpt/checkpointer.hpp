@@ -10,7 +10,8 @@
 // (MPI-IO); the restore path in ckpt/detail/restore.hpp (and the distributed restore's plan and
 // verification in restore_distributed.hpp); the compound collectives they share
 // (error agreement, gathering entries) in ckpt/detail/collectives.hpp; tensors held in parts
-// over the ranks (sharded optimizer state) are assembled on rank 0 by ckpt/detail/assemble.hpp.
+// over the ranks (sharded state) are streamed to rank 0's writer, or assembled for an
+// asynchronous snapshot, by ckpt/detail/assemble.hpp.
 #pragma once
 
 #include <chrono>
@@ -231,12 +232,15 @@ class Checkpointer {
                    op,
                    "replicated objects differ in structure between ranks (names, dtypes or "
                    "shapes); pass rank-specific state with dtrain::per_rank");
-    // Tensors held in parts over the ranks (a sharded optimizer state) are assembled on rank 0
-    // when rank 0 writes the file; a parallel write has every rank write its own parts.
-    if (strategy_ == CheckpointStrategy::rank0)
+    // Tensors held in parts over the ranks (a sharded optimizer state) are never assembled
+    // whole, except for an asynchronous save's snapshot on rank 0: a parallel write has every
+    // rank write its own parts, and rank 0's write (levels included) stores them as they stream
+    // in, a piece at a time.
+    detail::PartsLayout layout;
+    if (strategy_ == CheckpointStrategy::rank0 && opt_.async)
       detail::assemble_parts(comm_, job.repl, parts_, op);
     else
-      detail::parts_in_place(comm_, job.repl, op);
+      layout = detail::parts_in_place(comm_, job.repl, op);
 
     detail::CkptManifest& m = job.m;
     m.step = step;
@@ -261,13 +265,13 @@ class Checkpointer {
     job.target.final_path = path_for(step);
 
     if (levels_on()) {
-      save_levels(job, op);
+      save_levels(job, layout, op);
     } else if (strategy_ == CheckpointStrategy::rank0 && opt_.async) {
       pending_ = detail::save_rank0_async<Format>(comm_, job, arena_);
       pending_step_ = step;
       has_pending_ = true;
     } else if (strategy_ == CheckpointStrategy::rank0) {
-      detail::save_rank0<Format>(comm_, job, op);
+      detail::save_rank0<Format>(comm_, job, op, &layout);
     } else {
       detail::save_parallel<Format>(comm_, job, strategy_ == CheckpointStrategy::parallel_slices,
                                     opt_.parallel_write_timeout_seconds, op);
@@ -277,8 +281,8 @@ class Checkpointer {
   }
 
   /// Local. Host bytes this rank keeps for the next save (CheckpointOptions::keep_buffers): the
-  /// download of device tensors, and on rank 0 the tensors assembled from parts and the
-  /// asynchronous snapshot. 0 with keep_buffers off once a save is complete.
+  /// download of device tensors, and on rank 0 the asynchronous snapshot (with the tensors held
+  /// in parts, assembled for it). 0 with keep_buffers off once a save is complete.
   std::size_t buffer_bytes() const noexcept {
     return stage_.bytes() + arena_.bytes() + parts_.bytes();
   }
@@ -540,7 +544,7 @@ class Checkpointer {
   // Collective: the node-local save (rank 0 writes into its node's directory), the partner
   // copy (rank 0 sends the file to the next node's leader), and every shared_every-th time
   // the start of the background flush to the run directory.
-  void save_levels(detail::CkptSaveJob& job, const char* op) {
+  void save_levels(detail::CkptSaveJob& job, const detail::PartsLayout& layout, const char* op) {
     const std::int64_t step = job.m.step;
     job.target = target_in(opt_.levels.local_dir, step);
     // Which step of the run directory this copy follows: a restore refuses the copy once that
@@ -548,7 +552,7 @@ class Checkpointer {
     const bool flush =
         opt_.levels.shared_every > 0 && (local_saves_ + 1) % opt_.levels.shared_every == 0;
     job.m.shared_step = flush ? step : shared_step_;
-    detail::save_rank0<Format>(comm_, job, op);
+    detail::save_rank0<Format>(comm_, job, op, &layout);
     std::exception_ptr err;
     if (opt_.levels.partner && nodes_.nodes() > 1) {
       const int dst = nodes_.leader[static_cast<std::size_t>(nodes_.partner(0))];

@@ -232,6 +232,23 @@ inline void h5_write_parts(hid_t d, hid_t mtype, hid_t fspace, const CkptEntry& 
   DTRAIN_CHECK_H5(H5Dwrite(d, mtype, msel, fsel, xfer, held ? e.data : &nothing), op, e.path);
 }
 
+/// Local (rank 0's serial write of a tensor held in parts): the runs that m.write_parts hands
+/// over, each into its place in the whole tensor's dataset `d` (file space `fspace`).
+inline void h5_write_streamed(hid_t d, hid_t mtype, hid_t fspace, const CkptEntry& e,
+                              const CkptManifest& m, hid_t xfer) {
+  const char* op = "checkpoint write";
+  const std::vector<std::uint64_t> dims(e.whole.begin(), e.whole.end());
+  m.write_parts(e, [&](std::size_t first, std::size_t count, const void* data) {
+    if (count == 0) return;
+    H5Handle fsel(DTRAIN_CHECK_H5(H5Scopy(fspace), op, e.path), H5Sclose);
+    bool fresh = true;
+    if (!dims.empty()) h5_select_run(fsel, dims, first, count, fresh, op, e.path);
+    const hsize_t mdim = static_cast<hsize_t>(count);
+    H5Handle msel(DTRAIN_CHECK_H5(H5Screate_simple(1, &mdim, nullptr), op, e.path), H5Sclose);
+    DTRAIN_CHECK_H5(H5Dwrite(d, mtype, msel, fsel, xfer, data), op, e.path);
+  });
+}
+
 inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRole& role) {
   const char* op = "checkpoint write";
   h5_put_attr_str(file, "format", checkpoint_format_name, "/");
@@ -293,7 +310,9 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
                H5Dclose);
     const std::size_t count = element_count(dims);
     if (count > 0) {
-      if (!role.parallel) {
+      if (!role.parallel && e.sharded && m.write_parts) {
+        h5_write_streamed(d, mtype, fspace, e, m, indep);
+      } else if (!role.parallel) {
         DTRAIN_CHECK_H5(H5Dwrite(d, mtype, H5S_ALL, H5S_ALL, indep, e.data), op, e.path);
       } else if (e.sharded) {
         h5_write_parts(d, mtype, fspace, e, coll);

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -298,18 +299,22 @@ void assemble_parts(Comm& comm, std::vector<CkptEntry>& repl, PartsArena& arena,
   }
 }
 
-/// Collective, blocking. Prepares every entry of `repl` held in parts for a parallel write in
-/// which each rank writes its own parts into the whole tensor's dataset (no rank assembles the
-/// tensor): every rank learns every rank's parts (one allgather of the lists, no tensor bytes),
-/// checks that they cover each element exactly once, and sets the entry's checksum, combined
-/// from the parts' as assemble_parts does. The entries keep this rank's parts and data. Throws
-/// on every rank (agreed) InvalidArgument naming the tensor when the parts leave a gap or
-/// overlap.
+/// Every rank's parts of each entry held in parts: [rank][entry], entries in `repl` order.
+using PartsLayout = std::vector<std::vector<StateParts>>;
+
+/// Collective, blocking. Prepares every entry of `repl` held in parts for a write in which no
+/// rank assembles the tensor (each rank writes its own parts into the whole tensor's dataset, or
+/// rank 0 writes them as they stream in: stream_parts): every rank learns every rank's parts (one
+/// allgather of the lists, no tensor bytes), checks that they cover each element exactly once,
+/// and sets the entry's checksum, combined from the parts' as assemble_parts does. The entries
+/// keep this rank's parts and data. Returns every rank's parts. Throws on every rank (agreed)
+/// InvalidArgument naming the tensor when the parts leave a gap or overlap.
 template <class Comm>
-void parts_in_place(Comm& comm, std::vector<CkptEntry>& repl, const char* op) {
+PartsLayout parts_in_place(Comm& comm, std::vector<CkptEntry>& repl, const char* op) {
   const int p = comm.size();
   const std::vector<CkptEntry*> sharded = sharded_entries(repl);
-  if (sharded.empty()) return;
+  PartsLayout layout(static_cast<std::size_t>(p));
+  if (sharded.empty()) return layout;
   const std::vector<std::vector<unsigned char>> lists =
       ckpt_gather_blobs(comm, own_parts_list(sharded), true);
   std::exception_ptr err;
@@ -318,8 +323,12 @@ void parts_in_place(Comm& comm, std::vector<CkptEntry>& repl, const char* op) {
     std::vector<bool> inside;
     for (int s = 0; s < p; ++s) {
       auto of_s = parse_parts_list(lists[static_cast<std::size_t>(s)], sharded, s, inside);
-      for (std::size_t k = 0; k < sharded.size(); ++k)
+      auto& mine = layout[static_cast<std::size_t>(s)];
+      for (std::size_t k = 0; k < sharded.size(); ++k) {
         held[k].insert(held[k].end(), of_s[k].begin(), of_s[k].end());
+        mine.emplace_back();
+        for (const HeldPart& h : of_s[k]) mine.back().emplace_back(h.first, h.count);
+      }
     }
     for (std::size_t k = 0; k < sharded.size(); ++k)
       sharded[k]->crc = whole_crc_of_parts(*sharded[k], held[k], p, op);
@@ -327,6 +336,62 @@ void parts_in_place(Comm& comm, std::vector<CkptEntry>& repl, const char* op) {
     err = std::current_exception();
   }
   ckpt_agree(comm, err, op);
+  return layout;
+}
+
+/// Receives a run of a tensor held in parts on rank 0: elements [first, first + count) in
+/// row-major order, their bytes at `data` (valid during the call only).
+using PartsSink = std::function<void(std::size_t first, std::size_t count, const void* data)>;
+
+/// Collective, blocking. Moves entry `k` of the entries held in parts (`e`: this rank's entry,
+/// `layout` from parts_in_place) to rank 0, rank by rank, and hands every part to `sink` on rank
+/// 0 (null on the other ranks, or on rank 0 to drop the bytes after a failed write): rank 0's own
+/// parts from its memory, the others' through the communicator's broadcast in pieces of at most
+/// kAssemblePieceBytes, received into `bounce`. No rank holds more of the tensor than its parts
+/// and one piece.
+template <class Comm>
+void stream_parts(Comm& comm, const CkptEntry& e, std::size_t k, const PartsLayout& layout,
+                  std::vector<unsigned char>& bounce, const PartsSink* sink) {
+  const int rank = comm.rank(), p = comm.size();
+  const std::size_t es = size_of(e.dtype);
+  for (int s = 0; s < p; ++s) {
+    const StateParts& parts = layout[static_cast<std::size_t>(s)][k];
+    if (s == 0) {
+      if (rank == 0 && sink) {
+        const auto* src = static_cast<const unsigned char*>(e.data);
+        for (const auto& [first, count] : parts) {
+          (*sink)(first, count, src);
+          src += count * es;
+        }
+      }
+      continue;
+    }
+    const auto* src = static_cast<const unsigned char*>(e.data);
+    std::size_t from = 0;  // elements of rank s's held data before the run
+    for (const PartsRun& run : parts_runs(parts, es)) {
+      if (run.count == 0) continue;  // empty parts only (every rank skips it)
+      void* buf = nullptr;
+      if (rank == s) {
+        buf = const_cast<unsigned char*>(src + from * es);
+      } else {
+        if (bounce.size() < run.count * es) bounce.resize(run.count * es);
+        buf = bounce.data();
+      }
+      comm.broadcast(BufferView(buf, run.count, e.dtype), s);
+      if (rank == 0 && sink) {
+        if (run.direct) {
+          (*sink)(parts[run.part].first + run.into, run.count, bounce.data());
+        } else {
+          std::size_t got = 0;
+          for (std::size_t q = run.part; got < run.count; ++q) {
+            (*sink)(parts[q].first, parts[q].second, bounce.data() + got * es);
+            got += parts[q].second;
+          }
+        }
+      }
+      from += run.count;
+    }
+  }
 }
 
 /// The checksums of entries held in parts (computed by rank 0 while assembling) into `crcs`,

@@ -86,6 +86,13 @@ struct CkptManifest {
   /// Called by a writer after all tensor data is written and before checksums are stored, so
   /// that checksums may still be in the making while the data is written.
   std::function<void()> before_checksums;
+  /// Where set, a serial writer does not read the data of tensors held in parts: it creates the
+  /// whole tensor's dataset and calls this with the entry and a sink, which is handed the
+  /// elements [first, first + count) in row-major order, run by run, to store (rank 0's write
+  /// of a sharded state streamed from the ranks: no rank assembles a whole tensor).
+  std::function<void(const CkptEntry&,
+                     const std::function<void(std::size_t first, std::size_t count, const void*)>&)>
+      write_parts;
 };
 
 inline std::string parent_path(const std::string& p) {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <dtrain/ckpt/crc32c.hpp>
+#include <dtrain/ckpt/detail/assemble.hpp>
 #include <dtrain/ckpt/detail/collectives.hpp>
 #include <dtrain/ckpt/detail/save_job.hpp>
 #include <dtrain/ckpt/detail/snapshot.hpp>
@@ -20,10 +21,30 @@
 namespace dtrain::detail {
 
 /// Collective, blocking. Rank 0 writes and publishes the file; every rank reports a failure.
+/// With `layout` (parts_in_place's), the tensors held in parts are not assembled: rank 0 writes
+/// each as its parts stream in from the ranks (stream_parts), so that no rank holds more of one
+/// than its parts and a piece; without it they must be assembled already (assemble_parts).
 template <class Format, class Comm>
-void save_rank0(Comm& comm, CkptSaveJob& job, const char* op) {
+void save_rank0(Comm& comm, CkptSaveJob& job, const char* op, const PartsLayout* layout = nullptr) {
   const int rank = comm.rank(), p = comm.size();
   std::vector<CkptEntry> gathered = ckpt_exchange(comm, job.mine, /*with_data=*/true, false);
+  // Every rank takes part in every entry's stream in the same order: rank 0 from inside the
+  // format's writer (and for the entries a failed write did not reach, after it), the others
+  // before the checksums' allreduce, which rank 0 reaches only after the data.
+  std::size_t n_sharded = 0;
+  for (const auto& e : job.repl) n_sharded += e.sharded ? 1 : 0;
+  if (!layout) n_sharded = 0;
+  std::size_t streamed = 0;
+  std::vector<unsigned char> bounce;
+  auto stream_rest = [&](const std::vector<CkptEntry>& entries) {
+    std::size_t k = 0;
+    for (const auto& e : entries) {
+      if (!e.sharded || k >= n_sharded) continue;
+      if (k >= streamed) stream_parts(comm, e, k, *layout, bounce, nullptr);
+      ++k;
+    }
+    streamed = n_sharded;
+  };
   // Checksums are computed while rank 0 writes the data: by the other ranks (p > 1) or by a
   // helper thread (p == 1), and combined just before rank 0 stores them.
   std::vector<std::int64_t> crcs(job.repl.size(), 0);
@@ -53,6 +74,23 @@ void save_rank0(Comm& comm, CkptSaveJob& job, const char* op) {
           crc_share(m.entries, n_repl, crcs, rank, p, /*skip_rank0=*/false);
         });
       m.before_checksums = combine;
+      if (n_sharded > 0)
+        m.write_parts = [&](const CkptEntry& e, const PartsSink& sink) {
+          DTRAIN_REQUIRE(streamed < n_sharded, op,
+                         "the writer asked for more tensors held in parts than the save has");
+          // A failed store still receives the rest of the entry: the senders are mid-stream.
+          std::exception_ptr failed;
+          const PartsSink guarded = [&](std::size_t first, std::size_t count, const void* data) {
+            if (failed) return;
+            try {
+              sink(first, count, data);
+            } catch (...) {
+              failed = std::current_exception();
+            }
+          };
+          stream_parts(comm, e, streamed++, *layout, bounce, &guarded);
+          if (failed) std::rethrow_exception(failed);
+        };
       Timer phase;
       Format::write(job.target.tmp_path, m);
       const double write_ms = phase.millis();
@@ -64,12 +102,14 @@ void save_rank0(Comm& comm, CkptSaveJob& job, const char* op) {
       err = std::current_exception();
     }
     try {
+      stream_rest(m.entries);  // the other ranks wait in these broadcasts even if the write failed
       combine();  // the other ranks wait in the same allreduce even if the write failed
     } catch (...) {
       if (!err) err = std::current_exception();
     }
   } else {
     crc_share(job.repl, n_repl, crcs, rank, p, /*skip_rank0=*/true);
+    stream_rest(job.repl);
     combine();
   }
   ckpt_agree(comm, err, op);
