@@ -60,6 +60,10 @@ TEST_SUITE("emulated_handover") {
         BasicGradientSync<EmulatedDevice> sync(dev, comm, g.view(), 16);
         CHECK(sync.handed_over() == takes);
         CHECK(sync.staged() == !takes);
+        if (takes) {
+          CHECK(sync.bucket_algorithm(0) == AllreduceAlgorithm::ordered);
+          CHECK(sync.bucket_algorithm_changes(0) == 0);
+        }
         // 16-bit gradients need an f32 accumulator: staged even where the transport takes them.
         Tensor h({10}, DType::bf16, dev.allocator());
         BasicGradientSync<EmulatedDevice> half(dev, comm, h.view(), 16);

@@ -364,16 +364,17 @@ class BasicGradientSync {
   std::pair<std::size_t, std::size_t> bucket_range(std::size_t i) const { return ranges_.at(i); }
   /// The algorithm bucket i's all-reduce runs now, and how often it changed so far (an
   /// `automatic` bucket checks its choice while in use: CommConfig::adaptive). Local; call
-  /// between steps (a running bucket may be changing it).
+  /// between steps (a running bucket may be changing it). Handed-over buckets report `ordered`
+  /// (their parts are reduced in rank order, the ordered all-reduce's bits) and never change.
   AllreduceAlgorithm bucket_algorithm(std::size_t i) const {
     DTRAIN_REQUIRE(i < ranges_.size(), "GradientSync::bucket_algorithm",
                    "bucket " << i << " of " << ranges_.size());
-    return launcher_->algorithm(i);
+    return handed_over_ ? AllreduceAlgorithm::ordered : launcher_->algorithm(i);
   }
   int bucket_algorithm_changes(std::size_t i) const {
     DTRAIN_REQUIRE(i < ranges_.size(), "GradientSync::bucket_algorithm_changes",
                    "bucket " << i << " of " << ranges_.size());
-    return launcher_->algorithm_changes(i);
+    return handed_over_ ? 0 : launcher_->algorithm_changes(i);
   }
   /// Buckets whose all-reduce has started so far this step.
   std::size_t buckets_started() const noexcept { return started_; }
