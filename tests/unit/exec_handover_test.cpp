@@ -25,7 +25,7 @@ using test::EmulatedDevice;
 
 namespace {
 // Rank r's gradients of step s: seeded, of mixed magnitudes so that the summation order shows.
-std::vector<float> grads_of(int r, int s, std::size_t n) {
+std::vector<float> handover_grads(int r, int s, std::size_t n) {
   std::vector<float> g(n);
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint64_t h =
@@ -37,9 +37,10 @@ std::vector<float> grads_of(int r, int s, std::size_t n) {
 }
 // One step of `sync` on `dev`: uploads rank r's gradients, reports them in two pieces, waits;
 // returns the averaged bits.
-std::vector<unsigned char> step(EmulatedDevice& dev, BasicGradientSync<EmulatedDevice>& sync,
-                                Tensor& g, int r, int s) {
-  const std::vector<float> h = grads_of(r, s, g.view().count);
+std::vector<unsigned char> handover_step(EmulatedDevice& dev,
+                                         BasicGradientSync<EmulatedDevice>& sync, Tensor& g, int r,
+                                         int s) {
+  const std::vector<float> h = handover_grads(r, s, g.view().count);
   dev.copy_h2d(dev.compute_stream(), g.view().data, h.data(), h.size() * sizeof(float));
   exec_synchronize(dev, dev.compute_stream(), 30, "test upload");
   sync.ready(g.view().count / 2, g.view().count - g.view().count / 2);
@@ -106,7 +107,7 @@ TEST_SUITE("emulated_handover") {
             BasicGradientSync<EmulatedDevice> sync(dev, comm, g.view(), 20);
             if (takes) modes[r] = sync.handed_over();
             for (int s = 0; s < steps; ++s)
-              (takes ? handed : staged)[r].push_back(step(dev, sync, g, r, s));
+              (takes ? handed : staged)[r].push_back(handover_step(dev, sync, g, r, s));
             if (takes)
               sent[r] = t.device_bytes_sent();
             else
@@ -124,9 +125,9 @@ TEST_SUITE("emulated_handover") {
         for (int s = 0; s < steps; ++s) {
           CAPTURE(s);
           // Host reference: every rank's gradients summed in rank order in f32, divided by p.
-          std::vector<float> want = grads_of(0, s, n);
+          std::vector<float> want = handover_grads(0, s, n);
           for (int q = 1; q < p; ++q) {
-            const std::vector<float> x = grads_of(q, s, n);
+            const std::vector<float> x = handover_grads(q, s, n);
             for (std::size_t i = 0; i < n; ++i) want[i] += x[i];
           }
           for (float& w : want) w /= static_cast<float>(p);
