@@ -16,6 +16,8 @@
 #include <dtrain/core/tensor.hpp>
 #include <dtrain/transports/mpi.hpp>
 
+// Its own namespace: test_mpi compiles its sources as one unity translation unit.
+namespace dtrain_test_mpi_handover {
 using namespace dtrain;
 using test::EmulatedDevice;
 
@@ -60,3 +62,5 @@ TEST_CASE("MPI and device gradients: hand-over by the library's answer and DTRAI
                        doctest::Contains("DTRAIN_MPI_GPU_AWARE"), InvalidArgument);
   ::unsetenv("DTRAIN_MPI_GPU_AWARE");
 }
+
+}  // namespace dtrain_test_mpi_handover

@@ -86,6 +86,8 @@ struct has_state_shards<
 /// on the device (detail/device_allreduce.hpp: a direct reduce-scatter and all-gather, the parts
 /// reduced in rank order by the policy's reduce_into and scale_avg, the bits of the ordered
 /// all-reduce; device scratch of (p-1)/p of the arena); the host never touches the gradients.
+/// Handed-over buckets exchange no call fingerprints: a rank out of step shows as a TimeoutError
+/// naming the hand-over, the bucket and the peer, or as the transport's size mismatch.
 /// Staged otherwise: a copy stream waits for the bucket's event and copies it to a host mirror
 /// (pinned, from the policy's host allocator); the all-reduce runs on the mirror; the average is
 /// copied back on a second stream while later buckets are still copied out or reduced, and the
