@@ -86,6 +86,9 @@ struct has_state_shards<
 /// on the device (detail/device_allreduce.hpp: a direct reduce-scatter and all-gather, the parts
 /// reduced in rank order by the policy's reduce_into and scale_avg, the bits of the ordered
 /// all-reduce; device scratch of (p-1)/p of the arena); the host never touches the gradients.
+/// A bucket's parts are sent once its event completes; ready() then moves the started buckets
+/// on without blocking (reduction queued once their parts arrived, averages sent once it is
+/// done), and wait() completes what is left.
 /// Handed-over buckets exchange no call fingerprints: a rank out of step shows as a TimeoutError
 /// naming the hand-over, the bucket and the peer, or as the transport's size mismatch.
 /// Staged otherwise: a copy stream waits for the bucket's event and copies it to a host mirror
@@ -426,6 +429,9 @@ class BasicGradientSync {
       ++queued_;
     }
     while (started_ < queued_ && e.query(gate(started_))) start(started_);
+    // Handed-over buckets move on without blocking (reduction queued, averages sent), in order.
+    if (handed_over_)
+      while (progressed_ < started_ && device_->progress(progressed_)) ++progressed_;
   }
 
   void start(std::size_t b) {
@@ -490,6 +496,7 @@ class BasicGradientSync {
       }
     }
     gathers_started_ = 0;
+    progressed_ = 0;
     const std::size_t queued = queued_;
     started_ = 0;
     queued_ = 0;
@@ -523,8 +530,9 @@ class BasicGradientSync {
   std::unique_ptr<detail::BucketLauncher> launcher_;
   std::unique_ptr<detail::DeviceBucketReducer> device_;  // handed-over buckets
   std::vector<CollectiveHandle> handles_;
-  std::size_t queued_ = 0;   // buckets whose event is recorded (and copy queued)
-  std::size_t started_ = 0;  // buckets whose all-reduce has started
+  std::size_t queued_ = 0;      // buckets whose event is recorded (and copy queued)
+  std::size_t started_ = 0;     // buckets whose all-reduce has started
+  std::size_t progressed_ = 0;  // handed-over buckets whose averages are posted
   int rank_ = 0, size_ = 1;
   // Sharded updates: this rank's part of each bucket (first element, count; in bucket order,
   // and ascending for the optimizer's state), and the parameters' all-gathers of the step.

@@ -41,8 +41,14 @@ struct DeviceBucketReducer {
   virtual ~DeviceBucketReducer() = default;
   /// Posts bucket b's first round (its parts to their owners); non-blocking.
   virtual void start(std::size_t b) = 0;
-  /// Completes bucket b: its first round, the reduction, the second round. Blocking, bounded by
-  /// the communicator's timeout (transfers) and exec_timeout_s() (the reduction).
+  /// Non-blocking: moves bucket b on as far as it goes without waiting (first round arrived:
+  /// queue the reduction; reduction done: post the second round). Returns whether the second
+  /// round is posted. Call for the started buckets in bucket order, stopping at the first that
+  /// returns false, so that every rank posts the second rounds in the same order.
+  virtual bool progress(std::size_t b) = 0;
+  /// Completes bucket b: what is left of its first round, the reduction, the second round.
+  /// Blocking, bounded by the communicator's timeout (transfers) and exec_timeout_s() (the
+  /// reduction).
   virtual void finish(std::size_t b) = 0;
   /// Abandons bucket b's posted transfers (error paths). Never throws.
   virtual void cancel(std::size_t b) noexcept = 0;
@@ -75,6 +81,7 @@ class DeviceBucketAllreduce final : public DeviceBucketReducer {
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       requests_.emplace_back(new typename Transport::Request[per > 0 ? per : 1]);
       active_.emplace_back(per, 0);
+      state_.push_back(kIdle);
       done_.emplace_back(exec);
     }
     if (size_ > 1) stream_ = ExecStream<Exec>(exec);
@@ -85,6 +92,7 @@ class DeviceBucketAllreduce final : public DeviceBucketReducer {
 
   void start(std::size_t b) override {
     if (size_ == 1) return;
+    state_[b] = kPartsPosted;
     const BufferView v = buckets_[b];
     const std::size_t m = own(v), es = size_of(v.dtype);
     for (int q = 0; q < size_; ++q) {
@@ -98,33 +106,33 @@ class DeviceBucketAllreduce final : public DeviceBucketReducer {
     }
   }
 
+  bool progress(std::size_t b) override {
+    if (size_ == 1) return true;
+    if (state_[b] == kPartsPosted) {
+      if (!arrived(b)) return false;
+      reduce(b);
+    }
+    if (state_[b] == kReducing) {
+      if (!exec_->query(done_[b].get())) return false;
+      post_averages(b);
+    }
+    return state_[b] == kAveragesPosted;
+  }
+
   void finish(std::size_t b) override {
     if (size_ == 1) return;  // the average of one rank is its own gradient
-    const BufferView v = buckets_[b];
-    const std::size_t m = own(v), es = size_of(v.dtype);
-    complete(b, "parts");
-    BufferView mine = v.slice(partition_begin(v.count, size_, rank_), m);
-    if (m) {
-      // Rank order, accumulator first: ((x0 + x1) + x2) ... / p, whichever rank owns the part.
-      Exec& e = *exec_;
-      auto part = [&](int q) { return q == rank_ ? mine : slot_view(b, slot(q)); };
-      BufferView acc = part(0);
-      for (int q = 1; q < size_; ++q) e.reduce_into(stream_.get(), ReduceOp::avg, acc, part(q));
-      e.scale_avg(stream_.get(), acc, size_);
-      if (acc.data != mine.data) e.copy_d2d(stream_.get(), mine.data, acc.data, m * es);
-      e.record(done_[b].get(), stream_.get());
-      // The transport reads the average from device memory when the send is posted.
-      exec_wait(e, done_[b].get(), exec_timeout_s(), "GradientSync hand-over (a bucket's average)");
+    if (state_[b] == kPartsPosted) {
+      complete(b, "parts");
+      reduce(b);
     }
-    for (int q = 0; q < size_; ++q) {
-      if (q == rank_) continue;
-      const std::size_t k = slot(q), mq = partition_count(v.count, size_, q);
-      if (mq)
-        post_recv(b, k, q, kHandoverAveragesTag,
-                  static_cast<char*>(v.data) + partition_begin(v.count, size_, q) * es, mq * es);
-      if (m) post_send(b, size_ - 1 + k, q, kHandoverAveragesTag, mine.data, m * es);
+    if (state_[b] == kReducing) {
+      // The transport reads the average from device memory when the send is posted.
+      exec_wait(*exec_, done_[b].get(), exec_timeout_s(),
+                "GradientSync hand-over (a bucket's average)");
+      post_averages(b);
     }
     complete(b, "averages");
+    state_[b] = kIdle;
   }
 
   void cancel(std::size_t b) noexcept override {
@@ -133,9 +141,54 @@ class DeviceBucketAllreduce final : public DeviceBucketReducer {
         t_->cancel(requests_[b][i]);
         active_[b][i] = 0;
       }
+    state_[b] = kIdle;
   }
 
  private:
+  enum : unsigned char { kIdle, kPartsPosted, kReducing, kAveragesPosted };
+
+  // Every posted message of bucket b complete (checked without blocking).
+  bool arrived(std::size_t b) {
+    for (std::size_t i = 0; i < active_[b].size(); ++i) {
+      if (!active_[b][i]) continue;
+      if (!t_->test(requests_[b][i])) return false;
+      active_[b][i] = 0;
+    }
+    return true;
+  }
+  // Queues the reduction of this rank's part on the hand-over's stream. Rank order, accumulator
+  // first: ((x0 + x1) + x2) ... / p, whichever rank owns the part.
+  void reduce(std::size_t b) {
+    const BufferView v = buckets_[b];
+    const std::size_t m = own(v);
+    if (m) {
+      Exec& e = *exec_;
+      const BufferView mine = v.slice(partition_begin(v.count, size_, rank_), m);
+      auto part = [&](int q) { return q == rank_ ? mine : slot_view(b, slot(q)); };
+      const BufferView acc = part(0);
+      for (int q = 1; q < size_; ++q) e.reduce_into(stream_.get(), ReduceOp::avg, acc, part(q));
+      e.scale_avg(stream_.get(), acc, size_);
+      if (acc.data != mine.data)
+        e.copy_d2d(stream_.get(), mine.data, acc.data, m * size_of(v.dtype));
+      e.record(done_[b].get(), stream_.get());
+    }
+    state_[b] = kReducing;  // a never-recorded event (empty part) counts as complete
+  }
+  // Posts the second round: this rank's average to every rank, the others' into the bucket.
+  void post_averages(std::size_t b) {
+    const BufferView v = buckets_[b];
+    const std::size_t m = own(v), es = size_of(v.dtype);
+    const void* mine = static_cast<char*>(v.data) + partition_begin(v.count, size_, rank_) * es;
+    for (int q = 0; q < size_; ++q) {
+      if (q == rank_) continue;
+      const std::size_t k = slot(q), mq = partition_count(v.count, size_, q);
+      if (mq)
+        post_recv(b, k, q, kHandoverAveragesTag,
+                  static_cast<char*>(v.data) + partition_begin(v.count, size_, q) * es, mq * es);
+      if (m) post_send(b, size_ - 1 + k, q, kHandoverAveragesTag, mine, m * es);
+    }
+    state_[b] = kAveragesPosted;
+  }
   std::size_t own(const BufferView& v) const noexcept {
     return partition_count(v.count, size_, rank_);
   }
@@ -184,6 +237,7 @@ class DeviceBucketAllreduce final : public DeviceBucketReducer {
   Tensor scratch_;
   std::vector<std::unique_ptr<typename Transport::Request[]>> requests_;
   std::vector<std::vector<unsigned char>> active_;
+  std::vector<unsigned char> state_;  // per bucket, kIdle ... kAveragesPosted
   std::vector<ExecEvent<Exec>> done_;
   ExecStream<Exec> stream_;
 };
