@@ -9,3 +9,9 @@ dtrain_add_mpi_test(NAME mpi_exec_device_ranks IN test_mpi
   SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/mpi_gpu_test.cpp
   NP 2
   TIMEOUT 60)
+# GradientSync over MPI with device gradients: hand-over or staging by DTRAIN_MPI_GPU_AWARE and
+# the library's answer; the staged step against MPI_Allreduce.
+dtrain_add_mpi_test(NAME mpi_exec_handover IN test_mpi
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_mpi_handover.cpp
+  NP 2
+  TIMEOUT 60)

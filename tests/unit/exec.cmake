@@ -27,3 +27,9 @@ if(DTRAIN_HAVE_HDF5)
     LINK dtrain::hdf5 dtrain::loopback ${_dtrain_exec_blas}
     TIMEOUT 120)
 endif()
+# GradientSync's hand-over of device buckets to a transport that takes them (the test transport
+# of tests/support/device_loopback.hpp), against staging and a host reference.
+dtrain_add_unit_test(NAME unit_exec_emulated_handover IN test_exec
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_handover_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 60)

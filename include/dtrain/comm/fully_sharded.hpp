@@ -119,8 +119,8 @@ struct PlannedUnits final : UnitCollectives {
 /// collective does. On one rank the units are the model's own arenas: nothing is gathered,
 /// copied or reduced.
 ///
-/// Device memory (a GPU policy, or a test's emulated device) that the communicator does not
-/// reduce itself (`reduces_device_memory()`, as for GradientSync) is staged: the collectives run
+/// Device memory (a GPU policy, or a test's emulated device) is staged (logged once; the
+/// hand-over of GradientSync is not built for units yet): the collectives run
 /// on host buffers (from the policy's host allocator) of the same sizes as the working buffers,
 /// plus a host copy of this rank's parameter parts (refreshed at each forward's start and after
 /// init or restore) and of its gradient parts. A unit's gathered parameters are
@@ -196,12 +196,12 @@ class FullyShardedSync final : public UnitProvider {
       collectives_ = std::move(planned);
       return;
     }
-    staged_ = exec_type::space != Space::host && !detail::reduces_device_memory(comm);
-    if (exec_type::space != Space::host) {
+    staged_ = exec_type::space != Space::host;
+    if (staged_) {
       // Rank 0 tells the run; the others only at debug level.
-      const std::string how = staged_ ? "staged through host memory (the communicator does not "
-                                        "reduce device memory)"
-                                      : "handed to the communicator";
+      const std::string how =
+          "staged through host memory (the communicator's reduce-scatter and all-gather run on "
+          "host buffers)";
       if (rank_ == 0)
         DTRAIN_LOG(info, "FullyShardedSync: " << name_of(exec_type::space) << " units " << how);
       else

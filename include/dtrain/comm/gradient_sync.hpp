@@ -13,6 +13,7 @@
 #include <dtrain/comm/allreduce_algorithm.hpp>
 #include <dtrain/comm/collective_handle.hpp>
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/detail/device_allreduce.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/log.hpp>
@@ -57,13 +58,6 @@ struct PlannedBuckets final : BucketLauncher {
   CollectiveHandle start_allgather(std::size_t i) override { return gathers[i].start(); }
   void allgather(BufferView part, BufferView whole) override { comm->allgather(part, whole); }
 };
-// Whether a communicator all-reduces device buffers itself (asked where it can answer).
-template <class C, class = void>
-struct has_device_reduction_query : std::false_type {};
-template <class C>
-struct has_device_reduction_query<
-    C, std::void_t<decltype(bool{std::declval<const C&>().reduces_device_memory()})>>
-    : std::true_type {};
 // Whether an optimizer can keep its state for some parts of the arena (sharded updates).
 template <class O, class = void>
 struct has_state_shards : std::false_type {};
@@ -72,13 +66,6 @@ struct has_state_shards<
     O, std::void_t<decltype(std::declval<O&>().shard_state(
            std::declval<const std::vector<std::pair<std::size_t, std::size_t>>&>()))>>
     : std::true_type {};
-template <class C>
-bool reduces_device_memory(const C& comm) {
-  if constexpr (has_device_reduction_query<C>::value)
-    return comm.reduces_device_memory();
-  else
-    return false;
-}
 }  // namespace detail
 
 /// Averages a gradient arena across the ranks of a communicator, bucket by bucket, while the
@@ -92,13 +79,22 @@ bool reduces_device_memory(const C& comm) {
 /// once that event has completed (checked without blocking in ready(), waited for in wait()).
 /// With HostExec the event is complete at once, so the bucket starts inside ready().
 ///
-/// Device gradients are staged unless the communicator all-reduces device memory itself (it says
-/// so through `bool reduces_device_memory() const`: a transport with supports_device_memory and
-/// a device reduction): a copy stream waits for the bucket's event and copies it to a host mirror
+/// Device gradients are handed over or staged, chosen once here and logged (rank 0 at info).
+/// Handed over where the transport takes device buffers as they are (device_buffers_of: its
+/// run-time answer, e.g. MpiTransport's from the MPI library and DTRAIN_MPI_GPU_AWARE) and the
+/// gradients are f32, f64, i32 or i64: each bucket goes to the transport directly and is averaged
+/// on the device (detail/device_allreduce.hpp: a direct reduce-scatter and all-gather, the parts
+/// reduced in rank order by the policy's reduce_into and scale_avg, the bits of the ordered
+/// all-reduce; device scratch of (p-1)/p of the arena); the host never touches the gradients.
+/// A bucket's parts are sent once its event completes; ready() then moves the started buckets
+/// on without blocking (reduction queued once their parts arrived, averages sent once it is
+/// done), and wait() completes what is left.
+/// Handed-over buckets exchange no call fingerprints: a rank out of step shows as a TimeoutError
+/// naming the hand-over, the bucket and the peer, or as the transport's size mismatch.
+/// Staged otherwise: a copy stream waits for the bucket's event and copies it to a host mirror
 /// (pinned, from the policy's host allocator); the all-reduce runs on the mirror; the average is
 /// copied back on a second stream while later buckets are still copied out or reduced, and the
-/// compute stream waits for it. Host gradients, and device gradients such a communicator
-/// reduces, are handed over directly.
+/// compute stream waits for it. Host gradients go to the communicator directly.
 ///
 /// Buckets always start in the same order (a bucket that completes early waits for the ones
 /// before it), so every rank issues the same collectives in the same order. Only the first
@@ -137,12 +133,16 @@ class BasicGradientSync {
     per_bucket_ = bucket_bytes / es > 0 ? bucket_bytes / es : 1;
     const std::size_t n = grads.count;
     const std::size_t nb = n == 0 ? 0 : (n + per_bucket_ - 1) / per_bucket_;
-    staged_ = grads.space != Space::host && !detail::reduces_device_memory(comm);
     if (grads.space != Space::host) {
+      const DeviceBuffers d = device_buffers_of(comm.transport(), grads.space);
+      handed_over_ = d.handed_over && detail::handover_reduces(grads.dtype);
+      staged_ = !handed_over_;
       // Rank 0 tells the run; the others only at debug level.
-      const std::string how = staged_ ? "staged through host memory (the communicator does not "
-                                        "reduce device memory)"
-                                      : "handed to the communicator";
+      const std::string how =
+          handed_over_    ? "handed to the transport and averaged on the device (" + d.why + ")"
+          : d.handed_over ? "staged through host memory (" + std::string(name_of(grads.dtype)) +
+                                " gradients: the hand-over reduces f32, f64, i32 and i64)"
+                          : "staged through host memory (" + d.why + ")";
       if (comm.rank() == 0)
         DTRAIN_LOG(info, "GradientSync: " << name_of(grads.space) << " gradients " << how);
       else
@@ -154,6 +154,7 @@ class BasicGradientSync {
       target = mirror_.view();
     }
     auto launcher = std::make_unique<detail::PlannedBuckets<Transport>>(comm);
+    std::vector<BufferView> device_buckets;
     for (std::size_t i = 0; i < nb; ++i) {
       const std::size_t end = n - i * per_bucket_;
       const std::size_t begin = end > per_bucket_ ? end - per_bucket_ : 0;
@@ -162,7 +163,10 @@ class BasicGradientSync {
       // The buckets run in a fixed order every step: the first checks the call fingerprints
       // for the step (every rank at the same collective, same sizes), the others skip that
       // latency round.
-      launcher->plans.push_back(comm.plan_allreduce(v, v, ReduceOp::avg, algo, i == 0));
+      if (handed_over_)
+        device_buckets.push_back(v);
+      else
+        launcher->plans.push_back(comm.plan_allreduce(v, v, ReduceOp::avg, algo, i == 0));
       ready_events_.emplace_back(exec);
       if (staged_) {
         copied_events_.emplace_back(exec);
@@ -173,6 +177,9 @@ class BasicGradientSync {
       d2h_ = ExecStream<Exec>(exec);
       h2d_ = ExecStream<Exec>(exec);
     }
+    if (handed_over_)
+      device_ = std::make_unique<detail::DeviceBucketAllreduce<Transport, Exec>>(
+          comm.transport(), exec, device_buckets, comm.config().timeout_s);
     launcher_ = std::move(launcher);
     ready_.assign(nb, 0);
     handles_.resize(nb);
@@ -281,9 +288,9 @@ class BasicGradientSync {
   /// datasets). Not with staged device gradients. With one rank it changes nothing (sharded() stays
   /// false).
   void shard_updates(BufferView params) {
-    DTRAIN_REQUIRE(!staged_, "GradientSync::shard_updates",
-                   "sharded updates need gradients the communicator reduces where they are (host "
-                   "memory, or a communicator that reduces device memory)");
+    DTRAIN_REQUIRE(grads_.space == Space::host, "GradientSync::shard_updates",
+                   "sharded updates need host gradients (device gradients are "
+                       << (staged_ ? "staged" : "handed over") << ")");
     DTRAIN_REQUIRE(params.count == grads_.count && params.dtype == grads_.dtype &&
                        params.space == grads_.space,
                    "GradientSync::shard_updates",
@@ -362,25 +369,29 @@ class BasicGradientSync {
   std::pair<std::size_t, std::size_t> bucket_range(std::size_t i) const { return ranges_.at(i); }
   /// The algorithm bucket i's all-reduce runs now, and how often it changed so far (an
   /// `automatic` bucket checks its choice while in use: CommConfig::adaptive). Local; call
-  /// between steps (a running bucket may be changing it).
+  /// between steps (a running bucket may be changing it). Handed-over buckets report `ordered`
+  /// (their parts are reduced in rank order, the ordered all-reduce's bits) and never change.
   AllreduceAlgorithm bucket_algorithm(std::size_t i) const {
     DTRAIN_REQUIRE(i < ranges_.size(), "GradientSync::bucket_algorithm",
                    "bucket " << i << " of " << ranges_.size());
-    return launcher_->algorithm(i);
+    return handed_over_ ? AllreduceAlgorithm::ordered : launcher_->algorithm(i);
   }
   int bucket_algorithm_changes(std::size_t i) const {
     DTRAIN_REQUIRE(i < ranges_.size(), "GradientSync::bucket_algorithm_changes",
                    "bucket " << i << " of " << ranges_.size());
-    return launcher_->algorithm_changes(i);
+    return handed_over_ ? 0 : launcher_->algorithm_changes(i);
   }
   /// Buckets whose all-reduce has started so far this step.
   std::size_t buckets_started() const noexcept { return started_; }
-  /// Whether buckets are staged through host memory (see the class comment).
+  /// Whether device buckets are staged through host memory, or handed over to the transport and
+  /// averaged on the device (see the class comment); both false for host gradients.
   bool staged() const noexcept { return staged_; }
+  bool handed_over() const noexcept { return handed_over_; }
   /// Non-blocking: whether bucket i's all-reduce has completed (false if not started). Rethrows
   /// its failure.
+  /// A handed-over bucket completes in wait() only.
   bool bucket_done(std::size_t i) {
-    if (i >= started_) return false;
+    if (i >= started_ || handed_over_) return false;
     return handles_[i].test();
   }
 
@@ -418,10 +429,16 @@ class BasicGradientSync {
       ++queued_;
     }
     while (started_ < queued_ && e.query(gate(started_))) start(started_);
+    // Handed-over buckets move on without blocking (reduction queued, averages sent), in order.
+    if (handed_over_)
+      while (progressed_ < started_ && device_->progress(progressed_)) ++progressed_;
   }
 
   void start(std::size_t b) {
-    handles_[b] = sharded_ ? launcher_->start_reduce_scatter(b) : launcher_->start(b);
+    if (handed_over_)
+      device_->start(b);
+    else
+      handles_[b] = sharded_ ? launcher_->start_reduce_scatter(b) : launcher_->start(b);
     ++started_;
   }
 
@@ -439,7 +456,15 @@ class BasicGradientSync {
     }
     for (std::size_t b = 0; b < started_; ++b) {
       try {
-        handles_[b].wait();
+        if (handed_over_) {
+          if (first) {
+            device_->cancel(b);
+            continue;
+          }
+          device_->finish(b);
+        } else {
+          handles_[b].wait();
+        }
         if (first) continue;
         if (staged_) {
           const BufferView src = mirror_slice(b), dst = arena_slice(b);
@@ -471,6 +496,7 @@ class BasicGradientSync {
       }
     }
     gathers_started_ = 0;
+    progressed_ = 0;
     const std::size_t queued = queued_;
     started_ = 0;
     queued_ = 0;
@@ -493,7 +519,7 @@ class BasicGradientSync {
   Exec* exec_;
   BufferView grads_;
   std::size_t per_bucket_ = 1;
-  bool staged_ = false;
+  bool staged_ = false, handed_over_ = false;
   std::vector<std::pair<std::size_t, std::size_t>> ranges_;
   std::vector<std::size_t> ready_;
   // Declaration order is destruction order reversed: handles (which wait for running buckets)
@@ -502,9 +528,11 @@ class BasicGradientSync {
   std::vector<ExecEvent<Exec>> ready_events_, copied_events_, back_events_;
   ExecStream<Exec> d2h_, h2d_;
   std::unique_ptr<detail::BucketLauncher> launcher_;
+  std::unique_ptr<detail::DeviceBucketReducer> device_;  // handed-over buckets
   std::vector<CollectiveHandle> handles_;
-  std::size_t queued_ = 0;   // buckets whose event is recorded (and copy queued)
-  std::size_t started_ = 0;  // buckets whose all-reduce has started
+  std::size_t queued_ = 0;      // buckets whose event is recorded (and copy queued)
+  std::size_t started_ = 0;     // buckets whose all-reduce has started
+  std::size_t progressed_ = 0;  // handed-over buckets whose averages are posted
   int rank_ = 0, size_ = 1;
   // Sharded updates: this rank's part of each bucket (first element, count; in bucket order,
   // and ascending for the optimizer's state), and the parameters' all-gathers of the step.

@@ -10,13 +10,18 @@
 //                                                  flags (AnyTransport has it)
 //   bool allows_progress_thread() const;           run-time answer for the progress thread
 //                                                  (default: thread_safe)
+//   DeviceBuffers device_buffers(Space) const;     run-time answer: whether isend/irecv take
+//                                                  buffers of that device space as they are, and
+//                                                  why (default: supports_device_memory)
 // A transport_capabilities specialisation may state the flags instead of the transport.
 #pragma once
 
+#include <string>
 #include <type_traits>
 #include <utility>
 
 #include <dtrain/core/detect.hpp>
+#include <dtrain/core/space.hpp>
 
 namespace dtrain {
 namespace detail {
@@ -98,6 +103,35 @@ TransportCapabilities capabilities_of(const T& t) {
     using C = transport_capabilities<T>;
     return TransportCapabilities{C::supports_device_memory, C::requires_registration, C::one_sided,
                                  C::thread_safe};
+  }
+}
+
+/// Whether a transport's isend/irecv take buffers of one device space as they are (hand-over)
+/// or the caller must stage them through host memory, and why (for the log and errors).
+struct DeviceBuffers {
+  bool handed_over = false;
+  std::string why;
+};
+
+namespace detail {
+template <class T>
+using device_buffers_call = decltype(std::declval<const T&>().device_buffers(Space::cuda));
+template <class T>
+using has_device_buffers_query = is_detected_exact<DeviceBuffers, device_buffers_call, T>;
+}  // namespace detail
+
+/// Local: whether `t` takes buffers of device space `space` as they are: its run-time answer
+/// (`DeviceBuffers device_buffers(Space) const`, e.g. MpiTransport asking the MPI library) where
+/// it has one, else its supports_device_memory capability. Host memory is always taken.
+template <class T>
+DeviceBuffers device_buffers_of(const T& t, Space space) {
+  if (space == Space::host) return {true, "host memory"};
+  if constexpr (detail::has_device_buffers_query<T>::value) {
+    return t.device_buffers(space);
+  } else {
+    if (capabilities_of(t).supports_device_memory)
+      return {true, "the transport takes device memory (supports_device_memory)"};
+    return {false, "the transport does not take device memory (supports_device_memory is false)"};
   }
 }
 

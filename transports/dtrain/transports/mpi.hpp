@@ -19,6 +19,7 @@
 #include <dtrain/comm/detail/peer_liveness.hpp>
 #include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_traits.hpp>
+#include <dtrain/transports/mpi_gpu_support.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/failure.hpp>
 #include <dtrain/core/io_watchdog.hpp>
@@ -277,6 +278,15 @@ class MpiTransport {
   static constexpr bool requires_registration = false;
   static constexpr bool one_sided = false;
   static constexpr bool thread_safe = true;
+
+  /// Local: whether isend/irecv take buffers of device `space` as they are (a GPU-aware MPI):
+  /// mpi_device_buffers' rule (the library's answer, DTRAIN_MPI_GPU_AWARE), logged once. The
+  /// collectives' own reductions stay on the host; GradientSync hands device buckets over
+  /// through this answer and reduces them on the device.
+  DeviceBuffers device_buffers(Space space) const {
+    const MpiDeviceChoice c = mpi_device_buffers(space);
+    return {c.mode != MpiDeviceBuffers::staged, c.why};
+  }
 
   /// Collective over `comm`. Node-shared segments and the node grouping come from the
   /// environment (SharedSegmentConfig::from_env: DTRAIN_SHM, DTRAIN_SHM_SLOT_BYTES,
