@@ -42,6 +42,10 @@ if(DTRAIN_HAVE_C AND NOT DTRAIN_UNIT_ONLY)
   set_tests_properties(lang_same_bits PROPERTIES FIXTURES_REQUIRED "${_fixtures}")
   set_tests_properties(c_api c_api_lang_bits_cpp lang_same_bits PROPERTIES TIMEOUT 60
     PROCESSORS 2 LABELS "mpi;lang")
+  # The three languages' runs continue one run identity on purpose (DTRAIN_CKPT_RUN_ID), so that
+  # their checkpoints can be the same bits: a fresh run directory otherwise draws its own.
+  set_tests_properties(c_api c_api_lang_bits_cpp PROPERTIES
+    ENVIRONMENT "DTRAIN_CKPT_RUN_ID=lang-same-bits")
   # docs/fortran-and-c.md's C and Fortran programs compile (its C++ one is docs_fortran_and_c).
   if(DTRAIN_HAVE_FORTRAN)
     add_test(NAME docs_fortran_and_c_languages

@@ -17,4 +17,5 @@ if(DTRAIN_HAVE_FORTRAN AND NOT DTRAIN_UNIT_ONLY)
             params.bin)
   set_tests_properties(fortran PROPERTIES FIXTURES_SETUP lang_fortran TIMEOUT 60 PROCESSORS 2
     LABELS "mpi;lang")
+  set_tests_properties(fortran PROPERTIES ENVIRONMENT "DTRAIN_CKPT_RUN_ID=lang-same-bits")
 endif()
