@@ -54,7 +54,7 @@ std::string describe(const LayerSpec& l) {
              << ")";
         else if constexpr (std::is_same_v<S, Upsample>)
           os << "upsample(" << s.dims << "," << s.scale << ")";
-        else if constexpr (std::is_same_v<S, Residual>)
+        else if constexpr (std::is_same_v<S, Residual<>>)
           os << "residual[" << describe(s.body) << "]";
       },
       l.base());
