@@ -18,6 +18,7 @@ DTRAIN_PACKAGES=(
   clang-format
   libcli11-dev
   libyaml-cpp-dev
+  gfortran
   gnuplot-nox
   clang libclang-rt-14-dev slurm-wlm munge
 )
