@@ -9,7 +9,7 @@ if(DTRAIN_HAVE_C AND NOT DTRAIN_UNIT_ONLY)
   set(_lang_dir "${CMAKE_CURRENT_LIST_DIR}")
   set(_lang_work "${PROJECT_BINARY_DIR}/tests/lang")
   add_executable(c_api_test "${_lang_dir}/c_api_test.c")
-  target_link_libraries(c_api_test PRIVATE dtrain::c)
+  target_link_libraries(c_api_test PRIVATE dtrain_c_intree)
   set_target_properties(c_api_test PROPERTIES C_STANDARD 11 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
   target_compile_options(c_api_test PRIVATE
     $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -pedantic -Werror>

@@ -4,7 +4,7 @@
 # parameters the same-bits test (tests/c_api/c_api.cmake) compares. About a second of wall time.
 if(DTRAIN_HAVE_FORTRAN AND NOT DTRAIN_UNIT_ONLY)
   add_executable(fortran_test "${CMAKE_CURRENT_LIST_DIR}/fortran_test.f90")
-  target_link_libraries(fortran_test PRIVATE dtrain::fortran)
+  target_link_libraries(fortran_test PRIVATE dtrain_fortran_intree)
   target_compile_options(fortran_test PRIVATE
     $<$<COMPILE_LANGUAGE:Fortran>:-std=f2008 -Wall -Wextra -Werror>)
   # The module where docs_fortran_and_c_languages finds it (tests/c_api/doc_snippets.sh).
