@@ -224,7 +224,7 @@ TEST_CASE("device IPC among the ranks: the rank-order average and the staged pat
     ::unsetenv("DTRAIN_MPI_GPU_AWARE");
   }
   MESSAGE("rank " << f.comm.rank() << " of " << p << ": device IPC and staged gradients "
-                  << (test::same_bits(got[1], got[0]) ? "bit-equal" : "DIFFER"));
+                  << std::string(test::same_bits(got[1], got[0]) ? "bit-equal" : "differ"));
   CHECK(test::same_bits(got[1], want));
   CHECK(test::same_bits(got[1], got[0]));
 }
