@@ -71,6 +71,12 @@ struct DeviceIpcChoice {
   std::string why;
 };
 
+/// Whether device IPC reduces buffers of `dtype`: the accumulator types, added in place (16-bit
+/// floats would need an f32 accumulator, the contract's one rounding; they are staged).
+inline bool device_ipc_reduces(DType dtype) noexcept {
+  return dtype == DType::f32 || dtype == DType::f64 || dtype == DType::i32 || dtype == DType::i64;
+}
+
 /// Whether every node of `nodes` is a block of consecutive ranks (node order is then rank order).
 inline bool nodes_are_rank_blocks(const NodeMap& nodes) {
   for (int m = 0; m < nodes.nodes(); ++m) {
@@ -99,7 +105,7 @@ inline DeviceIpcChoice choose_device_ipc(bool policy_ipc, DType dtype, const Nod
   std::string no;
   if (!policy_ipc)
     no = "the execution policy cannot share its device memory with other processes";
-  else if (!handover_reduces(dtype))
+  else if (!device_ipc_reduces(dtype))
     no = std::string(name_of(dtype)) + " gradients (the device reduction takes f32, f64, i32, i64)";
   else if (nodes.shape().max_ranks_per_node < 2)
     no = "no two ranks share a node (nodes " + nodes.describe() + ")";
@@ -167,7 +173,7 @@ class DeviceIpcAllreduce final : public DeviceBucketReducer {
     std::size_t total = 0, staged = 0;
     for (const BufferView& v : buckets_) {
       DTRAIN_REQUIRE(
-          v.space == Exec::space && handover_reduces(v.dtype) && v.dtype == buckets_[0].dtype,
+          v.space == Exec::space && device_ipc_reduces(v.dtype) && v.dtype == buckets_[0].dtype,
           "GradientSync device IPC",
           "a bucket of " << name_of(v.dtype) << " in " << name_of(v.space)
                          << " memory (device IPC reduces f32, f64, i32 and i64 "
