@@ -4,7 +4,9 @@
 //   rank-order average of every rank's own device gradients (gathered here with MPI_Allgather and
 //   summed on the host in rank order: the reduction contract's reference);
 // - fully sharded: three SGD steps give each rank's parts the bits of the replicated steps on
-//   the same device, and the replicated parameters stay within rounding of the host run's.
+//   the same device, and the replicated parameters stay within rounding of the host run's;
+// - device IPC: the same average through CUDA/HIP IPC among the ranks (DTRAIN_DEVICE_IPC=1),
+//   bit for bit the staged path's (DTRAIN_DEVICE_IPC=0), with the handles reused for two steps.
 // Built by nvcc or hipcc it runs on the GPU (GpuExec); built by a plain C++ compiler it runs the
 // same code on the emulated GPU of the tests (the device functors on the CPU: a dry run without a
 // GPU).
@@ -15,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -172,6 +175,58 @@ TEST_CASE("data parallel on the device: the rank-order average of every rank's g
   sync.wait();
   const std::vector<float> got = download(exec, model.gradients());
   CHECK(test::same_bits(got, want));
+}
+
+TEST_CASE("device IPC among the ranks: the rank-order average and the staged path's bits") {
+  Fixture f;
+  const int p = f.comm.size();
+#if DTRAIN_DEVICE_CODE
+  Exec exec;
+#else
+  test::EmulatedDevice::Options o;
+  o.ipc = true;  // windows other processes map through /proc/<pid>/fd
+  Exec exec(o);
+#endif
+  Model model(layers(), exec);
+  model.init(9);
+  std::vector<float> x(static_cast<std::size_t>(kRows * model.in_features()));
+  std::vector<std::int32_t> y(kRows);
+  make_batch(f.comm.rank(), 1, x, y);
+  model.zero_grad();
+  model.forward_backward(x.data(), y.data(), kRows).get();
+  const std::vector<float> own = download(exec, model.gradients());
+  const int n = static_cast<int>(own.size());
+  std::vector<float> all(own.size() * static_cast<std::size_t>(p));
+  MPI_Allgather(own.data(), n, MPI_FLOAT, all.data(), n, MPI_FLOAT, MPI_COMM_WORLD);
+  std::vector<float> want(own.size());
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    float acc = all[i];
+    for (int q = 1; q < p; ++q) acc = acc + all[static_cast<std::size_t>(q) * own.size() + i];
+    want[i] = acc / static_cast<float>(p);
+  }
+  // Device IPC forced (an error where it cannot be used), then staged through host memory.
+  std::vector<float> got[2];
+  for (int ipc = 1; ipc >= 0; --ipc) {
+    ::setenv("DTRAIN_DEVICE_IPC", ipc ? "1" : "0", 1);
+    ::setenv("DTRAIN_MPI_GPU_AWARE", "0", 1);
+    {
+      BasicGradientSync<Exec> sync(exec, f.comm, model.gradients(), 512);
+      CHECK(sync.device_ipc() == (ipc == 1));
+      CHECK(sync.staged() == (ipc == 0));
+      for (int step = 0; step < 2; ++step) {  // the same handles serve every step
+        model.zero_grad();
+        model.forward_backward(x.data(), y.data(), kRows, Loss::softmax_cross_entropy, sync);
+        sync.wait();
+      }
+      got[ipc] = download(exec, model.gradients());
+    }
+    ::unsetenv("DTRAIN_DEVICE_IPC");
+    ::unsetenv("DTRAIN_MPI_GPU_AWARE");
+  }
+  MESSAGE("rank " << f.comm.rank() << " of " << p << ": device IPC and staged gradients "
+                  << std::string(test::same_bits(got[1], got[0]) ? "bit-equal" : "differ"));
+  CHECK(test::same_bits(got[1], want));
+  CHECK(test::same_bits(got[1], got[0]));
 }
 
 TEST_CASE("fully sharded on the device: the replicated run's bits, and the host's values") {

@@ -6,7 +6,8 @@
 # grid layers (convolution, pooling, upsampling, residual) against the host, device gradient
 # clipping and checkpoint staging (tests/gpu/gpu_exec_test.cpp), example 03 (a user layer: the loss
 # and every parameter gradient against the host), 2 and 4 MPI ranks sharing the GPU, data parallel
-# and fully sharded in reproducible mode (tests/gpu/mpi_gpu_test.cpp), then kernels_bench with its
+# and fully sharded in reproducible mode, and device IPC among them against the staged bits
+# (tests/gpu/mpi_gpu_test.cpp), then kernels_bench with its
 # device section (tiled GEMM vs the vendor BLAS, AdamW vs device memcpy) and conv_bench, then a
 # short training run of example 10 on 1 GPU (--device cuda|hip) next to the CPU run of the same
 # seed (--device cpu), checked: the GPU run's final loss within 5% of the CPU run's, test
@@ -202,7 +203,12 @@ done
 if [ -x "$BUILD/mpi_gpu_$DIALECT" ] && [ -n "$MPIEXEC" ]; then
   for np in 2 4; do
     DTRAIN_TEST_WATCHDOG_S=110 run_step "mpi_gpu_${DIALECT}_np$np" "$OUT/mpi_gpu_${DIALECT}_np$np.txt" 120 \
-      "$MPIEXEC" -n "$np" "$BUILD/mpi_gpu_$DIALECT"
+      "$MPIEXEC" -n "$np" "$BUILD/mpi_gpu_$DIALECT" --test-case-exclude="*device IPC*"
+  done
+  # Device IPC among the ranks sharing the GPU (CUDA/HIP IPC handles), against the staged bits.
+  for np in 2 4; do
+    DTRAIN_TEST_WATCHDOG_S=110 run_step "mpi_gpu_ipc_${DIALECT}_np$np" "$OUT/mpi_gpu_ipc_${DIALECT}_np$np.txt" 120 \
+      "$MPIEXEC" -n "$np" "$BUILD/mpi_gpu_$DIALECT" --test-case="*device IPC*"
   done
 elif [ -n "$MPIFLAGS" ]; then
   missing "mpi_gpu_$DIALECT"

@@ -15,3 +15,10 @@ dtrain_add_mpi_test(NAME mpi_exec_handover IN test_mpi
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_mpi_handover.cpp
   NP 2
   TIMEOUT 60)
+# GradientSync's device IPC between MPI processes on the emulated device (memfd windows opened
+# through /proc/<pid>/fd): one node, and fake nodes of 2 + 1 ranks; against an MPI_Allgather
+# rank-order reference and the staged path.
+dtrain_add_mpi_test(NAME mpi_exec_ipc IN test_mpi
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_mpi_ipc.cpp
+  NP 2 3
+  TIMEOUT 60)

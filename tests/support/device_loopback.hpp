@@ -14,6 +14,7 @@
 #include "support/emulated_device.hpp"
 
 #include <dtrain/comm/transport_capabilities.hpp>
+#include <dtrain/comm/topology.hpp>
 #include <dtrain/comm/transport_registration.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/timer.hpp>
@@ -46,6 +47,8 @@ class DeviceLoopbackTransport {
 
   int rank() const noexcept { return inner_->rank(); }
   int size() const noexcept { return inner_->size(); }
+  /// The loopback world's nodes (device IPC works within them).
+  const NodeMap& node_map() const noexcept { return inner_->node_map(); }
 
   void isend(Request& r, int peer, int tag, const void* data, std::size_t bytes) {
     r.device_dst = nullptr;

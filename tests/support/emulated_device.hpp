@@ -16,10 +16,17 @@
 // - Kernels are HostExec's, run on the stream's worker over the private mapping, so results are
 //   bit-identical to HostExec. An exception on a worker becomes a sticky error that every later
 //   wait rethrows (as a device's would).
+// - IPC (EmulatedDeviceOptions::ipc): an allocation's handle names the process and the memfd
+//   behind it; another process (or rank thread) opens it through /proc/<pid>/fd/<fd> and maps it
+//   as device memory of its own emulated device (PROT_NONE where code sees it), so GradientSync's
+//   device IPC runs between MPI processes with the host never reading the shared pages.
 #pragma once
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <chrono>
@@ -44,6 +51,7 @@
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/timer.hpp>
+#include <dtrain/exec/exec_ipc.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/exec/host_exec.hpp>
 
@@ -55,6 +63,9 @@ struct EmulatedDeviceOptions {
   bool lazy = true;
   /// Bound on a worker's wait for another stream (a lost dependency is an error, not a hang).
   double worker_timeout_s = 60;
+  /// Allocations can be shared with other processes (ipc_export / ipc_open); each keeps its
+  /// memfd open while it lives.
+  bool ipc = false;
 };
 
 /// The emulated device as an execution policy (see the top of this file). Thread-safe like a
@@ -95,6 +106,69 @@ class EmulatedDevice {
   bool is_device(const void* p) const {
     std::lock_guard<std::mutex> lk(mem_mu_);
     return find(p) != nullptr;
+  }
+
+  // ---- IPC (the optional members of <dtrain/exec/exec_ipc.hpp>) ----------------------------
+
+  /// An allocation's name for another process: its owner and the memfd behind it.
+  struct IpcHandle {
+    std::int64_t pid = 0, fd = -1;
+    std::uint64_t bytes = 0;
+  };
+  using ipc_handle_type = IpcHandle;
+
+  bool ipc_available() const noexcept { return options_.ipc; }
+  /// `base`: a pointer the allocator returned (ipc on).
+  IpcHandle ipc_export(void* base) {
+    std::lock_guard<std::mutex> lk(mem_mu_);
+    auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(base));
+    if (it == blocks_.end() || it->second.fd < 0)
+      raise<DeviceError>("emulated ipc_export",
+                         options_.ipc ? "not the start of an allocation of this device"
+                                      : "the device was made without EmulatedDeviceOptions::ipc");
+    return IpcHandle{static_cast<std::int64_t>(::getpid()), it->second.fd, it->second.bytes};
+  }
+  /// Maps another process's allocation as device memory of this device.
+  void* ipc_open(const IpcHandle& h) {
+    const std::string path = "/proc/" + std::to_string(h.pid) + "/fd/" + std::to_string(h.fd);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+      raise<DeviceError>("emulated ipc_open", "open " + path + ": " + std::strerror(errno));
+    const std::size_t len = page_round(h.bytes);
+    void* dev = ::mmap(nullptr, len, PROT_NONE, MAP_SHARED, fd, 0);
+    void* back = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (dev == MAP_FAILED || back == MAP_FAILED) {
+      if (dev != MAP_FAILED) ::munmap(dev, len);
+      if (back != MAP_FAILED) ::munmap(back, len);
+      raise<DeviceError>("emulated ipc_open", "mmap of " + path);
+    }
+    std::lock_guard<std::mutex> lk(mem_mu_);
+    blocks_[reinterpret_cast<std::uintptr_t>(dev)] = Block{back, h.bytes, len, -1};
+    ++ipc_opened_;
+    ++ipc_mapped_;
+    return dev;
+  }
+  /// Unmaps what ipc_open returned, once the streams are done with it.
+  void ipc_close(void* p) noexcept {
+    if (!p) return;
+    drain_all();
+    std::lock_guard<std::mutex> lk(mem_mu_);
+    auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == blocks_.end()) return;
+    ::munmap(p, it->second.mapped);
+    ::munmap(it->second.backing, it->second.mapped);
+    blocks_.erase(it);
+    --ipc_mapped_;
+  }
+  /// Other processes' allocations opened so far, and mapped now.
+  std::uint64_t ipc_opened() const {
+    std::lock_guard<std::mutex> lk(mem_mu_);
+    return ipc_opened_;
+  }
+  std::uint64_t ipc_mapped() const {
+    std::lock_guard<std::mutex> lk(mem_mu_);
+    return ipc_mapped_;
   }
 
   // ---- streams and events ----------------------------------------------------------------
@@ -285,22 +359,23 @@ class EmulatedDevice {
     explicit Memory(EmulatedDevice& dev) : dev_(dev) {}
     void* allocate(std::size_t bytes, std::size_t) override {
       if (bytes == 0) return nullptr;
-      const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-      const std::size_t len = (bytes + page - 1) / page * page;
-      const int fd = ::memfd_create("dtrain-emulated-device", 0);
+      const std::size_t len = page_round(bytes);
+      const int fd = ::memfd_create("dtrain-emulated-device", MFD_CLOEXEC);
       if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(len)) != 0) {
         if (fd >= 0) ::close(fd);
         raise<DeviceError>("emulated allocate", "memfd for " + std::to_string(bytes) + " B");
       }
       void* dev = ::mmap(nullptr, len, PROT_NONE, MAP_SHARED, fd, 0);
       void* back = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-      ::close(fd);
+      // Kept open for ipc_export where the device shares its memory.
+      const bool keep = dev_.options_.ipc && dev != MAP_FAILED && back != MAP_FAILED;
+      if (!keep) ::close(fd);
       if (dev == MAP_FAILED || back == MAP_FAILED)
         raise<DeviceError>("emulated allocate", "mmap of " + std::to_string(len) + " B");
       // Device memory is not zeroed: fill it with NaN bit patterns so nothing relies on zeros.
       std::memset(back, 0xff, len);
       std::lock_guard<std::mutex> lk(dev_.mem_mu_);
-      dev_.blocks_[reinterpret_cast<std::uintptr_t>(dev)] = Block{back, bytes, len};
+      dev_.blocks_[reinterpret_cast<std::uintptr_t>(dev)] = Block{back, bytes, len, keep ? fd : -1};
       return dev;
     }
     void deallocate(void* p, std::size_t) noexcept override {
@@ -311,6 +386,7 @@ class EmulatedDevice {
       if (it == dev_.blocks_.end()) return;
       ::munmap(p, it->second.mapped);
       ::munmap(it->second.backing, it->second.mapped);
+      if (it->second.fd >= 0) ::close(it->second.fd);
       dev_.blocks_.erase(it);
     }
     Space space() const noexcept override { return EmulatedDevice::space; }
@@ -321,8 +397,14 @@ class EmulatedDevice {
   struct Block {
     void* backing;
     std::size_t bytes, mapped;
+    int fd;  // the memfd, kept for ipc_export (-1: closed, or another process's block)
   };
   friend class Memory;
+
+  static std::size_t page_round(std::size_t bytes) {
+    const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+    return (bytes + page - 1) / page * page;
+  }
 
   const Block* find(const void* p) const {
     const auto a = reinterpret_cast<std::uintptr_t>(p);
@@ -461,12 +543,14 @@ class EmulatedDevice {
   std::string sticky_;
   mutable std::mutex mem_mu_;  // blocks_
   std::map<std::uintptr_t, Block> blocks_;
+  std::uint64_t ipc_opened_ = 0, ipc_mapped_ = 0;
   Memory memory_;
   Stream* compute_ = nullptr;
 };
 
 static_assert(dtrain::detail::check_exec_policy<EmulatedDevice>(),
               "the emulated device is an execution policy");
+static_assert(dtrain::has_exec_ipc_v<EmulatedDevice>, "the emulated device can play device IPC");
 
 /// Host copy of the bytes of `v`, exec memory of `dev`, through the device's copies (waits for
 /// the compute stream first, so it sees every queued kernel).

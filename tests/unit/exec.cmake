@@ -33,3 +33,9 @@ dtrain_add_unit_test(NAME unit_exec_emulated_handover IN test_exec
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_handover_test.cpp
   LINK dtrain::loopback
   TIMEOUT 60)
+# GradientSync's device IPC among rank threads (the emulated device with IPC on): the rule, the
+# bits against a host reference and the staged path on one node and several, a missing rank.
+dtrain_add_unit_test(NAME unit_exec_emulated_ipc IN test_exec
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_ipc_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 60)

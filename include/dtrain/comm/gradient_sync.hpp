@@ -14,6 +14,7 @@
 #include <dtrain/comm/collective_handle.hpp>
 #include <dtrain/comm/communicator.hpp>
 #include <dtrain/comm/detail/device_allreduce.hpp>
+#include <dtrain/comm/detail/device_ipc.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/log.hpp>
@@ -91,6 +92,13 @@ struct has_state_shards<
 /// done), and wait() completes what is left.
 /// Handed-over buckets exchange no call fingerprints: a rank out of step shows as a TimeoutError
 /// naming the hand-over, the bucket and the peer, or as the transport's size mismatch.
+/// Through device IPC instead, where the policy can share its device memory between processes
+/// (has_exec_ipc_v, ipc_available()), some node has several ranks, the nodes are blocks of
+/// consecutive ranks and DTRAIN_DEVICE_IPC is not 0 (detail/device_ipc.hpp: each rank's window
+/// opened by the ranks of its node once, here, so construction is then collective over the node;
+/// each bucket copied into the window, its parts reduced in rank order by their owners straight
+/// from the node's windows, node after node between nodes over the transport, and copied back
+/// out; device_ipc()). Decided once here with the hand-over, and logged with it.
 /// Staged otherwise: a copy stream waits for the bucket's event and copies it to a host mirror
 /// (pinned, from the policy's host allocator); the all-reduce runs on the mirror; the average is
 /// copied back on a second stream while later buckets are still copied out or reduced, and the
@@ -117,8 +125,9 @@ class BasicGradientSync {
  public:
   using exec_type = Exec;
 
-  /// Local (collective only if `automatic` needs the communicator's cost model measured).
-  /// `grads` is exec memory of `exec`.
+  /// Local (collective only if `automatic` needs the communicator's cost model measured, and over
+  /// the node with device IPC: the windows' handles are exchanged here, bounded by the
+  /// communicator's timeout). `grads` is exec memory of `exec`.
   template <class Transport>
   BasicGradientSync(Exec& exec, Communicator<Transport>& comm, BufferView grads,
                     std::size_t bucket_bytes,
@@ -133,6 +142,7 @@ class BasicGradientSync {
     per_bucket_ = bucket_bytes / es > 0 ? bucket_bytes / es : 1;
     const std::size_t n = grads.count;
     const std::size_t nb = n == 0 ? 0 : (n + per_bucket_ - 1) / per_bucket_;
+    detail::DeviceIpcChoice ipc;
     if (grads.space != Space::host) {
       const DeviceBuffers d = device_buffers_of(comm.transport(), grads.space);
       handed_over_ = d.handed_over && detail::handover_reduces(grads.dtype);
@@ -143,10 +153,15 @@ class BasicGradientSync {
           : d.handed_over ? "staged through host memory (" + std::string(name_of(grads.dtype)) +
                                 " gradients: the hand-over reduces f32, f64, i32 and i64)"
                           : "staged through host memory (" + d.why + ")";
+      ipc = detail::device_ipc_choice(comm.transport(), exec, grads.dtype, d);
+      ipc_ = ipc.use;
+      handed_over_ = handed_over_ || ipc_;
+      staged_ = !handed_over_;
+      const std::string said = ipc_ ? ipc.why : how + "; " + ipc.why;
       if (comm.rank() == 0)
-        DTRAIN_LOG(info, "GradientSync: " << name_of(grads.space) << " gradients " << how);
+        DTRAIN_LOG(info, "GradientSync: " << name_of(grads.space) << " gradients " << said);
       else
-        DTRAIN_LOG(debug, "GradientSync: " << name_of(grads.space) << " gradients " << how);
+        DTRAIN_LOG(debug, "GradientSync: " << name_of(grads.space) << " gradients " << said);
     }
     BufferView target = grads;
     if (staged_) {
@@ -177,7 +192,10 @@ class BasicGradientSync {
       d2h_ = ExecStream<Exec>(exec);
       h2d_ = ExecStream<Exec>(exec);
     }
-    if (handed_over_)
+    if (ipc_)
+      device_ = detail::make_device_ipc(comm.transport(), exec, device_buckets, ipc.direct,
+                                        comm.config().timeout_s);
+    else if (handed_over_)
       device_ = std::make_unique<detail::DeviceBucketAllreduce<Transport, Exec>>(
           comm.transport(), exec, device_buckets, comm.config().timeout_s);
     launcher_ = std::move(launcher);
@@ -386,7 +404,10 @@ class BasicGradientSync {
   /// Whether device buckets are staged through host memory, or handed over to the transport and
   /// averaged on the device (see the class comment); both false for host gradients.
   bool staged() const noexcept { return staged_; }
-  bool handed_over() const noexcept { return handed_over_; }
+  bool handed_over() const noexcept { return handed_over_ && !ipc_; }
+  /// Whether device buckets are averaged through device IPC among the ranks of each node (see
+  /// the class comment); then neither staged() nor handed_over().
+  bool device_ipc() const noexcept { return ipc_; }
   /// Non-blocking: whether bucket i's all-reduce has completed (false if not started). Rethrows
   /// its failure.
   /// A handed-over bucket completes in wait() only.
@@ -519,7 +540,8 @@ class BasicGradientSync {
   Exec* exec_;
   BufferView grads_;
   std::size_t per_bucket_ = 1;
-  bool staged_ = false, handed_over_ = false;
+  bool staged_ = false, handed_over_ = false;  // handed_over_: a device reducer (device_)
+  bool ipc_ = false;                           // that reducer is device IPC's
   std::vector<std::pair<std::size_t, std::size_t>> ranges_;
   std::vector<std::size_t> ready_;
   // Declaration order is destruction order reversed: handles (which wait for running buckets)

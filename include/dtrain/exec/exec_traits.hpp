@@ -82,6 +82,8 @@
 //                                                  host (policies whose kernels run on the host)
 //     for_each_index<F>(s, const char* name, int64 n, A... args)   runs F{args...}(i), i < n
 //   A GPU policy has neither: its stream_type is the native stream layers launch kernels on.
+//   Device IPC (sharing device memory with the other processes of a node): the members listed
+//   in <dtrain/exec/exec_ipc.hpp>, detected by has_exec_ipc_v.
 //
 // is_exec_policy_v<E> is true when E has all of the above; detail::check_exec_policy<E>() fires
 // one static_assert per missing member, naming it. Generic entry points call it.

@@ -196,6 +196,44 @@ inline void free(void* p) noexcept {
 #endif
 }
 
+/// The name of a device allocation that another process can open (CUDA/HIP IPC).
+#if defined(DTRAIN_GPU_HIP)
+using ipc_mem_handle_t = hipIpcMemHandle_t;
+#else
+using ipc_mem_handle_t = cudaIpcMemHandle_t;
+#endif
+/// The IPC handle of the allocation `base` (from gpu::malloc) points to; throws DeviceError.
+inline ipc_mem_handle_t ipc_get_mem_handle(void* base) {
+  ipc_mem_handle_t h;
+#if defined(DTRAIN_GPU_HIP)
+  DTRAIN_CHECK_GPU(hipIpcGetMemHandle(&h, base));
+#else
+  DTRAIN_CHECK_GPU(cudaIpcGetMemHandle(&h, base));
+#endif
+  return h;
+}
+/// Another process's allocation mapped into this one (peer access enabled as needed); throws
+/// DeviceError with the vendor's message (no peer access between the devices, no IPC in a
+/// container or MIG instance, ...). Blocking.
+inline void* ipc_open_mem_handle(const ipc_mem_handle_t& h) {
+  void* p = nullptr;
+#if defined(DTRAIN_GPU_HIP)
+  DTRAIN_CHECK_GPU(hipIpcOpenMemHandle(&p, h, hipIpcMemLazyEnablePeerAccess));
+#else
+  DTRAIN_CHECK_GPU(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess));
+#endif
+  return p;
+}
+/// Unmaps what ipc_open_mem_handle returned; never throws.
+inline void ipc_close_mem_handle(void* p) noexcept {
+  if (!p) return;
+#if defined(DTRAIN_GPU_HIP)
+  (void)hipIpcCloseMemHandle(p);
+#else
+  (void)cudaIpcCloseMemHandle(p);
+#endif
+}
+
 /// Direction of a copy.
 enum class CopyKind : unsigned char { host_to_device, device_to_host, device_to_device, automatic };
 

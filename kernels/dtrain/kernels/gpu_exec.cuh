@@ -19,6 +19,7 @@
 #include <dtrain/core/error.hpp>
 #include <dtrain/core/span.hpp>
 #include <dtrain/core/timer.hpp>
+#include <dtrain/exec/exec_ipc.hpp>
 #include <dtrain/exec/exec_traits.hpp>
 #include <dtrain/kernels/activation.cuh>
 #include <dtrain/kernels/dropout.cuh>
@@ -111,6 +112,20 @@ class BasicGpuExec {
     }
     return true;
   }
+
+  // ---- Device IPC (<dtrain/exec/exec_ipc.hpp>): CUDA / HIP IPC handles ----
+  using ipc_handle_type = ipc_mem_handle_t;
+  /// The runtime's legacy IPC, for memory from allocator() (failures show when a peer opens).
+  bool ipc_available() const noexcept { return true; }
+  ipc_handle_type ipc_export(void* base) {
+    set_device(device_);
+    return ipc_get_mem_handle(base);
+  }
+  void* ipc_open(const ipc_handle_type& h) {
+    set_device(device_);
+    return ipc_open_mem_handle(h);
+  }
+  void ipc_close(void* p) noexcept { ipc_close_mem_handle(p); }
 
   // ---- Copies (explicit directions: the runtime rejects a pointer in the wrong space) ----
   void copy_h2d(stream_type s, void* dst, const void* src, std::size_t bytes) {
@@ -280,5 +295,6 @@ using gpu::GpuBlasExec;
 #endif
 
 static_assert(detail::check_exec_policy<gpu::GpuExec>(), "GpuExec satisfies the policy");
+static_assert(has_exec_ipc_v<gpu::GpuExec>, "GpuExec shares its memory through CUDA / HIP IPC");
 
 }  // namespace dtrain
