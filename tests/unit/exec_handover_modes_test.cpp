@@ -122,9 +122,9 @@ TEST_SUITE("emulated_handover_modes") {
             DeviceLoopbackTransport t(lt, dev, takes);
             Communicator comm(t, modes_config());
             Tensor h({10}, DType::bf16, dev.allocator());
-            BasicGradientSync<EmulatedDevice> half(dev, comm, h.view(), 16);
-            CHECK(half.handed_over() == takes);
-            CHECK(half.staged() == !takes);
+            BasicGradientSync<EmulatedDevice> sync16(dev, comm, h.view(), 16);
+            CHECK(sync16.handed_over() == takes);
+            CHECK(sync16.staged() == !takes);
             using Model = BasicSequential<float, EmulatedDevice>;
             Model model(modes_layers(), dev);
             model.init(3);
@@ -176,13 +176,13 @@ TEST_SUITE("emulated_handover_modes") {
           std::vector<std::uint16_t> v(n);
           for (std::size_t i = 0; i < n; ++i) {
             const float f = modes_value(r, s, i);
-            v[i] = dt == DType::f16 ? half(f).bits : bfloat16(f).bits;
+            v[i] = dt == DType::f16 ? dtrain::half(f).bits : dtrain::bfloat16(f).bits;
           }
           return v;
         };
         auto widen = [&](std::uint16_t b) {
-          half h;
-          bfloat16 bf;
+          dtrain::half h;
+          dtrain::bfloat16 bf;
           h.bits = b;
           bf.bits = b;
           return dt == DType::f16 ? static_cast<float>(h) : static_cast<float>(bf);
@@ -225,7 +225,7 @@ TEST_SUITE("emulated_handover_modes") {
             float acc = widen(input(0, s)[i]);
             for (int q = 1; q < p; ++q) acc += widen(input(q, s)[i]);
             acc /= static_cast<float>(p);
-            want[i] = dt == DType::f16 ? half(acc).bits : bfloat16(acc).bits;
+            want[i] = dt == DType::f16 ? dtrain::half(acc).bits : dtrain::bfloat16(acc).bits;
           }
           std::vector<unsigned char> wb(n * 2);
           std::memcpy(wb.data(), want.data(), wb.size());
