@@ -445,4 +445,33 @@ TEST_SUITE("emulated_handover_modes") {
       }
     }
   }
+  TEST_CASE("a fully sharded peer that never sends: TimeoutError naming the unit and the peer") {
+    std::atomic<int> caught{0};
+    run_loopback(2, [&](LoopbackTransport& lt) {
+      EmulatedDevice dev;
+      DeviceLoopbackTransport t(lt, dev, true);
+      CommConfig c = modes_config();
+      c.timeout_s = 0.2;
+      Communicator comm(t, c);
+      using Model = BasicSequential<float, EmulatedDevice>;
+      Model model(modes_layers(), dev);
+      model.init(5);
+      FullyShardedOptions o;
+      o.prefetch = false;  // one gather in flight: the one that times out
+      FullyShardedSync<Model> fs(comm, model, o);
+      if (lt.rank() == 1) return;  // rank 1 never takes part
+      std::vector<float> x, y;
+      modes_data(0, 0, 0, x, y);
+      try {
+        model.forward_backward(x.data(), y.data(), modes_rows, Loss::mse);
+      } catch (const TimeoutError& e) {
+        const std::string m = e.what();
+        CHECK(m.find("FullyShardedSync hand-over") != std::string::npos);
+        CHECK(m.find("unit 0") != std::string::npos);
+        CHECK(m.find("all-gather round: receive from rank 1") != std::string::npos);
+        ++caught;
+      }
+    });
+    CHECK(caught.load() == 1);
+  }
 }
