@@ -207,7 +207,7 @@ class FullyShardedSync final : public UnitProvider {
     }
     if (exec_type::space != Space::host) {
       const DeviceBuffers d = device_buffers_of(comm.transport(), exec_type::space);
-      handed_over_ = d.handed_over && detail::handover_reduces<exec_type>(dtype_of_v<T>);
+      handed_over_ = d.handed_over && detail::handover_reduces_on<exec_type>(dtype_of_v<T>);
       staged_ = !handed_over_;
       // Rank 0 tells the run; the others only at debug level.
       const std::string how =

@@ -138,7 +138,7 @@ class BasicGradientSync {
     const std::size_t nb = n == 0 ? 0 : (n + per_bucket_ - 1) / per_bucket_;
     if (grads.space != Space::host) {
       const DeviceBuffers d = device_buffers_of(comm.transport(), grads.space);
-      handed_over_ = d.handed_over && detail::handover_reduces<Exec>(grads.dtype);
+      handed_over_ = d.handed_over && detail::handover_reduces_on<Exec>(grads.dtype);
       staged_ = !handed_over_;
       // Rank 0 tells the run; the others only at debug level.
       const std::string how =
@@ -157,7 +157,7 @@ class BasicGradientSync {
       target = mirror_.view();
     }
     auto launcher = std::make_unique<detail::PlannedBuckets<Transport>>(comm);
-    std::vector<detail::DevicePartsOp> device_buckets;
+    std::vector<BufferView> device_buckets;
     for (std::size_t i = 0; i < nb; ++i) {
       const std::size_t end = n - i * per_bucket_;
       const std::size_t begin = end > per_bucket_ ? end - per_bucket_ : 0;
@@ -167,7 +167,7 @@ class BasicGradientSync {
       // for the step (every rank at the same collective, same sizes), the others skip that
       // latency round.
       if (handed_over_)
-        device_buckets.push_back({v, own_part(v, comm.rank(), comm.size()), v, i});
+        device_buckets.push_back(v);
       else
         launcher->plans.push_back(comm.plan_allreduce(v, v, ReduceOp::avg, algo, i == 0));
       ready_events_.emplace_back(exec);
@@ -181,9 +181,11 @@ class BasicGradientSync {
       h2d_ = ExecStream<Exec>(exec);
     }
     if (handed_over_)
-      device_ = std::make_unique<detail::DeviceParts<Transport, Exec>>(
-          comm.transport(), exec, std::move(device_buckets), comm.config().timeout_s,
-          detail::HandoverNames{"GradientSync hand-over", "bucket", "parts", "averages"});
+      device_ = std::make_unique<detail::DeviceBucketAllreduce<Transport, Exec>>(
+          comm.transport(), exec, device_buckets, comm.config().timeout_s);
+    // Sharded steps take the buckets' reduce-scatters and all-gathers apart (null for another
+    // reducer).
+    exchange_ = dynamic_cast<detail::DeviceExchange<Exec>*>(device_.get());
     launcher_ = std::move(launcher);
     ready_.assign(nb, 0);
     handles_.resize(nb);
@@ -295,9 +297,10 @@ class BasicGradientSync {
   /// update has completed (no stream synchronisation). Not with staged device gradients. With
   /// one rank it changes nothing (sharded() stays false).
   void shard_updates(BufferView params) {
-    DTRAIN_REQUIRE(!staged_, "GradientSync::shard_updates",
+    DTRAIN_REQUIRE(grads_.space == Space::host || exchange_, "GradientSync::shard_updates",
                    "sharded updates need host gradients or device gradients handed over to the "
-                   "transport (these device gradients are staged through host memory)");
+                   "transport (these device gradients are "
+                       << (staged_ ? "staged through host memory" : "not handed over") << ")");
     DTRAIN_REQUIRE(params.count == grads_.count && params.dtype == grads_.dtype &&
                        params.space == grads_.space,
                    "GradientSync::shard_updates",
@@ -315,7 +318,7 @@ class BasicGradientSync {
       const std::size_t off = first + partition_begin(len, size_, rank_);
       const std::size_t cnt = partition_count(len, size_, rank_);
       if (handed_over_)
-        device_->set_gather(b, params.slice(off, cnt), params.slice(first, len));
+        exchange_->set_gather(b, params.slice(off, cnt), params.slice(first, len));
       else
         launcher_->plan_parts(grads_.slice(first, len), grads_.slice(off, cnt),
                               params.slice(off, cnt), params.slice(first, len), b == 0);
@@ -363,7 +366,7 @@ class BasicGradientSync {
           const BufferView part = arena.slice(parts_[b].first, parts_[b].second);
           const BufferView whole = arena.slice(ranges_[b].first, ranges_[b].second);
           if (handed_over_)
-            device_->allgather(part, whole);
+            exchange_->allgather(part, whole);
           else
             launcher_->allgather(part, whole);
         }
@@ -425,9 +428,6 @@ class BasicGradientSync {
   BufferView arena_slice(std::size_t b) const {
     return grads_.slice(ranges_[b].first, ranges_[b].second);
   }
-  static BufferView own_part(BufferView v, int rank, int size) {
-    return v.slice(partition_begin(v.count, size, rank), partition_count(v.count, size, rank));
-  }
   BufferView mirror_slice(std::size_t b) const {
     return mirror_.view().slice(ranges_[b].first, ranges_[b].second);
   }
@@ -449,14 +449,14 @@ class BasicGradientSync {
     while (started_ < queued_ && e.query(gate(started_))) start(started_);
     // Handed-over buckets move on without blocking (reduction queued, averages sent), in order.
     if (handed_over_)
-      while (progressed_ < started_ && (sharded_ ? device_->scatter_progress(progressed_)
-                                                 : device_->allreduce_progress(progressed_)))
+      while (progressed_ < started_ &&
+             (sharded_ ? exchange_->scatter_progress(progressed_) : device_->progress(progressed_)))
         ++progressed_;
   }
 
   void start(std::size_t b) {
     if (handed_over_)
-      device_->start_scatter(b, own_part(arena_slice(b), rank_, size_));
+      device_->start(b);
     else
       handles_[b] = sharded_ ? launcher_->start_reduce_scatter(b) : launcher_->start(b);
     ++started_;
@@ -484,7 +484,7 @@ class BasicGradientSync {
           exec_wait(e, ev, exec_timeout_s(), "GradientSync::wait (a bucket's update)");
         else if (!e.query(ev))
           return;
-        device_->start_gather(gathers_started_);
+        exchange_->start_gather(gathers_started_);
       }
     };
     for (std::size_t b = 0; b < started_; ++b) {
@@ -495,11 +495,11 @@ class BasicGradientSync {
             continue;
           }
           if (sharded_) {
-            device_->finish_scatter(b);
+            exchange_->finish_scatter(b);
             // The update reads the average once the device reduction has written it.
-            e.stream_wait(e.compute_stream(), device_->reduced_event(b));
+            e.stream_wait(e.compute_stream(), exchange_->reduced_event(b));
           } else {
-            device_->finish_allreduce(b);
+            device_->finish(b);
           }
         } else {
           handles_[b].wait();
@@ -548,7 +548,7 @@ class BasicGradientSync {
         else if (first)
           device_->cancel(b);
         else
-          device_->finish_gather(b, e.compute_stream());
+          exchange_->finish_gather(b, e.compute_stream());
       } catch (...) {
         if (!first) first = std::current_exception();
       }
@@ -586,7 +586,8 @@ class BasicGradientSync {
   std::vector<ExecEvent<Exec>> ready_events_, copied_events_, back_events_;
   ExecStream<Exec> d2h_, h2d_;
   std::unique_ptr<detail::BucketLauncher> launcher_;
-  std::unique_ptr<detail::DeviceExchange<Exec>> device_;  // handed-over buckets
+  std::unique_ptr<detail::DeviceBucketReducer> device_;  // handed-over buckets
+  detail::DeviceExchange<Exec>* exchange_ = nullptr;     // device_, for sharded steps
   std::vector<CollectiveHandle> handles_;
   std::size_t queued_ = 0;      // buckets whose event is recorded (and copy queued)
   std::size_t started_ = 0;     // buckets whose all-reduce has started

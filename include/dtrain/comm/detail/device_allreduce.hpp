@@ -40,18 +40,37 @@ inline bool is_16bit_dtype(DType dtype) noexcept {
   return dtype == DType::f16 || dtype == DType::bf16;
 }
 
-/// Whether the hand-over reduces buffers of `dtype` with policy Exec: the accumulator types
-/// (f32, f64, i32, i64), and the 16-bit floats where Exec converts them to an f32 accumulator
-/// (exec_converts_v).
+/// Whether the hand-over reduces buffers of `dtype` with any policy: the accumulator types.
+inline bool handover_reduces(DType dtype) noexcept { return !is_16bit_dtype(dtype); }
+/// Whether it reduces them with policy Exec: also the 16-bit floats where Exec converts them to
+/// an f32 accumulator (exec_converts_v).
 template <class Exec>
-bool handover_reduces(DType dtype) noexcept {
-  return !is_16bit_dtype(dtype) || exec_converts_v<Exec>;
+bool handover_reduces_on(DType dtype) noexcept {
+  return handover_reduces(dtype) || exec_converts_v<Exec>;
 }
 /// Why the hand-over does not reduce `dtype` (for the log line of the staging it falls back to).
 inline std::string handover_refusal(DType dtype) {
   return std::string(name_of(dtype)) +
          " needs an f32 accumulator and the execution policy has no convert()";
 }
+
+/// The buckets' all-reduces, with the transport type hidden from GradientSync's users.
+struct DeviceBucketReducer {
+  virtual ~DeviceBucketReducer() = default;
+  /// Posts bucket b's first round (its parts to their owners); non-blocking.
+  virtual void start(std::size_t b) = 0;
+  /// Non-blocking: moves bucket b on as far as it goes without waiting (first round arrived:
+  /// queue the reduction; reduction done: post the second round). Returns whether the second
+  /// round is posted. Call for the started buckets in bucket order, stopping at the first that
+  /// returns false, so that every rank posts the second rounds in the same order.
+  virtual bool progress(std::size_t b) = 0;
+  /// Completes bucket b: what is left of its first round, the reduction, the second round.
+  /// Blocking, bounded by the communicator's timeout (transfers) and exec_timeout_s() (the
+  /// reduction).
+  virtual void finish(std::size_t b) = 0;
+  /// Abandons bucket b's posted transfers (error paths). Never throws.
+  virtual void cancel(std::size_t b) noexcept = 0;
+};
 
 /// What the log and errors of a hand-over call things.
 struct HandoverNames {
@@ -66,12 +85,13 @@ struct HandoverNames {
 /// a whole buffer to reduce-scatter (`scatter_in`, may be empty) and a part to all-gather into a
 /// whole buffer (`gather_part` into `gather_whole`, may be empty), fixed at construction
 /// (set_gather changes the latter). Every rank must post the same operations' rounds in the same
-/// order. Local object of one rank, used by one thread.
+/// order. As a DeviceBucketReducer, operation b is a bucket all-reduced in place: start(b) posts
+/// its reduce-scatter into this rank's part of the bucket, progress and finish its all-gather
+/// from there. Local object of one rank, used by one thread.
 template <class Exec>
-struct DeviceExchange {
+struct DeviceExchange : DeviceBucketReducer {
   using event_type = typename Exec::event_type;
   using stream_type = typename Exec::stream_type;
-  virtual ~DeviceExchange() = default;
   /// Posts operation i's reduce-scatter: this rank's part of every rank's scatter_in to this
   /// rank, averaged into `out` (this rank's part of scatter_in itself, or another buffer of the
   /// part's count and type). Non-blocking, but waits (on the event) for the reduction that last
@@ -92,12 +112,6 @@ struct DeviceExchange {
   /// Blocking: completes the all-gather's transfers; work queued on `order` afterwards sees the
   /// whole buffer.
   virtual void finish_gather(std::size_t i, stream_type order) = 0;
-  /// The all-reduce of GradientSync's replicated buckets, non-blocking: reduce-scatter arrived,
-  /// reduction queued, reduction done, all-gather posted, as far as it goes. True once the
-  /// all-gather is posted. Call for the started operations in order, stopping at the first false.
-  virtual bool allreduce_progress(std::size_t i) = 0;
-  /// Completes what allreduce_progress left of operation i's all-reduce. Blocking.
-  virtual void finish_allreduce(std::size_t i) = 0;
   /// Changes operation i's all-gather (sharded steps gather the parameters, not the averages).
   virtual void set_gather(std::size_t i, BufferView part, BufferView whole) = 0;
   /// Blocking all-gather of this rank's `part` (at `whole`'s part of this rank) into `whole`,
@@ -138,11 +152,12 @@ class DeviceParts final : public DeviceExchange<Exec> {
     std::size_t lanes = 0, widest = 0;
     for (const DevicePartsOp& op : ops_) {
       for (const BufferView& v : {op.scatter_in, op.gather_part, op.gather_whole})
-        DTRAIN_REQUIRE(v.count == 0 || (v.space == Exec::space && handover_reduces<Exec>(v.dtype)),
-                       names_.operation,
-                       "a buffer of " << name_of(v.dtype) << " in " << name_of(v.space)
-                                      << " memory (the hand-over takes " << name_of(Exec::space)
-                                      << " memory it can reduce)");
+        DTRAIN_REQUIRE(
+            v.count == 0 || (v.space == Exec::space && handover_reduces_on<Exec>(v.dtype)),
+            names_.operation,
+            "a buffer of " << name_of(v.dtype) << " in " << name_of(v.space)
+                           << " memory (the hand-over takes " << name_of(Exec::space)
+                           << " memory it can reduce)");
       lanes = std::max(lanes, op.lane + 1);
     }
     lane_parts_.assign(lanes, 0);
@@ -177,6 +192,10 @@ class DeviceParts final : public DeviceExchange<Exec> {
     once_.reset(new typename Transport::Request[2 * peers > 0 ? 2 * peers : 1]);
     once_active_.assign(2 * peers, 0);
   }
+  /// GradientSync's buckets, each all-reduced in place (its own receive slots).
+  DeviceParts(Transport& t, Exec& exec, const std::vector<BufferView>& buckets, double timeout_s)
+      : DeviceParts(t, exec, bucket_ops(buckets, t.rank(), t.size()), timeout_s,
+                    HandoverNames{"GradientSync hand-over", "bucket", "parts", "averages"}) {}
   ~DeviceParts() override {
     for (std::size_t i = 0; i < ops_.size(); ++i) cancel(i);
   }
@@ -258,14 +277,19 @@ class DeviceParts final : public DeviceExchange<Exec> {
     gathering_[i] = 0;
   }
 
-  bool allreduce_progress(std::size_t i) override {
+  void start(std::size_t i) override {
+    const BufferView v = ops_[i].scatter_in;
+    start_scatter(i, v.slice(partition_begin(v.count, size_, rank_), own(v)));
+  }
+
+  bool progress(std::size_t i) override {
     if (size_ == 1 || gathering_[i]) return true;
     if (!scatter_progress(i) || !exec_->query(done_[i].get())) return false;
     start_gather(i);
     return true;
   }
 
-  void finish_allreduce(std::size_t i) override {
+  void finish(std::size_t i) override {
     if (size_ == 1) return;
     finish_scatter(i);
     if (!gathering_[i]) start_gather(i);
@@ -343,6 +367,17 @@ class DeviceParts final : public DeviceExchange<Exec> {
   enum : unsigned char { kIdle, kPartsPosted, kReduced };
   static constexpr std::size_t npos = static_cast<std::size_t>(-1);
 
+  static std::vector<DevicePartsOp> bucket_ops(const std::vector<BufferView>& buckets, int rank,
+                                               int size) {
+    std::vector<DevicePartsOp> ops;
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const BufferView v = buckets[b];
+      ops.push_back(
+          {v, v.slice(partition_begin(v.count, size, rank), partition_count(v.count, size, rank)),
+           v, b});
+    }
+    return ops;
+  }
   std::size_t peers() const noexcept { return static_cast<std::size_t>(size_ - 1); }
   std::size_t own(const BufferView& v) const noexcept {
     return partition_count(v.count, size_, rank_);
@@ -470,6 +505,10 @@ class DeviceParts final : public DeviceExchange<Exec> {
   std::vector<unsigned char> once_active_;
   ExecStream<Exec> stream_;
 };
+
+/// GradientSync's hand-over of its buckets.
+template <class Transport, class Exec>
+using DeviceBucketAllreduce = DeviceParts<Transport, Exec>;
 
 }  // namespace detail
 }  // namespace dtrain
