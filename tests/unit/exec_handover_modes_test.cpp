@@ -101,6 +101,13 @@ void modes_data(int rank, int step, int m, std::vector<float>& x, std::vector<fl
   for (std::size_t i = 0; i < y.size(); ++i) y[i] = test::hashed_value(seed + 7, i);
 }
 
+// The emulated device without the optional convert(): 16-bit gradients cannot be reduced on it.
+struct NoConvertDevice : EmulatedDevice {
+  template <class... A>
+  void convert(A...) = delete;
+};
+static_assert(exec_converts_v<EmulatedDevice> && !exec_converts_v<NoConvertDevice>);
+
 CommConfig modes_config() {
   CommConfig c;
   c.timeout_s = 30;
@@ -125,6 +132,11 @@ TEST_SUITE("emulated_handover_modes") {
             BasicGradientSync<EmulatedDevice> sync16(dev, comm, h.view(), 16);
             CHECK(sync16.handed_over() == takes);
             CHECK(sync16.staged() == !takes);
+            // Without convert() the policy cannot reduce 16-bit floats: staged, saying why.
+            NoConvertDevice plain;
+            Tensor h2({10}, DType::f16, plain.allocator());
+            BasicGradientSync<NoConvertDevice> plain16(plain, comm, h2.view(), 16);
+            CHECK(plain16.staged());
             using Model = BasicSequential<float, EmulatedDevice>;
             Model model(modes_layers(), dev);
             model.init(3);
@@ -160,6 +172,10 @@ TEST_SUITE("emulated_handover_modes") {
         REQUIRE(at != std::string::npos);
         CHECK(log.find(why, at) < log.find('\n', at));
       }
+      if (takes)
+        CHECK(log.find("dtrain[rank 0] info: GradientSync: cuda gradients staged through host "
+                       "memory (f16 needs an f32 accumulator and the execution policy has no "
+                       "convert())") != std::string::npos);
       CHECK(log.find("dtrain[rank 1] info") == std::string::npos);
     }
   }
