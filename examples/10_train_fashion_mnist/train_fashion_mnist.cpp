@@ -149,7 +149,8 @@ int run(const Config& cfg, Exec& given_exec, const dtrain_cli::DeviceChoice& dev
   }
   dtrain::BasicAdamW<Exec> opt(model, plan.record.make_schedule());
   // 3. Reconcile: gradient buckets all-reduce while backward is still running. Sharded steps need
-  //    host gradients (an agreed error on a GPU build); the optimizer state is sharded at once.
+  //    host gradients or device gradients handed over (an agreed error where they are staged);
+  //    the optimizer state is sharded at once.
   dtrain::BasicGradientSync<Exec> sync(exec, comm, model.gradients(),
                                        static_cast<std::size_t>(cfg.bucket_kib) * 1024);
   if (cfg.step_mode == "sharded")

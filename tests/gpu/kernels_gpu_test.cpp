@@ -423,6 +423,25 @@ TEST_CASE_TEMPLATE("16-bit all-reduce path: widen, accumulate in f32, round once
     const auto got = to_host(dout);
     INFO(dtrain::name_of(dtrain::dtype_of_v<T>) << " " << dtrain::name_of(op));
     CHECK(std::memcmp(got.data(), want.data(), n * sizeof(T)) == 0);
+    // The same through the untyped forms the hand-over calls (GpuExec::convert, reduce_into with
+    // an f32 accumulator and a 16-bit operand).
+    auto view = [&](auto& b, dtrain::DType t) {
+      return dtrain::BufferView(b.data(), n, t, gpu::space);
+    };
+    const dtrain::DType t16 = dtrain::dtype_of_v<T>, f32 = dtrain::DType::f32;
+    gpu::DeviceBuffer<float> vacc(n);
+    gpu::DeviceBuffer<T> vout(n);
+    gpu::convert_into(view(vacc, f32), view(d0, t16));
+    for (int r = 1; r < ranks; ++r) {
+      auto dr = to_device(in[r]);
+      gpu::reduce_into(op, view(vacc, f32), view(dr, t16));
+      gpu::synchronize();
+    }
+    if (op == ReduceOp::avg) gpu::scale_avg(vacc.data(), n, ranks);
+    gpu::convert_into(view(vout, t16), view(vacc, f32));
+    gpu::synchronize();
+    const auto got_views = to_host(vout);
+    CHECK(std::memcmp(got_views.data(), want.data(), n * sizeof(T)) == 0);
   }
 }
 

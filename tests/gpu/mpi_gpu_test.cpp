@@ -237,6 +237,9 @@ TEST_CASE("fully sharded on the device: the replicated run's bits, and the host'
   const std::vector<float> whole = train(f.comm, exec, false, whole_parts, staged_replicated);
   const std::vector<float> mine = train(f.comm, exec, true, parts, staged_sharded);
   CHECK(test::same_bits(test::pick(whole, parts), mine));
+  MESSAGE("rank " << f.comm.rank() << ": fully sharded units "
+                  << std::string(staged_sharded ? "staged through host memory"
+                                                : "handed over on the device"));
   const std::vector<float> host = train_host(f.comm);
   REQUIRE(host.size() == whole.size());
   double worst = 0;

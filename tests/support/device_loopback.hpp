@@ -3,7 +3,8 @@
 // and out of a host bounce buffer, on a stream of the transport's), never by a host read or write
 // of device memory (EmulatedDevice maps it PROT_NONE, so one would fault). It answers
 // device_buffers() as told at construction, so that tests choose hand-over or staging, and
-// counts the device bytes it sent. Test-only.
+// counts the device bytes it sent. It waits for its copies on an event, so that the device's
+// count of stream synchronisations is the library's own. Test-only.
 #pragma once
 
 #include <cstddef>
@@ -35,8 +36,15 @@ class DeviceLoopbackTransport {
 
   /// `takes_device`: the run-time answer of device_buffers().
   DeviceLoopbackTransport(LoopbackTransport& inner, EmulatedDevice& dev, bool takes_device)
-      : inner_(&inner), dev_(&dev), takes_(takes_device), stream_(dev.create_stream()) {}
-  ~DeviceLoopbackTransport() { dev_->destroy_stream(stream_); }
+      : inner_(&inner),
+        dev_(&dev),
+        takes_(takes_device),
+        stream_(dev.create_stream()),
+        copied_(dev.create_event()) {}
+  ~DeviceLoopbackTransport() {
+    dev_->destroy_event(copied_);
+    dev_->destroy_stream(stream_);
+  }
   DeviceLoopbackTransport(const DeviceLoopbackTransport&) = delete;
   DeviceLoopbackTransport& operator=(const DeviceLoopbackTransport&) = delete;
 
@@ -57,7 +65,7 @@ class DeviceLoopbackTransport {
                      "device buffer given while the transport refuses device memory");
       r.bounce.resize(bytes);
       dev_->copy_d2h(stream_, r.bounce.data(), data, bytes);
-      exec_synchronize(*dev_, stream_, 30, "DeviceLoopbackTransport::isend");
+      copied("DeviceLoopbackTransport::isend");
       device_bytes_sent_ += bytes;
       inner_->isend(r.inner, peer, tag, r.bounce.data(), bytes);
     } else {
@@ -96,16 +104,23 @@ class DeviceLoopbackTransport {
   bool land(Request& r) {
     if (r.device_dst) {
       dev_->copy_h2d(stream_, r.device_dst, r.bounce.data(), r.bounce.size());
-      exec_synchronize(*dev_, stream_, 30, "DeviceLoopbackTransport receive");
+      copied("DeviceLoopbackTransport receive");
       r.device_dst = nullptr;
     }
     return true;
+  }
+
+  // The copies queued so far on the transport's stream have run.
+  void copied(const char* what) {
+    dev_->record(copied_, stream_);
+    exec_wait(*dev_, copied_, 30, what);
   }
 
   LoopbackTransport* inner_;
   EmulatedDevice* dev_;
   bool takes_;
   EmulatedDevice::stream_type stream_;
+  EmulatedDevice::event_type copied_;
   std::size_t device_bytes_sent_ = 0;
 };
 

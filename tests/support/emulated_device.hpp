@@ -293,6 +293,7 @@ class EmulatedDevice {
   DTRAIN_EMULATED_KERNEL(scale)
   DTRAIN_EMULATED_KERNEL(reduce_into)
   DTRAIN_EMULATED_KERNEL(scale_avg)
+  DTRAIN_EMULATED_KERNEL(convert)
 #undef DTRAIN_EMULATED_KERNEL
 
   /// A layer's host kernel f(args...) on the stream's worker, pointer arguments translated to

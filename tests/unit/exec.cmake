@@ -39,3 +39,9 @@ dtrain_add_unit_test(NAME unit_exec_emulated_ipc IN test_exec
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_ipc_test.cpp
   LINK dtrain::loopback
   TIMEOUT 60)
+# The hand-over in every sync mode: 16-bit buckets, sharded steps, fully sharded units, each
+# against its staged path and a host reference; the choice and its log line.
+dtrain_add_unit_test(NAME unit_exec_emulated_handover_modes IN test_exec
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/exec_handover_modes_test.cpp
+  LINK dtrain::loopback
+  TIMEOUT 60)

@@ -78,19 +78,20 @@ TEST_SUITE("emulated_handover") {
           CHECK(sync.bucket_algorithm(0) == AllreduceAlgorithm::ordered);
           CHECK(sync.bucket_algorithm_changes(0) == 0);
         }
-        // 16-bit gradients need an f32 accumulator: staged even where the transport takes them.
+        // 16-bit gradients: the policy converts them to an f32 accumulator (exec_converts_v).
+        static_assert(exec_converts_v<EmulatedDevice>);
         Tensor h({10}, DType::bf16, dev.allocator());
         BasicGradientSync<EmulatedDevice> half(dev, comm, h.view(), 16);
-        CHECK_FALSE(half.handed_over());
-        CHECK(half.staged());
+        CHECK(half.handed_over() == takes);
         // Host gradients are neither.
         std::vector<float> host(10);
         GradientSync hs(comm, BufferView(span<float>(host)), 16);
         CHECK_FALSE(hs.handed_over());
         CHECK_FALSE(hs.staged());
-        // Sharded updates stay host-only, naming why.
-        CHECK_THROWS_WITH_AS(sync.shard_updates(g.view()), doctest::Contains("host gradients"),
-                             InvalidArgument);
+        // Sharded updates: handed over too, refused with staged gradients, naming why.
+        if (!takes)
+          CHECK_THROWS_WITH_AS(sync.shard_updates(g.view()), doctest::Contains("host gradients"),
+                               InvalidArgument);
       }
     });
   }

@@ -4,8 +4,9 @@
 // its backward its parameters are all-gathered into a working buffer, and its gradients are
 // reduce-scattered into this rank's part as soon as its backward is queued. With two or three
 // working buffers the next unit's all-gather runs while the current one computes; with one, a
-// rank holds its parts and the working set of one unit only. Device memory that the communicator
-// cannot reduce is staged through host buffers, as GradientSync stages its buckets.
+// rank holds its parts and the working set of one unit only. Device memory goes to a transport
+// that takes it as it is (reduced on the device), or is staged through host buffers, as
+// GradientSync's buckets.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 
 #include <dtrain/comm/collective_handle.hpp>
 #include <dtrain/comm/communicator.hpp>
+#include <dtrain/comm/detail/device_allreduce.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/comm/reduce_op.hpp>
 #include <dtrain/core/error.hpp>
@@ -119,11 +121,18 @@ struct PlannedUnits final : UnitCollectives {
 /// collective does. On one rank the units are the model's own arenas: nothing is gathered,
 /// copied or reduced.
 ///
-/// Device memory (a GPU policy, or a test's emulated device) is staged (logged once; the
-/// hand-over of GradientSync is not built for units yet): the collectives run
-/// on host buffers (from the policy's host allocator) of the same sizes as the working buffers,
-/// plus a host copy of this rank's parameter parts (refreshed at each forward's start and after
-/// init or restore) and of its gradient parts. A unit's gathered parameters are
+/// Device memory (a GPU policy, or a test's emulated device) is handed over or staged, chosen
+/// once here and logged (rank 0 at info) with the reason, as GradientSync chooses. Handed over
+/// where the transport takes device buffers (device_buffers_of) and the policy reduces the
+/// type: each gather sends this rank's device part to every rank and receives theirs into the
+/// device working buffer (its own part copied on the device), and each reduce-scatter sends the
+/// device gradient buffer's parts to their owners, whose device reduction (rank order, the
+/// reduction contract: detail/device_allreduce.hpp) writes the average into the gradient part;
+/// the compute stream waits for it on an event. Device receive slots: p-1 parts of the largest
+/// unit per gradient buffer (working_bytes); no host memory (handed_over()). Staged otherwise:
+/// the collectives run on host buffers (from the policy's host allocator) of the same sizes as the
+/// working buffers, plus a host copy of this rank's parameter parts (refreshed at each forward's
+/// start and after init or restore) and of its gradient parts. A unit's gathered parameters are
 /// copied to its device working buffer on the compute stream before its kernels; after its
 /// backward its gradient buffer is copied to the host on the compute stream, reduce-scattered
 /// on the host, and the result copied into the device gradient part on the compute stream.
@@ -196,12 +205,17 @@ class FullyShardedSync final : public UnitProvider {
       collectives_ = std::move(planned);
       return;
     }
-    staged_ = exec_type::space != Space::host;
-    if (staged_) {
+    if (exec_type::space != Space::host) {
+      const DeviceBuffers d = device_buffers_of(comm.transport(), exec_type::space);
+      handed_over_ = d.handed_over && detail::handover_reduces_on<exec_type>(dtype_of_v<T>);
+      staged_ = !handed_over_;
       // Rank 0 tells the run; the others only at debug level.
       const std::string how =
-          "staged through host memory (the communicator's reduce-scatter and all-gather run on "
-          "host buffers)";
+          handed_over_ ? "handed to the transport and reduced on the device (" + d.why + ")"
+          : d.handed_over
+              ? "staged through host memory (" + detail::handover_refusal(dtype_of_v<T>) + ")"
+              : "staged through host memory (" + d.why +
+                    "; the communicator's reduce-scatter and all-gather run on host buffers)";
       if (rank_ == 0)
         DTRAIN_LOG(info, "FullyShardedSync: " << name_of(exec_type::space) << " units " << how);
       else
@@ -236,19 +250,34 @@ class FullyShardedSync final : public UnitProvider {
       grads = grad_mirror_.view();
     }
     bool first = true;
+    std::vector<detail::DevicePartsOp> ops;
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      planned->index.push_back(planned->gathers.size());
+      planned->index.push_back(handed_over_ ? ops.size() : planned->gathers.size());
       const std::size_t c = units_[u].count;
       if (c == 0) continue;
       const std::size_t k = u % slots_.size(), g = u % grad_slots_.size();
       const BufferView part = params.slice(starts_[u], parts_[u].second);
       const BufferView gpart = grads.slice(starts_[u], parts_[u].second);
+      if (handed_over_) {
+        // The unit's gradient buffer shares its receive slots with the other units of that
+        // buffer: their reduce-scatters never overlap.
+        ops.push_back({grad_slots_[g].buffer.view().slice(0, c), part,
+                       slots_[k].buffer.view().slice(0, c), g});
+        continue;
+      }
       // The first gather of a pass checks the call fingerprints (a rank out of step); the rest
       // follow it in a fixed order.
       planned->gathers.push_back(comm.plan_allgather(part, slots_[k].wire().slice(0, c), first));
       planned->scatters.push_back(
           comm.plan_reduce_scatter(grad_slots_[g].wire().slice(0, c), gpart, ReduceOp::avg, false));
       first = false;
+    }
+    if (handed_over_) {
+      ops_ = planned->index;
+      device_ = std::make_unique<detail::DeviceParts<Transport, exec_type>>(
+          comm.transport(), *exec_, std::move(ops), comm.config().timeout_s,
+          detail::HandoverNames{"FullyShardedSync hand-over", "unit", "reduce-scatter",
+                                "all-gather"});
     }
     collectives_ = std::move(planned);
   }
@@ -269,6 +298,22 @@ class FullyShardedSync final : public UnitProvider {
     deferred_.clear();
     for (Slot& s : slots_) finish_quietly(s.pending);
     for (GradSlot& g : grad_slots_) finish_quietly(g.pending);
+    // Handed over: transfers complete, or abandoned while an error unwinds (the engine cancels
+    // what is still posted when it goes).
+    if (device_ && std::uncaught_exceptions() == 0) {
+      for (Slot& s : slots_) {
+        try {
+          complete(s);
+        } catch (...) {  // a destructor never throws; the error was the step's to report
+        }
+      }
+      for (GradSlot& g : grad_slots_) {
+        try {
+          complete_scatter(g, g.unit);
+        } catch (...) {
+        }
+      }
+    }
     // Copies queued on the compute stream may still read or write the buffers freed next.
     try {
       exec_->synchronize(exec_->compute_stream(), Deadline(exec_timeout_s()));
@@ -287,7 +332,7 @@ class FullyShardedSync final : public UnitProvider {
     Slot& s = slot_of(u);
     if (s.unit != u) start_gather(u);
     start_through(queued_at(&s));
-    if (s.pending.valid()) s.pending.wait();
+    complete(s);
     if (staged_ && !s.uploaded) {
       // The gathered unit, to the device buffer ahead of the unit's kernels (stream order).
       exec_->copy_h2d(exec_->compute_stream(), s.buffer.raw(), s.host.raw(),
@@ -447,9 +492,10 @@ class FullyShardedSync final : public UnitProvider {
   /// Bytes of the working buffers (exec memory): `buffers` for parameters and two for gradients
   /// (one with `buffers` = 1), each of the largest unit, and, once gradients were accumulated
   /// over several backward passes, a scratch part per gradient buffer (none on one rank, where
-  /// the layers work in the model's arenas).
+  /// the layers work in the model's arenas); handed over, also the reduce-scatters' receive
+  /// slots.
   std::size_t working_bytes() const noexcept {
-    std::size_t b = 0;
+    std::size_t b = device_ ? device_->scratch_bytes() : 0;
     for (const Slot& s : slots_) b += s.buffer.bytes();
     for (const GradSlot& g : grad_slots_) b += g.buffer.bytes() + g.scratch.bytes();
     return b;
@@ -463,8 +509,11 @@ class FullyShardedSync final : public UnitProvider {
     for (const GradSlot& g : grad_slots_) b += g.host.bytes() + g.scratch_host.bytes();
     return b;
   }
-  /// Whether the collectives run on host copies of device memory (see the class comment).
+  /// Whether the collectives run on host copies of device memory, or device memory is handed
+  /// to the transport as it is (see the class comment); both false for host memory and on one
+  /// rank.
   bool staged() const noexcept { return staged_; }
+  bool handed_over() const noexcept { return handed_over_; }
   /// Elements all-gathered and reduce-scattered so far (whole units; each rank sends and
   /// receives (p-1)/p of them): against an all-reduce's 2 per element and step, 3 when each
   /// unit is gathered twice.
@@ -479,6 +528,7 @@ class FullyShardedSync final : public UnitProvider {
     std::size_t unit = npos;
     bool uploaded = false;  // staged: the gathered unit was copied to the buffer
     CollectiveHandle pending;
+    bool moving = false;         // handed over: its all-gather is posted
     ExecEvent<exec_type> ready;  // recorded when its gather was queued behind device work
     BufferView wire() const { return host.size() ? host.view() : buffer.view(); }
   };
@@ -487,6 +537,7 @@ class FullyShardedSync final : public UnitProvider {
     std::size_t unit = npos;
     bool accumulate = false;
     CollectiveHandle pending;
+    bool moving = false;         // handed over: its reduce-scatter is posted
     ExecEvent<exec_type> ready;  // recorded when its reduce-scatter was queued
     BufferView wire() const { return host.size() ? host.view() : buffer.view(); }
     BufferView scratch_wire() const {
@@ -508,6 +559,8 @@ class FullyShardedSync final : public UnitProvider {
       if (staged_)
         g.scratch_host = Tensor({small}, dtype_of_v<value_type>, exec_->host_allocator());
     }
+    scratch_made_ = true;
+    if (handed_over_) return;  // the device reduction writes into the scratch part itself
     std::vector<std::pair<BufferView, BufferView>> io;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (units_[u].count == 0) continue;
@@ -516,13 +569,12 @@ class FullyShardedSync final : public UnitProvider {
                       g.scratch_wire().slice(0, parts_[u].second));
     }
     collectives_->plan_accumulating(io);
-    scratch_made_ = true;
   }
 
   void start_gather(std::size_t u) {
     Slot& s = slot_of(u);
     start_through(queued_at(&s));
-    if (s.pending.valid()) s.pending.wait();
+    complete(s);
     s.unit = u;
     s.uploaded = false;
     // The buffer's previous unit is read by kernels queued before now: the gather waits for
@@ -557,6 +609,21 @@ class FullyShardedSync final : public UnitProvider {
   void start_front() {
     const Queued q = deferred_.front();
     deferred_.pop_front();
+    if (handed_over_) {
+      const std::size_t i = op_of(q.unit);
+      if (q.gather) {
+        device_->start_gather(i);
+        static_cast<Slot*>(q.buffer)->moving = true;
+      } else {
+        auto* g = static_cast<GradSlot*>(q.buffer);
+        const BufferView out =
+            g->accumulate ? g->scratch.view().slice(0, parts_[q.unit].second)
+                          : model_->gradients().slice(starts_[q.unit], parts_[q.unit].second);
+        device_->start_scatter(i, out);
+        g->moving = true;
+      }
+      return;
+    }
     if (q.gather)
       static_cast<Slot*>(q.buffer)->pending = collectives_->gather(q.unit);
     else
@@ -586,7 +653,7 @@ class FullyShardedSync final : public UnitProvider {
     std::exception_ptr first;
     for (Slot& s : slots_) {
       try {
-        if (s.pending.valid()) s.pending.wait();
+        complete(s);
       } catch (...) {
         if (!first) first = std::current_exception();
       }
@@ -606,10 +673,10 @@ class FullyShardedSync final : public UnitProvider {
   // Completes the slot's reduce-scatter; an accumulating one is added into this rank's part.
   void finish_scatter(GradSlot& g) {
     start_through(queued_at(&g));
-    if (!g.pending.valid()) return;
+    if (!g.pending.valid() && !g.moving) return;
     const std::size_t u = g.unit;
     g.unit = npos;
-    g.pending.wait();
+    complete_scatter(g, u);
     const BufferView grads = model_->gradients();
     const std::size_t n = parts_[u].second;
     const auto s = exec_->compute_stream();
@@ -624,6 +691,27 @@ class FullyShardedSync final : public UnitProvider {
     if (staged_ && n)
       exec_->copy_h2d(s, g.scratch.raw(), g.scratch_host.raw(), n * sizeof(value_type));
     exec_->reduce_into(s, ReduceOp::sum, grads.slice(starts_[u], n), g.scratch.view().slice(0, n));
+  }
+  // The operation of unit u in the hand-over.
+  std::size_t op_of(std::size_t u) const { return ops_[u]; }
+  // Completes the slot's all-gather: handed over, later work on the compute stream sees it.
+  void complete(Slot& s) {
+    if (s.moving) {
+      s.moving = false;
+      device_->finish_gather(op_of(s.unit), exec_->compute_stream());
+    }
+    if (s.pending.valid()) s.pending.wait();
+  }
+  // Completes the gradient buffer's reduce-scatter of unit u: handed over, its reduction is
+  // queued and the compute stream waits for it.
+  void complete_scatter(GradSlot& g, std::size_t u) {
+    if (g.moving) {
+      g.moving = false;
+      const std::size_t i = op_of(u);
+      device_->finish_scatter(i);
+      exec_->stream_wait(exec_->compute_stream(), device_->reduced_event(i));
+    }
+    if (g.pending.valid()) g.pending.wait();
   }
   static void finish_quietly(CollectiveHandle& h) noexcept {
     try {
@@ -644,13 +732,17 @@ class FullyShardedSync final : public UnitProvider {
   // their collectives before the plans go.
   std::unique_ptr<detail::UnitCollectives> collectives_;
   std::vector<Slot> slots_;
-  std::vector<GradSlot> grad_slots_;   // 2, or 1 with buffers = 1
+  std::vector<GradSlot> grad_slots_;  // 2, or 1 with buffers = 1
+  // Handed over: the units' reduce-scatters and all-gathers (gone before the buffers they use).
+  std::unique_ptr<detail::DeviceExchange<exec_type>> device_;
+  std::vector<std::size_t> ops_;       // unit -> its operation in device_
   std::deque<Queued> deferred_;        // collectives waiting for device work, in start order
   std::vector<char> fresh_;            // unit's part untouched since zero_grad
   std::vector<char> reduced_;          // unit's gradients reduced since the last wait
   bool direct_ = false;                // one rank: the units are the model's own arenas
   bool scratch_made_ = false;          // make_scratch
   bool staged_ = false;                // device memory through host copies (see the class comment)
+  bool handed_over_ = false;           // device memory handed to the transport
   Tensor param_mirror_, grad_mirror_;  // staged: host copies of this rank's parts
   Tensor norm_exec_, norm_host_;       // clip_grad_norm's sum of squares and its host copy
   double last_norm_ = 0;

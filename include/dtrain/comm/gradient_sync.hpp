@@ -83,10 +83,13 @@ struct has_state_shards<
 /// Device gradients are handed over or staged, chosen once here and logged (rank 0 at info).
 /// Handed over where the transport takes device buffers as they are (device_buffers_of: its
 /// run-time answer, e.g. MpiTransport's from the MPI library and DTRAIN_MPI_GPU_AWARE) and the
-/// gradients are f32, f64, i32 or i64: each bucket goes to the transport directly and is averaged
-/// on the device (detail/device_allreduce.hpp: a direct reduce-scatter and all-gather, the parts
-/// reduced in rank order by the policy's reduce_into and scale_avg, the bits of the ordered
-/// all-reduce; device scratch of (p-1)/p of the arena); the host never touches the gradients.
+/// policy reduces the gradients' type (f32, f64, i32, i64; f16 and bf16 where it has convert(),
+/// widened once into an f32 accumulator): each bucket goes to the transport directly and is
+/// averaged on the device (detail/device_allreduce.hpp: a direct reduce-scatter and all-gather,
+/// the parts reduced in rank order by the policy's reduce_into and scale_avg, the bits of the
+/// ordered all-reduce; device scratch of (p-1)/p of the arena); the host never touches the
+/// gradients. Sharded steps (shard_updates) hand over their reduce-scatters and the parameters'
+/// all-gathers alike.
 /// A bucket's parts are sent once its event completes; ready() then moves the started buckets
 /// on without blocking (reduction queued once their parts arrived, averages sent once it is
 /// done), and wait() completes what is left.
@@ -145,14 +148,14 @@ class BasicGradientSync {
     detail::DeviceIpcChoice ipc;
     if (grads.space != Space::host) {
       const DeviceBuffers d = device_buffers_of(comm.transport(), grads.space);
-      handed_over_ = d.handed_over && detail::handover_reduces(grads.dtype);
+      handed_over_ = d.handed_over && detail::handover_reduces_on<Exec>(grads.dtype);
       staged_ = !handed_over_;
       // Rank 0 tells the run; the others only at debug level.
       const std::string how =
-          handed_over_    ? "handed to the transport and averaged on the device (" + d.why + ")"
-          : d.handed_over ? "staged through host memory (" + std::string(name_of(grads.dtype)) +
-                                " gradients: the hand-over reduces f32, f64, i32 and i64)"
-                          : "staged through host memory (" + d.why + ")";
+          handed_over_ ? "handed to the transport and averaged on the device (" + d.why + ")"
+          : d.handed_over
+              ? "staged through host memory (" + detail::handover_refusal(grads.dtype) + ")"
+              : "staged through host memory (" + d.why + ")";
       ipc = detail::device_ipc_choice(comm.transport(), exec, grads.dtype, d);
       ipc_ = ipc.use;
       handed_over_ = handed_over_ || ipc_;
@@ -198,6 +201,9 @@ class BasicGradientSync {
     else if (handed_over_)
       device_ = std::make_unique<detail::DeviceBucketAllreduce<Transport, Exec>>(
           comm.transport(), exec, device_buckets, comm.config().timeout_s);
+    // Sharded steps take the buckets' reduce-scatters and all-gathers apart (null for another
+    // reducer).
+    exchange_ = dynamic_cast<detail::DeviceExchange<Exec>*>(device_.get());
     launcher_ = std::move(launcher);
     ready_.assign(nb, 0);
     handles_.resize(nb);
@@ -303,12 +309,16 @@ class BasicGradientSync {
   /// shard_updates(params, optimizer)); it says so
   /// (state_partial()) until gather_state(optimizer) makes it whole again. A Checkpointer saves
   /// it without the gather (each rank's parts, assembled on rank 0 into the whole state's
-  /// datasets). Not with staged device gradients. With one rank it changes nothing (sharded() stays
-  /// false).
+  /// datasets). Device gradients handed over (handed_over()) run the step on the device: each
+  /// part is averaged by the device reduction, the compute stream waits for it on an event, the
+  /// update is queued there, and the parameters' all-gather is posted once an event behind the
+  /// update has completed (no stream synchronisation). Not with staged device gradients. With
+  /// one rank it changes nothing (sharded() stays false).
   void shard_updates(BufferView params) {
-    DTRAIN_REQUIRE(grads_.space == Space::host, "GradientSync::shard_updates",
-                   "sharded updates need host gradients (device gradients are "
-                       << (staged_ ? "staged" : "handed over") << ")");
+    DTRAIN_REQUIRE(grads_.space == Space::host || exchange_, "GradientSync::shard_updates",
+                   "sharded updates need host gradients or device gradients handed over to the "
+                   "transport (these device gradients are "
+                       << (staged_ ? "staged through host memory" : "not handed over") << ")");
     DTRAIN_REQUIRE(params.count == grads_.count && params.dtype == grads_.dtype &&
                        params.space == grads_.space,
                    "GradientSync::shard_updates",
@@ -325,8 +335,11 @@ class BasicGradientSync {
       const std::size_t first = ranges_[b].first, len = ranges_[b].second;
       const std::size_t off = first + partition_begin(len, size_, rank_);
       const std::size_t cnt = partition_count(len, size_, rank_);
-      launcher_->plan_parts(grads_.slice(first, len), grads_.slice(off, cnt),
-                            params.slice(off, cnt), params.slice(first, len), b == 0);
+      if (handed_over_)
+        exchange_->set_gather(b, params.slice(off, cnt), params.slice(first, len));
+      else
+        launcher_->plan_parts(grads_.slice(first, len), grads_.slice(off, cnt),
+                              params.slice(off, cnt), params.slice(first, len), b == 0);
       parts_.emplace_back(off, cnt);
     }
     // Bucket 0 is the end of the arena: the optimizer takes the parts in ascending order.
@@ -367,9 +380,14 @@ class BasicGradientSync {
         DTRAIN_REQUIRE(
             arena.count == grads_.count, "GradientSync::gather_state",
             "a state arena of " << arena.count << " elements for an arena of " << grads_.count);
-        for (std::size_t b = 0; b < ranges_.size(); ++b)
-          launcher_->allgather(arena.slice(parts_[b].first, parts_[b].second),
-                               arena.slice(ranges_[b].first, ranges_[b].second));
+        for (std::size_t b = 0; b < ranges_.size(); ++b) {
+          const BufferView part = arena.slice(parts_[b].first, parts_[b].second);
+          const BufferView whole = arena.slice(ranges_[b].first, ranges_[b].second);
+          if (handed_over_)
+            exchange_->allgather(part, whole);
+          else
+            launcher_->allgather(part, whole);
+        }
       });
     }
     opt.set_state_partial(false);
@@ -452,7 +470,9 @@ class BasicGradientSync {
     while (started_ < queued_ && e.query(gate(started_))) start(started_);
     // Handed-over buckets move on without blocking (reduction queued, averages sent), in order.
     if (handed_over_)
-      while (progressed_ < started_ && device_->progress(progressed_)) ++progressed_;
+      while (progressed_ < started_ &&
+             (sharded_ ? exchange_->scatter_progress(progressed_) : device_->progress(progressed_)))
+        ++progressed_;
   }
 
   void start(std::size_t b) {
@@ -475,6 +495,19 @@ class BasicGradientSync {
     } catch (...) {
       first = std::current_exception();
     }
+    // Handed-over sharded steps: bucket b's all-gather of the updated parameters is posted once
+    // the event recorded behind its update has completed, in bucket order.
+    std::size_t updated = 0;
+    auto post_gathers = [&](bool block) {
+      for (; gathers_started_ < updated; ++gathers_started_) {
+        const auto ev = ready_events_[gathers_started_].get();
+        if (block)
+          exec_wait(e, ev, exec_timeout_s(), "GradientSync::wait (a bucket's update)");
+        else if (!e.query(ev))
+          return;
+        exchange_->start_gather(gathers_started_);
+      }
+    };
     for (std::size_t b = 0; b < started_; ++b) {
       try {
         if (handed_over_) {
@@ -482,7 +515,13 @@ class BasicGradientSync {
             device_->cancel(b);
             continue;
           }
-          device_->finish(b);
+          if (sharded_) {
+            exchange_->finish_scatter(b);
+            // The update reads the average once the device reduction has written it.
+            e.stream_wait(e.compute_stream(), exchange_->reduced_event(b));
+          } else {
+            device_->finish(b);
+          }
         } else {
           handles_[b].wait();
         }
@@ -496,6 +535,13 @@ class BasicGradientSync {
         if (sharded_) {
           if (!u) continue;
           u->update(u->opt, parts_[b].first, parts_[b].second);
+          if (handed_over_) {
+            // Bucket b's event again, behind its update (its gradients' use of it is over).
+            e.record(ready_events_[b].get(), e.compute_stream());
+            ++updated;
+            post_gathers(false);
+            continue;
+          }
           // The owners' parts once updated: the update queued on the compute stream finished
           // (at once on the host).
           exec_synchronize(e, e.compute_stream(), exec_timeout_s(),
@@ -509,9 +555,21 @@ class BasicGradientSync {
         if (!first) first = std::current_exception();
       }
     }
+    if (handed_over_ && !first) {
+      try {
+        post_gathers(true);
+      } catch (...) {
+        first = std::current_exception();
+      }
+    }
     for (std::size_t b = 0; b < gathers_started_; ++b) {
       try {
-        gather_handles_[b].wait();
+        if (!handed_over_)
+          gather_handles_[b].wait();
+        else if (first)
+          device_->cancel(b);
+        else
+          exchange_->finish_gather(b, e.compute_stream());
       } catch (...) {
         if (!first) first = std::current_exception();
       }
@@ -551,10 +609,11 @@ class BasicGradientSync {
   ExecStream<Exec> d2h_, h2d_;
   std::unique_ptr<detail::BucketLauncher> launcher_;
   std::unique_ptr<detail::DeviceBucketReducer> device_;  // handed-over buckets
+  detail::DeviceExchange<Exec>* exchange_ = nullptr;     // device_, for sharded steps
   std::vector<CollectiveHandle> handles_;
   std::size_t queued_ = 0;      // buckets whose event is recorded (and copy queued)
   std::size_t started_ = 0;     // buckets whose all-reduce has started
-  std::size_t progressed_ = 0;  // handed-over buckets whose averages are posted
+  std::size_t progressed_ = 0;  // handed-over buckets moved on as far as ready() goes
   int rank_ = 0, size_ = 1;
   // Sharded updates: this rank's part of each bucket (first element, count; in bucket order,
   // and ascending for the optimizer's state), and the parameters' all-gathers of the step.

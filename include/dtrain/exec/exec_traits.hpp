@@ -77,6 +77,12 @@
 //     scale_avg(s, BufferView acc, int ranks)                               finishes an avg
 //   Labels are validated on the host before they are uploaded; device kernels never throw.
 //
+//   Optional: 16-bit gradients handed over to a transport (GradientSync, FullyShardedSync)
+//     convert(s, BufferView out, BufferView in)     out = in between f16/bf16 and f32 (widened
+//                                                  exactly, or rounded once to nearest even);
+//                                                  a policy with it also takes reduce_into with
+//                                                  an f32 acc and a 16-bit `in` (widened into it)
+//
 //   Optional (see <dtrain/exec/launch.hpp>: how layers bring their own kernels)
 //     host_kernel(s, const char* name, F f, A... args)    runs f(args...) in stream order on the
 //                                                  host (policies whose kernels run on the host)
@@ -216,6 +222,19 @@ inline constexpr bool is_exec_policy_v = detail::exec_probe::exec_has_types<E>::
                 detail::exec_probe::exec_has_optimizers<E>::value&&
                     detail::exec_probe::exec_has_norms<E>::value&&
                         detail::exec_probe::exec_has_reduce<E>::value;
+
+namespace detail {
+template <class E, class = void>
+struct exec_converts : std::false_type {};
+template <class E>
+struct exec_converts<E, std::void_t<decltype(std::declval<E&>().convert(
+                            std::declval<typename E::stream_type>(), BufferView{}, BufferView{}))>>
+    : std::true_type {};
+}  // namespace detail
+/// True when E has the optional convert(stream, out, in) between 16-bit floats and f32 (and the
+/// widening reduce_into that goes with it): it reduces 16-bit floats with an f32 accumulator.
+template <class E>
+inline constexpr bool exec_converts_v = detail::exec_converts<E>::value;
 
 namespace detail {
 /// Fires one static_assert per missing group of members so the compiler names what is wrong.

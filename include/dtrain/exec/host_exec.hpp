@@ -169,6 +169,7 @@ class HostExec {
   void reduce_into(stream_type, ReduceOp op, BufferView acc, BufferView in) const {
     host::reduce_into(op, acc, in);
   }
+  void convert(stream_type, BufferView out, BufferView in) const { host::convert_into(out, in); }
   void scale_avg(stream_type, BufferView acc, int ranks) const {
     DTRAIN_REQUIRE(acc.space == Space::host, "HostExec::scale_avg",
                    "host kernel given " << name_of(acc.space) << " memory");

@@ -233,6 +233,12 @@ class BasicGpuExec {
     set_device(device_);
     gpu::reduce_into(op, acc, in, s);
   }
+  /// out = in between a 16-bit float type and f32 (widened, or rounded once); device memory of
+  /// this dialect (called from a progress thread too).
+  void convert(stream_type s, BufferView out, BufferView in) {
+    set_device(device_);
+    gpu::convert_into(out, in, s);
+  }
   /// Finishes an avg: acc /= ranks. Throws InvalidArgument for memory that is not this
   /// dialect's device memory.
   void scale_avg(stream_type s, BufferView acc, int ranks) {

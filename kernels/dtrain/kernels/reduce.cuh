@@ -132,15 +132,24 @@ void scale_avg(T* acc, std::size_t n, int ranks, stream_t stream = nullptr) {
   check_launch("gpu::scale_avg");
 }
 
-/// Untyped form for collectives: same dtype and count; memory must be this dialect's device
+/// Untyped form for collectives: the same dtype and count, or an f32 accumulator and a 16-bit
+/// float operand (widened into it without rounding); memory must be this dialect's device
 /// memory. Throws InvalidArgument otherwise.
 inline void reduce_into(ReduceOp op, BufferView acc, BufferView in, stream_t stream = nullptr) {
-  DTRAIN_REQUIRE(acc.dtype == in.dtype && acc.count == in.count, "gpu::reduce_into",
+  const bool widening = acc.dtype == DType::f32 && host::is_16bit_float(in.dtype);
+  DTRAIN_REQUIRE((acc.dtype == in.dtype || widening) && acc.count == in.count, "gpu::reduce_into",
                  "operands differ: " << name_of(acc.dtype) << "[" << acc.count << "] vs "
                                      << name_of(in.dtype) << "[" << in.count << "]");
   DTRAIN_REQUIRE(
       acc.space == gpu::space && in.space == gpu::space, "gpu::reduce_into",
       "device kernel given " << name_of(acc.space) << " / " << name_of(in.space) << " memory");
+  if (widening) {
+    if (in.dtype == DType::f16)
+      return reduce_into(op, static_cast<float*>(acc.data), static_cast<const half*>(in.data),
+                         acc.count, stream);
+    return reduce_into(op, static_cast<float*>(acc.data), static_cast<const bfloat16*>(in.data),
+                       acc.count, stream);
+  }
   switch (acc.dtype) {
     case DType::f32:
       return reduce_into(op, static_cast<float*>(acc.data), static_cast<const float*>(in.data),
@@ -161,6 +170,32 @@ inline void reduce_into(ReduceOp op, BufferView acc, BufferView in, stream_t str
       return reduce_into(op, static_cast<std::int64_t*>(acc.data),
                          static_cast<const std::int64_t*>(in.data), acc.count, stream);
   }
+}
+
+/// out = in converted between a 16-bit float type and f32 (same count): widened exactly, or
+/// rounded once to nearest even; device memory of this dialect. Asynchronous; throws
+/// InvalidArgument for other pairs.
+inline void convert_into(BufferView out, BufferView in, stream_t stream = nullptr) {
+  DTRAIN_REQUIRE(out.count == in.count && out.space == gpu::space && in.space == gpu::space,
+                 "gpu::convert_into",
+                 name_of(in.dtype) << "[" << in.count << "] in " << name_of(in.space)
+                                   << " memory to " << name_of(out.dtype) << "[" << out.count
+                                   << "] in " << name_of(out.space) << " memory");
+  if (out.dtype == DType::f32 && in.dtype == DType::f16)
+    return widen(static_cast<const half*>(in.data), static_cast<float*>(out.data), in.count,
+                 stream);
+  if (out.dtype == DType::f32 && in.dtype == DType::bf16)
+    return widen(static_cast<const bfloat16*>(in.data), static_cast<float*>(out.data), in.count,
+                 stream);
+  if (in.dtype == DType::f32 && out.dtype == DType::f16)
+    return narrow(static_cast<const float*>(in.data), static_cast<half*>(out.data), in.count,
+                  stream);
+  if (in.dtype == DType::f32 && out.dtype == DType::bf16)
+    return narrow(static_cast<const float*>(in.data), static_cast<bfloat16*>(out.data), in.count,
+                  stream);
+  DTRAIN_REQUIRE(false, "gpu::convert_into",
+                 name_of(in.dtype)
+                     << " to " << name_of(out.dtype) << ": converts 16-bit floats and f32");
 }
 
 DTRAIN_GPU_ABI_END

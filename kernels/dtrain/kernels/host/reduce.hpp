@@ -34,6 +34,9 @@ namespace host {
 template <class T>
 inline constexpr bool is_16bit_float_v = std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
 
+/// True for the 16-bit float dtypes (f16, bf16).
+constexpr bool is_16bit_float(DType t) noexcept { return t == DType::f16 || t == DType::bf16; }
+
 /// The type a reduction of T accumulates in: f32 for the 16-bit floats, T otherwise.
 template <class T>
 using accum_t = std::conditional_t<is_16bit_float_v<T>, float, T>;
@@ -241,13 +244,22 @@ inline void narrow(DType t, const float* in, void* out, std::size_t n) {
   raise<InvalidArgument>("host::narrow", dtrain::detail::concat(name_of(t), " is not 16-bit"));
 }
 
-/// reduce_into on untyped views (same dtype and count required). Local; throws InvalidArgument.
+/// reduce_into on untyped views: the same dtype and count, or an f32 accumulator and a 16-bit
+/// float operand (widened into it without rounding). Local; throws InvalidArgument.
 inline void reduce_into(ReduceOp op, BufferView acc, BufferView in) {
-  DTRAIN_REQUIRE(acc.dtype == in.dtype && acc.count == in.count, "reduce_into",
+  const bool widening = acc.dtype == DType::f32 && is_16bit_float(in.dtype);
+  DTRAIN_REQUIRE((acc.dtype == in.dtype || widening) && acc.count == in.count, "reduce_into",
                  "operands differ: " << name_of(acc.dtype) << "[" << acc.count << "] vs "
                                      << name_of(in.dtype) << "[" << in.count << "]");
   DTRAIN_REQUIRE(acc.space == Space::host && in.space == Space::host, "reduce_into",
                  "host kernel given " << name_of(acc.space) << " memory");
+  if (widening) {
+    if (in.dtype == DType::f16)
+      return reduce_into(op, static_cast<float*>(acc.data), static_cast<const half*>(in.data),
+                         acc.count);
+    return reduce_into(op, static_cast<float*>(acc.data), static_cast<const bfloat16*>(in.data),
+                       acc.count);
+  }
   switch (acc.dtype) {
     case DType::f32:
       return reduce_into(op, static_cast<float*>(acc.data), static_cast<const float*>(in.data),
@@ -268,6 +280,23 @@ inline void reduce_into(ReduceOp op, BufferView acc, BufferView in) {
       return reduce_into(op, static_cast<std::int64_t*>(acc.data),
                          static_cast<const std::int64_t*>(in.data), acc.count);
   }
+}
+
+/// out = in converted between a 16-bit float type and f32 (same count): widened exactly, or
+/// rounded once to nearest even. Local; throws InvalidArgument for other pairs.
+inline void convert_into(BufferView out, BufferView in) {
+  DTRAIN_REQUIRE(out.count == in.count && out.space == Space::host && in.space == Space::host,
+                 "convert_into",
+                 name_of(in.dtype) << "[" << in.count << "] in " << name_of(in.space)
+                                   << " memory to " << name_of(out.dtype) << "[" << out.count
+                                   << "] in " << name_of(out.space) << " memory");
+  if (out.dtype == DType::f32 && is_16bit_float(in.dtype))
+    return widen(in.dtype, in.data, static_cast<float*>(out.data), in.count);
+  if (in.dtype == DType::f32 && is_16bit_float(out.dtype))
+    return narrow(out.dtype, static_cast<const float*>(in.data), out.data, in.count);
+  raise<InvalidArgument>("convert_into",
+                         dtrain::detail::concat(name_of(in.dtype), " to ", name_of(out.dtype),
+                                                ": converts 16-bit floats and f32"));
 }
 
 }  // namespace host
