@@ -318,7 +318,11 @@ class BasicGradientSync {
     DTRAIN_REQUIRE(grads_.space == Space::host || exchange_, "GradientSync::shard_updates",
                    "sharded updates need host gradients or device gradients handed over to the "
                    "transport (these device gradients are "
-                       << (staged_ ? "staged through host memory" : "not handed over") << ")");
+                       << (staged_ ? "staged through host memory"
+                           : ipc_  ? "averaged through device IPC within the node: "
+                                     "sharded steps need DTRAIN_DEVICE_IPC=0 and a GPU-aware MPI"
+                                   : "not handed over")
+                       << ")");
     DTRAIN_REQUIRE(params.count == grads_.count && params.dtype == grads_.dtype &&
                        params.space == grads_.space,
                    "GradientSync::shard_updates",
