@@ -256,18 +256,26 @@ struct ConvTiles {
     }
   }
 
-  // dst[0, n) = src[0, n) in whole vectors, the last one overlapping the one before (no scalar
-  // tail once n >= L): the crop, the output gradient's spread, the pad and the fold are rows of
-  // 14 to 64 values, where a library call per row cost more than the row.
+  // dst[0, n) = src[0, n) in whole vectors of NB bytes, the last one overlapping the one before
+  // (no scalar tail once n fills one), rows shorter than that in vectors half as wide, down to 8
+  // bytes: the crop, the output gradient's spread, the pad and the fold are rows of 14 to 64
+  // values, where a library call per row cost more than the row, and so did a scalar loop over
+  // a row of 14 (17% of the 16 -> 32 layer's forward on 14 x 14).
+  template <int NB = B>
   DTRAIN_CONV_INLINE static void copy_row(const T* src, T* dst, std::int64_t n) {
-    if (n < L) {
-      for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i];
+    using R = typename ConvVec<T, NB>::unaligned;
+    constexpr std::int64_t RL = NB / static_cast<int>(sizeof(T));
+    if (n < RL) {
+      if constexpr (NB / 2 >= 8 && NB / 2 >= static_cast<int>(sizeof(T)))
+        copy_row<NB / 2>(src, dst, n);
+      else
+        for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i];
       return;
     }
     std::int64_t i = 0;
-    for (; i + L <= n; i += L)
-      *reinterpret_cast<U*>(dst + i) = *reinterpret_cast<const U*>(src + i);
-    if (i < n) *reinterpret_cast<U*>(dst + n - L) = *reinterpret_cast<const U*>(src + n - L);
+    for (; i + RL <= n; i += RL)
+      *reinterpret_cast<R*>(dst + i) = *reinterpret_cast<const R*>(src + i);
+    if (i < n) *reinterpret_cast<R*>(dst + n - RL) = *reinterpret_cast<const R*>(src + n - RL);
   }
   DTRAIN_CONV_INLINE static void copy_rows(const ConvRowsCall<T>& a) {
     for (std::int64_t i = 0; i < a.count[0]; ++i)
