@@ -194,10 +194,13 @@ struct ConvTiles {
       const V b = (bias ? bias[co0 + c] : T(0)) - V{};
       for (int v = 0; v < N; ++v) acc[c][v] = b;
     }
-    for (std::int64_t ci = 0; ci < cin; ++ci) {
-      const T* x = in + ci * in_stride + p0;
-      const T* wc = w + ci * taps * cout + co0;
-      for (std::int64_t t = 0; t < taps; ++t) {
+    // One loop over (input channel, kernel cell) pairs: with one input channel (9 steps) GCC
+    // spilled accumulators around the nested loops' boundaries.
+    const std::int64_t steps = cin * taps;
+    for (std::int64_t k = 0, ci = 0, t = 0; k < steps; ++k) {
+      {
+        const T* x = in + ci * in_stride + p0;
+        const T* wc = w + ci * taps * cout + co0;
         V xv[N];
         for (int v = 0; v < N; ++v) xv[v] = *reinterpret_cast<const U*>(x + off[t] + v * L);
         const T* wt = wc + t * cout;
@@ -206,6 +209,7 @@ struct ConvTiles {
           for (int v = 0; v < N; ++v) acc[c][v] += b * xv[v];
         }
       }
+      if (++t == taps) t = 0, ++ci;
     }
     for (int c = 0; c < C; ++c)
       for (int v = 0; v < N; ++v)
