@@ -150,6 +150,11 @@ TEST_CASE("direct convolution: forward and gradients equal float64 loops, every 
       {Conv3d(2, 5, 3).with_padding(1), {2, 4, 5, 6}},
       {Conv3d(3, 2, 3).with_padding(1, Padding::periodic), {3, 3, 4, 65}},
       {Conv3d(1, 3, 5).with_padding(2), {1, 5, 3, 5}},
+      // The models' channel counts: forward blocks 6 + 6 + 4 and 6 + 2, weight-gradient blocks
+      // 3 + 3 + 3 + 3 + 2 + 2 and 3 + 3 + 2, one output channel; a last pixel tile of half width.
+      {Conv2d(1, 16, 3).with_padding(1), {1, 6, 7}},
+      {Conv2d(16, 8, 3).with_padding(1), {16, 4, 6}},
+      {Conv2d(8, 1, 3).with_padding(1, Padding::periodic), {8, 7, 9}},
   };
   const std::int64_t batch = 2;
   for (ConvIsa isa : isas_to_test()) {

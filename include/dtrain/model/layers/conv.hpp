@@ -481,10 +481,11 @@ class ConvLayer final : public Layer<T, Exec> {
   /// "Whole models"): float, more than one kernel cell (a 1x1 convolution is a plain GEMM), and a
   /// CPU with AVX2 or AVX-512 (the portable version is there for correctness, not speed). A rule
   /// of shapes, type and instruction set, never a timing, so every rank of a job on one kind of
-  /// CPU chooses alike. Measured on an AVX-512 Xeon (both versions: the direct kernel beat im2col
-  /// and shifted views on every layer of the two model CNNs, 1.8x to 17x) and, for the AVX2
-  /// version, on a 2-core AVX2 EPYC (conv_bench's stack: 81-124 ms against 110-116 ms for the
-  /// GEMM lowering).
+  /// CPU chooses alike. Measured on an AVX-512 Xeon (family 6, model 207; both versions, the AVX2
+  /// one forced: the direct kernel beat the better of im2col and shifted views on every layer of
+  /// the two model CNNs, 2.6x to 9.8x and 2.0x to 8.3x, model_bench 07 Dec 06:18-06:26) and, for
+  /// the AVX2 version, on a 2-core AVX2 EPYC (conv_bench's stack: 81-124 ms against 110-116 ms
+  /// for the GEMM lowering, 06 Dec).
   static bool prefer_direct(const ConvGeometry& g, host::ConvIsa isa) {
     return std::is_same_v<T, float> && g.kernel_cells() > 1 && isa != host::ConvIsa::portable;
   }

@@ -162,6 +162,16 @@ struct ConvVec {
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
+/// Rows of `n` values copied from `src` to `dst`: row (i, j, k), i < count[0], j < count[1],
+/// k < count[2], starts at sum of index x step on each side (see ConvTiles::copy_rows).
+template <class T>
+struct ConvRowsCall {
+  const T* src;
+  T* dst;
+  std::int64_t n;
+  std::int64_t count[3], src_step[3], dst_step[3];
+};
+
 /// The register-tiled loops for one vector width. B: vector bytes; CB x NV: forward tile
 /// (output channels x vectors); WC x WG: weight-gradient tile (output channels x kernel cells).
 template <class T, int B, int CB, int NV, int WC, int WG>
@@ -173,52 +183,110 @@ struct ConvTiles {
   static_assert(ConvDirectPlan::round % W == 0, "tiles divide the plan's rounding");
 
   // out[co][p] = bias[co] + sum over ci, t of w[(ci * taps + t) * cout + co] * in[ci][p + off[t]]
-  // for output channels co0 .. co0 + C - 1 and pixels p0 .. p0 + W - 1.
-  template <int C>
+  // for output channels co0 .. co0 + C - 1 and pixels p0 .. p0 + N * L - 1.
+  template <int C, int N>
   DTRAIN_CONV_INLINE static void tile(const T* in, std::int64_t in_stride, std::int64_t cin,
                                       const T* w, std::int64_t cout, const std::int64_t* off,
                                       std::int64_t taps, const T* bias, T* out,
                                       std::int64_t out_stride, std::int64_t co0, std::int64_t p0) {
-    V acc[C][NV];
+    V acc[C][N];
     for (int c = 0; c < C; ++c) {
       const V b = (bias ? bias[co0 + c] : T(0)) - V{};
-      for (int v = 0; v < NV; ++v) acc[c][v] = b;
+      for (int v = 0; v < N; ++v) acc[c][v] = b;
     }
-    for (std::int64_t ci = 0; ci < cin; ++ci) {
-      const T* x = in + ci * in_stride + p0;
-      const T* wc = w + ci * taps * cout + co0;
-      for (std::int64_t t = 0; t < taps; ++t) {
-        V xv[NV];
-        for (int v = 0; v < NV; ++v) xv[v] = *reinterpret_cast<const U*>(x + off[t] + v * L);
+    // One loop over (input channel, kernel cell) pairs: with one input channel (9 steps) GCC
+    // spilled accumulators around the nested loops' boundaries.
+    const std::int64_t steps = cin * taps;
+    for (std::int64_t k = 0, ci = 0, t = 0; k < steps; ++k) {
+      {
+        const T* x = in + ci * in_stride + p0;
+        const T* wc = w + ci * taps * cout + co0;
+        V xv[N];
+        for (int v = 0; v < N; ++v) xv[v] = *reinterpret_cast<const U*>(x + off[t] + v * L);
         const T* wt = wc + t * cout;
         for (int c = 0; c < C; ++c) {
           const V b = wt[c] - V{};  // a broadcast: w - 0 is w, so no add is emitted
-          for (int v = 0; v < NV; ++v) acc[c][v] += b * xv[v];
+          for (int v = 0; v < N; ++v) acc[c][v] += b * xv[v];
         }
       }
+      if (++t == taps) t = 0, ++ci;
     }
     for (int c = 0; c < C; ++c)
-      for (int v = 0; v < NV; ++v)
+      for (int v = 0; v < N; ++v)
         *reinterpret_cast<U*>(out + (co0 + c) * out_stride + p0 + v * L) = acc[c][v];
   }
 
-  // The forward over wide cells [begin, end) (rounded up to whole tiles), every output channel.
+  // Every output channel at pixels p0 .. p0 + N * L - 1, in channel blocks of CB, then of 4 where
+  // 4 or more are left (16 channels: 6 + 6 + 4, 1-3% faster than 6 + 6 + 2 + 2 on the models'
+  // layers; 8: 6 + 2, 1.3x faster than 4 + 4 on the surrogate's; conv_profile, 07 Dec).
+  template <int N>
+  DTRAIN_CONV_INLINE static void channels(const T* in, std::int64_t in_stride, std::int64_t cin,
+                                          const T* w, std::int64_t cout, const std::int64_t* off,
+                                          std::int64_t taps, const T* bias, T* out,
+                                          std::int64_t out_stride, std::int64_t p0) {
+    constexpr int C4 = CB > 4 ? 4 : CB;
+    for (std::int64_t co = 0; co < cout;) {
+      const std::int64_t rest = cout - co;
+      if (rest >= CB) {
+        tile<CB, N>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+        co += CB;
+      } else if (CB > 4 && rest >= 4) {
+        tile<C4, N>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+        co += C4;
+      } else if (rest >= 2) {
+        tile<2, N>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+        co += 2;
+      } else {
+        tile<1, N>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+        ++co;
+      }
+    }
+  }
+
+  // The forward over wide cells [begin, end), every output channel: tiles of W pixels, the last
+  // one half as wide where half covers it (a 14 x 14 grid: 222 wide cells, 3.5 tiles, not 4).
+  // Pixel tiles outside, channel blocks inside: a tile's input rows stay in L1 across blocks.
   DTRAIN_CONV_INLINE static void forward(const T* in, std::int64_t in_stride, std::int64_t cin,
                                          const T* w, std::int64_t cout, const std::int64_t* off,
                                          std::int64_t taps, const T* bias, T* out,
                                          std::int64_t out_stride, std::int64_t begin,
                                          std::int64_t end) {
-    // Pixel tiles outside, channel blocks inside: a tile's input rows stay in L1 across blocks.
+    constexpr int NH = NV > 1 ? NV / 2 : NV;
     for (std::int64_t p0 = begin; p0 < end; p0 += W) {
-      std::int64_t co = 0;
-      for (; co + CB <= cout; co += CB)
-        tile<CB>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
-      if (CB > 2)
-        for (; co + 2 <= cout; co += 2)
-          tile<2>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
-      for (; co < cout; ++co)
-        tile<1>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, co, p0);
+      if (NV > 1 && end - p0 <= NH * L)
+        channels<NH>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, p0);
+      else
+        channels<NV>(in, in_stride, cin, w, cout, off, taps, bias, out, out_stride, p0);
     }
+  }
+
+  // dst[0, n) = src[0, n) in whole vectors of NB bytes, the last one overlapping the one before
+  // (no scalar tail once n fills one), rows shorter than that in vectors half as wide, down to 8
+  // bytes: the crop, the output gradient's spread, the pad and the fold are rows of 14 to 64
+  // values, where a library call per row cost more than the row, and so did a scalar loop over
+  // a row of 14 (17% of the 16 -> 32 layer's forward on 14 x 14).
+  template <int NB = B>
+  DTRAIN_CONV_INLINE static void copy_row(const T* src, T* dst, std::int64_t n) {
+    using R = typename ConvVec<T, NB>::unaligned;
+    constexpr std::int64_t RL = NB / static_cast<int>(sizeof(T));
+    if (n < RL) {
+      if constexpr (NB / 2 >= 8 && NB / 2 >= static_cast<int>(sizeof(T)))
+        copy_row<NB / 2>(src, dst, n);
+      else
+        for (std::int64_t i = 0; i < n; ++i) dst[i] = src[i];
+      return;
+    }
+    std::int64_t i = 0;
+    for (; i + RL <= n; i += RL)
+      *reinterpret_cast<R*>(dst + i) = *reinterpret_cast<const R*>(src + i);
+    if (i < n) *reinterpret_cast<R*>(dst + n - RL) = *reinterpret_cast<const R*>(src + n - RL);
+  }
+  DTRAIN_CONV_INLINE static void copy_rows(const ConvRowsCall<T>& a) {
+    for (std::int64_t i = 0; i < a.count[0]; ++i)
+      for (std::int64_t j = 0; j < a.count[1]; ++j)
+        for (std::int64_t k = 0; k < a.count[2]; ++k)
+          copy_row(a.src + i * a.src_step[0] + j * a.src_step[1] + k * a.src_step[2],
+                   a.dst + i * a.dst_step[0] + j * a.dst_step[1] + k * a.dst_step[2], a.n);
   }
 
   // dw[co][ci][t0 + g] += sum over p < count of dy[co][p] * x[ci][p + off[t0 + g]], for output
@@ -274,14 +342,25 @@ struct ConvTiles {
                                              const T* dy, std::int64_t dy_stride, std::int64_t cout,
                                              const std::int64_t* off, std::int64_t taps,
                                              std::int64_t count, T* dw, T* db) {
-    std::int64_t co = 0;
-    for (; co + WC <= cout; co += WC)
-      for (std::int64_t ci = 0; ci < cin; ++ci)
-        wgrad_cells<WC>(x + ci * x_stride, dy, dy_stride, count, off, co, ci, cin, taps, dw);
-    for (; co < cout; ++co)
-      for (std::int64_t ci = 0; ci < cin; ++ci)
-        wgrad_cells<1>(x + ci * x_stride, dy, dy_stride, count, off, co, ci, cin, taps, dw);
-    for (co = 0; co < cout; ++co) {
+    // Channel blocks of WC, and of 2 rather than 1 where WC would leave one behind (a 1-channel
+    // tile loads a value per multiply-add: 16 = 3 x 4 + 2 + 2, 8 = 3 + 3 + 2).
+    for (std::int64_t co = 0; co < cout;) {
+      const std::int64_t rest = cout - co;
+      if (rest >= WC && rest != WC + 1) {
+        for (std::int64_t ci = 0; ci < cin; ++ci)
+          wgrad_cells<WC>(x + ci * x_stride, dy, dy_stride, count, off, co, ci, cin, taps, dw);
+        co += WC;
+      } else if (rest >= 2) {
+        for (std::int64_t ci = 0; ci < cin; ++ci)
+          wgrad_cells<2>(x + ci * x_stride, dy, dy_stride, count, off, co, ci, cin, taps, dw);
+        co += 2;
+      } else {
+        for (std::int64_t ci = 0; ci < cin; ++ci)
+          wgrad_cells<1>(x + ci * x_stride, dy, dy_stride, count, off, co, ci, cin, taps, dw);
+        ++co;
+      }
+    }
+    for (std::int64_t co = 0; co < cout; ++co) {
       V acc = {};
       for (std::int64_t p = 0; p < count; p += L) {
         acc += *reinterpret_cast<const U*>(dy + co * dy_stride + p);
@@ -342,6 +421,10 @@ struct ConvWgradCall {
   attributes void conv_wgrad_##suffix(const ConvWgradCall<T>& a) {                          \
     tiles<T>::weight_grad(a.x, a.x_stride, a.cin, a.dy, a.dy_stride, a.cout, a.off, a.taps, \
                           a.count, a.dw, a.db);                                             \
+  }                                                                                         \
+  template <class T>                                                                        \
+  attributes void conv_rows_##suffix(const ConvRowsCall<T>& a) {                            \
+    tiles<T>::copy_rows(a);                                                                 \
   }
 DTRAIN_CONV_ENTRIES(portable, ConvTilesPortable, __attribute__((flatten)))
 #if DTRAIN_CONV_DIRECT_X86
@@ -377,6 +460,18 @@ void conv_wgrad(ConvIsa isa, const ConvWgradCall<T>& a) {
   conv_wgrad_portable(a);
 }
 
+template <class T>
+void conv_rows(ConvIsa isa, const ConvRowsCall<T>& a) {
+#if DTRAIN_CONV_DIRECT_X86
+  if constexpr (std::is_same_v<T, float>) {
+    if (isa == ConvIsa::avx512) return conv_rows_avx512(a);
+    if (isa == ConvIsa::avx2) return conv_rows_avx2(a);
+  }
+#endif
+  (void)isa;
+  conv_rows_portable(a);
+}
+
 // Wide offset of every kernel cell: off[t] = flat(kd, kh, kw), t in kernel order.
 inline void conv_offsets(const ConvDirectPlan& p, std::int64_t* off) {
   std::int64_t t = 0;
@@ -385,32 +480,38 @@ inline void conv_offsets(const ConvDirectPlan& p, std::int64_t* off) {
       for (std::int64_t kw = 0; kw < p.kernel[2]; ++kw) off[t++] = p.flat(kd, kh, kw);
 }
 
-// Input coordinate of padded coordinate q on `axis`, or -1 (zero padding).
-inline std::int64_t conv_source(const ConvDirectPlan& p, int axis, std::int64_t q) {
-  const std::int64_t i = q - p.pad[axis], n = p.in[axis];
-  if (i >= 0 && i < n) return i;
-  if (!p.periodic) return -1;
-  return ((i % n) + n) % n;
-}
-
-// One sample x [cin, in cells] onto the padded grid (borders zero or wrapped).
+// One sample x [cin, in cells] onto the padded grid: the input rows in place, then with periodic
+// padding the wrapped borders, axis by axis (the last axis within each input row, then whole
+// rows, then whole planes: each copies cells the step before completed). Zero borders are never
+// written: the caller's initial fill keeps them zero.
 template <class T>
-void conv_pad(const ConvDirectPlan& p, const T* x, T* xpad) {
-  for (std::int64_t c = 0; c < p.in_channels; ++c)
-    for (std::int64_t d = 0; d < p.padded[0]; ++d)
-      for (std::int64_t h = 0; h < p.padded[1]; ++h) {
-        T* dst = xpad + c * p.x_stride + p.flat(d, h, 0);
-        const std::int64_t sd = conv_source(p, 0, d), sh = conv_source(p, 1, h);
-        if (sd < 0 || sh < 0) {
-          std::fill(dst, dst + p.padded[2], T(0));
-          continue;
-        }
-        const T* src = x + ((c * p.in[0] + sd) * p.in[1] + sh) * p.in[2];
-        for (std::int64_t w = 0; w < p.padded[2]; ++w) {
-          const std::int64_t sw = conv_source(p, 2, w);
-          dst[w] = sw < 0 ? T(0) : src[sw];
-        }
+void conv_pad(const ConvDirectPlan& p, ConvIsa isa, const T* x, T* xpad) {
+  const std::int64_t row = p.padded[2], plane = p.padded[1] * p.padded[2];
+  conv_rows<T>(isa, {x,
+                     xpad + p.flat(p.pad[0], p.pad[1], p.pad[2]),
+                     p.in[2],
+                     {p.in_channels, p.in[0], p.in[1]},
+                     {p.in_cells(), p.in[1] * p.in[2], p.in[2]},
+                     {p.x_stride, plane, row}});
+  if (!p.periodic) return;
+  for (std::int64_t c = 0; c < p.in_channels; ++c) {
+    T* xc = xpad + c * p.x_stride;
+    for (std::int64_t d = p.pad[0]; d < p.pad[0] + p.in[0]; ++d) {
+      for (std::int64_t h = p.pad[1]; h < p.pad[1] + p.in[1]; ++h) {
+        T* r = xc + p.flat(d, h, 0);
+        for (std::int64_t w = 0; w < p.pad[2]; ++w) r[w] = r[w + p.in[2]];
+        for (std::int64_t w = p.pad[2] + p.in[2]; w < row; ++w) r[w] = r[w - p.in[2]];
       }
+      for (std::int64_t h = 0; h < p.pad[1]; ++h)
+        std::copy_n(xc + p.flat(d, h + p.in[1], 0), row, xc + p.flat(d, h, 0));
+      for (std::int64_t h = p.pad[1] + p.in[1]; h < p.padded[1]; ++h)
+        std::copy_n(xc + p.flat(d, h - p.in[1], 0), row, xc + p.flat(d, h, 0));
+    }
+    for (std::int64_t d = 0; d < p.pad[0]; ++d)
+      std::copy_n(xc + p.flat(d + p.in[0], 0, 0), plane, xc + p.flat(d, 0, 0));
+    for (std::int64_t d = p.pad[0] + p.in[0]; d < p.padded[0]; ++d)
+      std::copy_n(xc + p.flat(d - p.in[0], 0, 0), plane, xc + p.flat(d, 0, 0));
+  }
 }
 
 }  // namespace detail
@@ -430,17 +531,16 @@ void conv_direct_forward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, const
       for (std::int64_t t = 0; t < taps; ++t)
         wpack[(ci * taps + t) * cout + co] = w[(co * cin + ci) * taps + t];
   for (std::int64_t r = 0; r < rows; ++r) {
-    detail::conv_pad(p, x + r * cin * p.in_cells(), xpad);
+    detail::conv_pad(p, isa, x + r * cin * p.in_cells(), xpad);
     detail::conv_tiles<T>(
         isa, {xpad, p.x_stride, cin, wpack, cout, off, taps, bias, ywide, p.y_stride, 0, p.wide});
     // Crop: output cell (d, h, w) is wide cell flat(d, h, w).
-    T* ys = y + r * cout * p.out_cells();
-    for (std::int64_t co = 0; co < cout; ++co)
-      for (std::int64_t d = 0; d < p.out[0]; ++d)
-        for (std::int64_t h = 0; h < p.out[1]; ++h) {
-          const T* src = ywide + co * p.y_stride + p.flat(d, h, 0);
-          std::copy(src, src + p.out[2], ys + ((co * p.out[0] + d) * p.out[1] + h) * p.out[2]);
-        }
+    detail::conv_rows<T>(isa, {ywide,
+                               y + r * cout * p.out_cells(),
+                               p.out[2],
+                               {cout, p.out[0], p.out[1]},
+                               {p.y_stride, p.padded[1] * p.padded[2], p.padded[2]},
+                               {p.out_cells(), p.out[1] * p.out[2], p.out[2]}});
   }
 }
 
@@ -458,6 +558,9 @@ void conv_direct_backward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, cons
   const std::int64_t weights = cout * cin * taps;
   std::fill(dwlanes, dwlanes + weights * LS, T(0));
   const std::int64_t margin = p.last_offset;
+  // The weight gradient sums over the wide cells in whole vectors of the widest set (each set's
+  // vector divides it), not over the whole y_stride (a 14 x 14 grid: 224 cells, not 256).
+  const std::int64_t count = (p.wide + LS - 1) / LS * LS;
   std::int64_t off[conv_direct_max_taps], mirrored[conv_direct_max_taps];
   detail::conv_offsets(p, off);
   // The input gradient at wide cell j sums w[co][ci][t] * dy at wide cell j - off[t]: the forward
@@ -477,53 +580,54 @@ void conv_direct_backward(ConvDirectPlan p, ConvIsa isa, std::int64_t rows, cons
           ? grid
           : p.flat(p.pad[0] + p.in[0] - 1, p.pad[1] + p.in[1] - 1, p.pad[2] + p.in[2] - 1) + 1;
   for (std::int64_t r = 0; r < rows; ++r) {
-    detail::conv_pad(p, x + r * cin * p.in_cells(), xpad);
+    detail::conv_pad(p, isa, x + r * cin * p.in_cells(), xpad);
     // dy onto the wide layout; the cells between rows and past the output stay zero from the
     // caller's initial fill, so every sum below may run over whole vectors.
-    const T* dys = dy + r * cout * p.out_cells();
-    for (std::int64_t co = 0; co < cout; ++co)
-      for (std::int64_t d = 0; d < p.out[0]; ++d)
-        for (std::int64_t h = 0; h < p.out[1]; ++h) {
-          const T* src = dys + ((co * p.out[0] + d) * p.out[1] + h) * p.out[2];
-          std::copy(src, src + p.out[2], dywide + co * p.dy_stride + margin + p.flat(d, h, 0));
-        }
+    detail::conv_rows<T>(isa, {dy + r * cout * p.out_cells(),
+                               dywide + margin,
+                               p.out[2],
+                               {cout, p.out[0], p.out[1]},
+                               {p.out_cells(), p.out[1] * p.out[2], p.out[2]},
+                               {p.dy_stride, p.padded[1] * p.padded[2], p.padded[2]}});
     detail::conv_wgrad<T>(isa, {xpad, p.x_stride, cin, dywide + margin, p.dy_stride, cout, off,
-                                taps, p.y_stride, dwlanes, db});
+                                taps, count, dwlanes, db});
     if (!dx) continue;
     detail::conv_tiles<T>(isa, {dywide, p.dy_stride, cout, wpack, cin, mirrored, taps, nullptr,
                                 dxwide, p.dx_stride, lo, hi});
-    // Fold: input cell i on an axis collects padded cell i + pad, and with periodic padding the
-    // copies of it at i + pad -/+ n.
+    // Fold: input cell i on an axis collects padded cell i + pad (the rows copied below), and
+    // with periodic padding also the copies of it at i + pad -/+ n (added after).
     T* dxs = dx + r * cin * p.in_cells();
+    detail::conv_rows<T>(isa, {dxwide + p.flat(p.pad[0], p.pad[1], p.pad[2]),
+                               dxs,
+                               p.in[2],
+                               {cin, p.in[0], p.in[1]},
+                               {p.dx_stride, p.padded[1] * p.padded[2], p.padded[2]},
+                               {p.in_cells(), p.in[1] * p.in[2], p.in[2]}});
+    if (!p.periodic) continue;
     auto candidates = [&](int a, std::int64_t i, std::int64_t* q) {
       int n = 0;
       q[n++] = i + p.pad[a];
-      if (p.periodic) {
-        if (i + p.pad[a] - p.in[a] >= 0) q[n++] = i + p.pad[a] - p.in[a];
-        if (i + p.pad[a] + p.in[a] < p.padded[a]) q[n++] = i + p.pad[a] + p.in[a];
-      }
+      if (i + p.pad[a] - p.in[a] >= 0) q[n++] = i + p.pad[a] - p.in[a];
+      if (i + p.pad[a] + p.in[a] < p.padded[a]) q[n++] = i + p.pad[a] + p.in[a];
       return n;
     };
+    const std::int64_t n2 = p.in[2], pad2 = p.pad[2];
     for (std::int64_t c = 0; c < cin; ++c)
       for (std::int64_t d = 0; d < p.in[0]; ++d)
         for (std::int64_t h = 0; h < p.in[1]; ++h) {
-          std::int64_t qd[3], qh[3], qw[3];
+          std::int64_t qd[3], qh[3];
           const int nd = candidates(0, d, qd), nh = candidates(1, h, qh);
-          const T* src = dxwide + c * p.dx_stride;
-          T* dst = dxs + ((c * p.in[0] + d) * p.in[1] + h) * p.in[2];
-          if (nd == 1 && nh == 1 && !p.periodic) {
-            std::copy(src + p.flat(qd[0], qh[0], p.pad[2]),
-                      src + p.flat(qd[0], qh[0], p.pad[2]) + p.in[2], dst);
-            continue;
-          }
-          for (std::int64_t wi = 0; wi < p.in[2]; ++wi) {
-            const int nw = candidates(2, wi, qw);
-            T sum = 0;
-            for (int a = 0; a < nd; ++a)
-              for (int b = 0; b < nh; ++b)
-                for (int e = 0; e < nw; ++e) sum += src[p.flat(qd[a], qh[b], qw[e])];
-            dst[wi] = sum;
-          }
+          T* dst = dxs + ((c * p.in[0] + d) * p.in[1] + h) * n2;
+          for (int a = 0; a < nd; ++a)
+            for (int b = 0; b < nh; ++b) {
+              const T* src = dxwide + c * p.dx_stride + p.flat(qd[a], qh[b], 0);
+              if (a > 0 || b > 0)
+                for (std::int64_t w = 0; w < n2; ++w) dst[w] += src[pad2 + w];
+              // The last axis: cell w also sits at pad2 + w + n2 (w < pad2) and at pad2 + w - n2
+              // (w >= n2 - pad2).
+              for (std::int64_t w = 0; w < pad2; ++w) dst[w] += src[pad2 + w + n2];
+              for (std::int64_t w = n2 - pad2; w < n2; ++w) dst[w] += src[pad2 + w - n2];
+            }
         }
   }
   // Lanes a narrower instruction set never wrote are still zero: the sum is the same.
