@@ -159,10 +159,13 @@ if [ -n "$MPIFLAGS" ] && [ -n "$H5FLAGS" ] && [ -n "$MPICC" ]; then
   else
     RTFLAGS=(-DDTRAIN_HAVE_HIP=1 -D__HIP_PLATFORM_AMD__ -I"$(dirname "$(readlink -f "$HIPCC")")/../include")
   fi
+  # The wrappers' -I and -D flags compile; the rest (libraries, archives) only links.
+  # shellcheck disable=SC2086
+  CAPI_CFLAGS="$(printf '%s\n' $MPIFLAGS $H5FLAGS | grep -E '^-(I|D)' | tr '\n' ' ')"
   # shellcheck disable=SC2086
   {
     "$CC" "${FLAGS[@]}" "${INC[@]}" -I"$ROOT/bindings/c" -c "$ROOT/bindings/c/dtrain_c.cpp" \
-      -o "$BUILD/dtrain_c_$DIALECT.o" $MPIFLAGS $H5FLAGS &&
+      -o "$BUILD/dtrain_c_$DIALECT.o" $CAPI_CFLAGS &&
       "$MPICC" -std=c11 -O2 "${RTFLAGS[@]}" -I"$ROOT/bindings/c" -I"$ROOT/tests/c_api" \
         -c "$ROOT/tests/gpu/c_api_device.c" -o "$BUILD/c_api_device_main.o" &&
       "$CC" "$BUILD/c_api_device_main.o" "$BUILD/dtrain_c_$DIALECT.o" -o "$BUILD/c_api_device_$DIALECT" \
