@@ -13,7 +13,11 @@
  * comes with its element type and its shape in C order (shape[0] the slowest axis, the batch):
  * a batch of `b` samples of a model whose Input is {c, h, w} is x[b][c][h][w], shape {b, c, h, w};
  * shape {b, c*h*w} (flattened samples) is accepted too. A Fortran x(nx, ny, nchan, nbatch) is that
- * same memory, so the Fortran module passes its arrays as they are, shape reversed.
+ * same memory, so the Fortran module passes its arrays as they are, shape reversed. Host arrays go
+ * to the calls below without _device; a run made on a GPU (dtrain_create_on) also takes device
+ * arrays through the _device calls. Where this file is compiled with a device policy (nvcc or
+ * hipcc), each array's memory is checked against the call: a device array given to a host call,
+ * or a host array to a _device call, is DTRAIN_ERR_INVALID_ARGUMENT.
  *
  * Collective calls (every rank of the run's communicator calls them in the same order): create,
  * close, train steps, save, maybe_save, restore_latest, wait_checkpoints, and with sync mode
@@ -69,6 +73,19 @@ typedef struct dtrain_run {
 int dtrain_create(MPI_Comm comm, const char* config_path, dtrain_run* run);
 /** As dtrain_create, with a Fortran communicator handle (MPI_Comm_f2c). */
 int dtrain_create_f(MPI_Fint comm, const char* config_path, dtrain_run* run);
+
+/** dtrain_create_on's `device` for a run on the host. */
+#define DTRAIN_HOST (-1)
+/** Collective. As dtrain_create, on `device`: DTRAIN_HOST (the host, as dtrain_create) or a GPU
+ * of this rank's node by its ordinal (0, 1, ...: the model, gradients and optimizer state in its
+ * memory, its kernels on a stream of the run's own). A GPU needs this file compiled as CUDA or
+ * HIP (nvcc, hipcc); otherwise, or for a device this rank does not see,
+ * DTRAIN_ERR_INVALID_ARGUMENT. Every rank names a device that exists for it. */
+int dtrain_create_on(MPI_Comm comm, const char* config_path, int device, dtrain_run* run);
+/** As dtrain_create_on, with a Fortran communicator handle (MPI_Comm_f2c). */
+int dtrain_create_on_f(MPI_Fint comm, const char* config_path, int device, dtrain_run* run);
+/** Local. The run's device: DTRAIN_HOST or the GPU's ordinal. */
+int dtrain_device(dtrain_run run, int* device);
 /** Collective. Waits for checkpoint writes still running, frees the run and sets run->id to 0;
  * the run's id stays closed forever. Closing {0} is DTRAIN_OK (nothing to do). */
 int dtrain_close(dtrain_run* run);
@@ -100,10 +117,24 @@ int dtrain_rank(dtrain_run run, int* rank, int* size);
 int dtrain_train_step(dtrain_run run, const void* x, int x_dtype, int x_ndim,
                       const int64_t* x_shape, const void* targets, int t_dtype, int t_ndim,
                       const int64_t* t_shape, double* loss);
+/** Collective. As dtrain_train_step, on device arrays of a run made on a GPU: x and targets in
+ * device memory (cudaMalloc / hipMalloc, managed memory, CUDA Fortran device arrays, OpenACC
+ * `host_data use_device`), of the model's element type (no conversion on the device; labels
+ * I32), read in place on the run's stream. The device work that writes them must be complete
+ * (e.g. cudaStreamSynchronize) before the call; they may be changed once it returns. Class labels
+ * are copied to the host to be checked. */
+int dtrain_train_step_device(dtrain_run run, const void* x, int x_dtype, int x_ndim,
+                             const int64_t* x_shape, const void* targets, int t_dtype, int t_ndim,
+                             const int64_t* t_shape, double* loss);
 /** Local (collective with sync mode fully_sharded: each forward gathers parameters). Evaluation
  * forward of x into y (F32/F64, shape {b, output shape...}). */
 int dtrain_predict(dtrain_run run, const void* x, int x_dtype, int x_ndim, const int64_t* x_shape,
                    void* y, int y_dtype, int y_ndim, const int64_t* y_shape);
+/** As dtrain_predict, on device arrays of a run made on a GPU (as dtrain_train_step_device; y of
+ * the model's type too): y is written when the call returns. Not with a normalising store. */
+int dtrain_predict_device(dtrain_run run, const void* x, int x_dtype, int x_ndim,
+                          const int64_t* x_shape, void* y, int y_dtype, int y_ndim,
+                          const int64_t* y_shape);
 /** Local (collective when fully sharded, as dtrain_predict). Evaluation of x against targets (as
  * dtrain_train_step): the mean loss, and with class labels the fraction classified correctly (-1
  * for value targets). Either output may be null. */

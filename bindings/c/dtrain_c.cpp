@@ -2,6 +2,14 @@
 // dtrain's C API (bindings/c/dtrain.h) over dtrain::ConfiguredRun. Compiled into the caller's
 // program (CMake component `c`). Every entry point runs its body through `guard`, which turns any
 // exception into a status and a message kept for the calling thread and the run.
+//
+// Runs on a GPU (dtrain_create_on) need a device policy, found when this file is compiled:
+// - DTRAIN_C_DEVICE_POLICY_HEADER names a header (a test's emulated device) that defines, in
+//   namespace dtrain_c_device: `using Policy` (an execution policy), `Policy& policy(int device)`
+//   (the process's policy of that device, made on first use; InvalidArgument for one that does
+//   not exist), `bool is_device_memory(const void*)` and `const char* const name`;
+// - else, compiled by nvcc or hipcc, GpuExec (one per device, kept for the whole process);
+// - else none: every run is on the host, and nothing can tell a device pointer.
 #include "dtrain.h"
 
 #include <algorithm>
@@ -18,6 +26,33 @@
 
 #include <dtrain/config/configured_run.hpp>
 
+#if defined(DTRAIN_C_DEVICE_POLICY_HEADER)
+#include DTRAIN_C_DEVICE_POLICY_HEADER
+#define DTRAIN_C_DEVICE 1
+#elif defined(__CUDACC__) || defined(__HIPCC__)
+#include <map>
+
+#include <dtrain/kernels/gpu_exec.cuh>
+#define DTRAIN_C_DEVICE 1
+namespace dtrain_c_device {
+using Policy = dtrain::GpuExec;
+const char* const name = dtrain::gpu::vendor;
+Policy& policy(int device) {
+  static std::mutex mutex;
+  // Never destroyed: a policy outlives every run on it, and a vendor runtime may be gone at exit.
+  static auto* all = new std::map<int, Policy*>();
+  std::lock_guard<std::mutex> lock(mutex);
+  const int n = dtrain::gpu::device_count();
+  DTRAIN_REQUIRE(device >= 0 && device < n, "dtrain_create_on",
+                 "device " << device << " but this rank sees " << n << " " << name << " device(s)");
+  Policy*& p = (*all)[device];
+  if (!p) p = new Policy(device);
+  return *p;
+}
+bool is_device_memory(const void* p) { return dtrain::gpu::is_device_pointer(p); }
+}  // namespace dtrain_c_device
+#endif
+
 namespace {
 
 using dtrain::ConfiguredRun;
@@ -26,6 +61,7 @@ using dtrain::ConfiguredRun;
 struct Registry {
   std::mutex mutex;
   std::unordered_map<std::int64_t, std::shared_ptr<ConfiguredRun>> runs;
+  std::unordered_map<std::int64_t, int> devices;  // DTRAIN_HOST or the GPU of each live run
   std::int64_t next_id = 1;
 };
 Registry& registry() {
@@ -217,6 +253,80 @@ std::int64_t check_pair(const char* op, ConfiguredRun& run, const void* x, int x
   return b;
 }
 
+// Arrays whose memory the build's device policy can tell: a host call refuses device memory, a
+// _device call host memory. Without a device policy nothing is known (and every run is a host
+// run, which the _device calls refuse).
+void host_array(const char* op, const char* name, const void* p, const char* hint) {
+#if defined(DTRAIN_C_DEVICE)
+  if (p && dtrain_c_device::is_device_memory(p))
+    fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
+         std::string(name) + " is " + dtrain_c_device::name + " device memory, but " + op +
+             " takes host arrays (" + hint + ")");
+#else
+  (void)op, (void)name, (void)p, (void)hint;
+#endif
+}
+constexpr const char* to_train_device =
+    "device arrays go to dtrain_train_step_device on a run made by dtrain_create_on on a device";
+constexpr const char* to_predict_device =
+    "device arrays go to dtrain_predict_device on a run made by dtrain_create_on on a device";
+void device_array(const char* op, const char* name, const void* p, const char* host_op) {
+#if defined(DTRAIN_C_DEVICE)
+  if (p && !dtrain_c_device::is_device_memory(p))
+    fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
+         std::string(name) + " is not " + dtrain_c_device::name + " device memory, but " + op +
+             " reads device arrays (host arrays go to " + host_op + ")");
+#else
+  (void)op, (void)name, (void)p, (void)host_op;
+#endif
+}
+
+// The run of a _device call: one made on a device.
+void need_device_run(const char* op, dtrain_run run, const ConfiguredRun& p) {
+  if (!p.on_device())
+    fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
+         "run " + std::to_string(run.id) +
+             " is on the host (dtrain_create, or dtrain_create_on with DTRAIN_HOST): device "
+             "arrays need a run made by dtrain_create_on with a device");
+}
+
+int create(const char* op, MPI_Comm comm, const char* config_path, int device, dtrain_run* run) {
+  if (run) run->id = 0;
+  return guard(op, 0, [&] {
+    need(run, op, "the run pointer");
+    need(config_path, op, "the configuration path");
+    int init = 0, fin = 0;
+    MPI_Initialized(&init);
+    MPI_Finalized(&fin);
+    if (!init || fin)
+      fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
+           fin ? "MPI is finalised" : "MPI is not initialised (call MPI_Init first)", -1);
+    if (comm == MPI_COMM_NULL) fail(DTRAIN_ERR_INVALID_ARGUMENT, op, "the communicator is null");
+    if (device < DTRAIN_HOST)
+      fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
+           "device " + std::to_string(device) + " (DTRAIN_HOST or a GPU ordinal from 0)");
+    std::shared_ptr<ConfiguredRun> made;
+    if (device == DTRAIN_HOST) {
+      made = std::make_shared<ConfiguredRun>(comm, std::string(config_path));
+    } else {
+#if defined(DTRAIN_C_DEVICE)
+      made = std::make_shared<ConfiguredRun>(comm, dtrain::read_run_config(config_path),
+                                             dtrain_c_device::policy(device));
+#else
+      fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
+           "device " + std::to_string(device) +
+               " asked for, but this build of the C API has no device policy (compile "
+               "bindings/c/dtrain_c.cpp with nvcc or hipcc for GPU runs)");
+#endif
+    }
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    run->id = r.next_id++;
+    r.runs.emplace(run->id, std::move(made));
+    r.devices.emplace(run->id, device);
+  });
+}
+
 template <class F>
 auto with_x(int dtype, const void* p, F&& f) {
   return dtype == DTRAIN_F32 ? f(static_cast<const float*>(p)) : f(static_cast<const double*>(p));
@@ -232,28 +342,30 @@ auto with_target(int dtype, const void* p, F&& f) {
 extern "C" {
 
 int dtrain_create(MPI_Comm comm, const char* config_path, dtrain_run* run) {
-  const char* op = "dtrain_create";
-  if (run) run->id = 0;
-  return guard(op, 0, [&] {
-    need(run, op, "the run pointer");
-    need(config_path, op, "the configuration path");
-    int init = 0, fin = 0;
-    MPI_Initialized(&init);
-    MPI_Finalized(&fin);
-    if (!init || fin)
-      fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
-           fin ? "MPI is finalised" : "MPI is not initialised (call MPI_Init first)", -1);
-    if (comm == MPI_COMM_NULL) fail(DTRAIN_ERR_INVALID_ARGUMENT, op, "the communicator is null");
-    auto made = std::make_shared<ConfiguredRun>(comm, std::string(config_path));
-    Registry& r = registry();
-    std::lock_guard<std::mutex> lock(r.mutex);
-    run->id = r.next_id++;
-    r.runs.emplace(run->id, std::move(made));
-  });
+  return create("dtrain_create", comm, config_path, DTRAIN_HOST, run);
 }
 
 int dtrain_create_f(MPI_Fint comm, const char* config_path, dtrain_run* run) {
   return dtrain_create(MPI_Comm_f2c(comm), config_path, run);
+}
+
+int dtrain_create_on(MPI_Comm comm, const char* config_path, int device, dtrain_run* run) {
+  return create("dtrain_create_on", comm, config_path, device, run);
+}
+
+int dtrain_create_on_f(MPI_Fint comm, const char* config_path, int device, dtrain_run* run) {
+  return dtrain_create_on(MPI_Comm_f2c(comm), config_path, device, run);
+}
+
+int dtrain_device(dtrain_run run, int* device) {
+  const char* op = "dtrain_device";
+  return guard(op, run.id, [&] {
+    need(device, op, "device");
+    find(run, op);
+    Registry& r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    *device = r.devices.at(run.id);
+  });
 }
 
 int dtrain_close(dtrain_run* run) {
@@ -267,6 +379,7 @@ int dtrain_close(dtrain_run* run) {
       Registry& r = registry();
       std::lock_guard<std::mutex> lock(r.mutex);
       r.runs.erase(run->id);
+      r.devices.erase(run->id);
     }
     run->id = 0;
     p.reset();  // the last reference: the run is destroyed here, after the wait
@@ -344,8 +457,30 @@ int dtrain_train_step(dtrain_run run, const void* x, int x_dtype, int x_ndim,
     dtrain::detail::RankScope scope(p->rank());
     const auto b =
         check_pair(op, *p, x, x_dtype, x_ndim, x_shape, targets, t_dtype, t_ndim, t_shape, true);
+    host_array(op, "x", x, to_train_device);
+    host_array(op, "targets", targets, to_train_device);
     const double l = with_x(x_dtype, x, [&](auto xp) {
       return with_target(t_dtype, targets, [&](auto tp) { return p->train_step(xp, tp, b); });
+    });
+    if (loss) *loss = l;
+  });
+}
+
+int dtrain_train_step_device(dtrain_run run, const void* x, int x_dtype, int x_ndim,
+                             const int64_t* x_shape, const void* targets, int t_dtype, int t_ndim,
+                             const int64_t* t_shape, double* loss) {
+  const char* op = "dtrain_train_step_device";
+  return guard(op, run.id, [&] {
+    auto p = find(run, op);
+    dtrain::detail::RankScope scope(p->rank());
+    need_device_run(op, run, *p);
+    const auto b =
+        check_pair(op, *p, x, x_dtype, x_ndim, x_shape, targets, t_dtype, t_ndim, t_shape, true);
+    device_array(op, "x", x, "dtrain_train_step");
+    device_array(op, "targets", targets, "dtrain_train_step");
+    const double l = with_x(x_dtype, x, [&](auto xp) {
+      return with_target(t_dtype, targets,
+                         [&](auto tp) { return p->train_step_device(xp, tp, b); });
     });
     if (loss) *loss = l;
   });
@@ -359,11 +494,35 @@ int dtrain_predict(dtrain_run run, const void* x, int x_dtype, int x_ndim, const
     dtrain::detail::RankScope scope(p->rank());
     const auto b =
         check_pair(op, *p, x, x_dtype, x_ndim, x_shape, y, y_dtype, y_ndim, y_shape, false, "y");
+    host_array(op, "x", x, to_predict_device);
+    host_array(op, "y", y, to_predict_device);
     with_x(x_dtype, x, [&](auto xp) {
       if (y_dtype == DTRAIN_F32)
         p->predict(xp, static_cast<float*>(y), b);
       else
         p->predict(xp, static_cast<double*>(y), b);
+      return 0;
+    });
+  });
+}
+
+int dtrain_predict_device(dtrain_run run, const void* x, int x_dtype, int x_ndim,
+                          const int64_t* x_shape, void* y, int y_dtype, int y_ndim,
+                          const int64_t* y_shape) {
+  const char* op = "dtrain_predict_device";
+  return guard(op, run.id, [&] {
+    auto p = find(run, op);
+    dtrain::detail::RankScope scope(p->rank());
+    need_device_run(op, run, *p);
+    const auto b =
+        check_pair(op, *p, x, x_dtype, x_ndim, x_shape, y, y_dtype, y_ndim, y_shape, false, "y");
+    device_array(op, "x", x, "dtrain_predict");
+    device_array(op, "y", y, "dtrain_predict");
+    with_x(x_dtype, x, [&](auto xp) {
+      if (y_dtype == DTRAIN_F32)
+        p->predict_device(xp, static_cast<float*>(y), b);
+      else
+        p->predict_device(xp, static_cast<double*>(y), b);
       return 0;
     });
   });
@@ -378,6 +537,8 @@ int dtrain_evaluate(dtrain_run run, const void* x, int x_dtype, int x_ndim, cons
     dtrain::detail::RankScope scope(p->rank());
     const auto b =
         check_pair(op, *p, x, x_dtype, x_ndim, x_shape, targets, t_dtype, t_ndim, t_shape, true);
+    host_array(op, "x", x, to_train_device);
+    host_array(op, "targets", targets, to_train_device);
     const auto e = with_x(x_dtype, x, [&](auto xp) {
       return with_target(t_dtype, targets, [&](auto tp) { return p->evaluate(xp, tp, b); });
     });
@@ -392,6 +553,7 @@ int dtrain_copy_parameters(dtrain_run run, void* out, int dtype, int64_t count) 
     auto p = find(run, op);
     dtrain::detail::RankScope scope(p->rank());
     need(out, op, "out");
+    host_array(op, "out", out, "the parameters are copied to host memory");
     if (dtype != DTRAIN_F32 && dtype != DTRAIN_F64)
       fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
            std::string("element type ") + dtype_text(dtype) + " (expected F32 or F64)");
@@ -452,6 +614,8 @@ int dtrain_store_add(dtrain_run run, const void* x, int x_dtype, int x_ndim, con
     dtrain::detail::RankScope scope(p->rank());
     const auto b =
         check_pair(op, *p, x, x_dtype, x_ndim, x_shape, targets, t_dtype, t_ndim, t_shape, false);
+    host_array(op, "x", x, "the store keeps host copies");
+    host_array(op, "targets", targets, "the store keeps host copies");
     with_x(x_dtype, x, [&](auto xp) {
       if (t_dtype == DTRAIN_F32)
         p->store_add(xp, static_cast<const float*>(targets), b);

@@ -7,11 +7,15 @@
 ! [nbatch][nchan][ny][nx] that a model with Input{nchan, ny, nx} reads, so nothing is copied; the
 ! module passes each array's shape reversed. The last axis is always the batch. Targets are
 ! y(..., nbatch) of the same rank as x, y(nbatch) (one value per sample), or integer(c_int32_t)
-! class labels(nbatch), 0-based as in every language. Dummy arrays are assumed-shape and
+! class labels(nbatch), 0-based as in every language. Dummy arrays are assumed-rank (any rank) and
 ! CONTIGUOUS: a contiguous actual argument is passed in place; a non-contiguous one (a strided
 ! section) is copied in (and for predict's output, back out) by the compiler, the standard's rule.
 ! real(c_float) and real(c_double) arrays are accepted whatever the model's type (the other type
-! is converted).
+! is converted). Device arrays (a run made with `device`) go through dtrain_train_step_device and
+! dtrain_predict_device as C addresses with their shapes.
+!
+! Fortran 2018 (assumed-rank dummies, C_LOC of an assumed-type array): gfortran builds it with
+! -std=f2018 (or without -std); -std=f2008 refuses assumed-rank.
 !
 ! Errors: every procedure has optional `stat` (DTRAIN_OK = 0 on success, else a DTRAIN_ERR_*
 ! code) and `errmsg` (the message: rank, operation, cause), as Fortran's allocate. Without `stat`
@@ -34,15 +38,21 @@ module dtrain
     DTRAIN_ERR_DEVICE = 6, DTRAIN_ERR_OUT_OF_MEMORY = 7, DTRAIN_ERR_CLOSED = 8, &
     DTRAIN_ERR_INTERNAL = 9
   integer, parameter, public :: DTRAIN_EVICT_OLDEST = 0, DTRAIN_EVICT_RESERVOIR = 1
-  integer(c_int), parameter :: DTRAIN_F32 = 0, DTRAIN_F64 = 1, DTRAIN_I32 = 2
+  !> Element types of the device procedures' arrays (dtrain_train_step_device,
+  !> dtrain_predict_device): real(c_float), real(c_double), integer(c_int32_t) labels.
+  integer, parameter, public :: DTRAIN_F32 = 0, DTRAIN_F64 = 1, DTRAIN_I32 = 2
+  !> dtrain_create's `device` for a run on the host (the default); 0, 1, ...: that GPU.
+  integer, parameter, public :: DTRAIN_HOST = -1
 
   public :: dtrain_create, dtrain_close, dtrain_info, dtrain_train_step, dtrain_predict, &
     dtrain_evaluate, dtrain_copy_parameters, dtrain_save, dtrain_maybe_save, &
     dtrain_restore_latest, dtrain_wait_checkpoints, dtrain_store_open, dtrain_store_add, &
-    dtrain_store_size, dtrain_train_step_from_store, dtrain_last_error
+    dtrain_store_size, dtrain_train_step_from_store, dtrain_last_error, &
+    dtrain_train_step_device, dtrain_predict_device
 
-  !> Collective. dtrain_create(run, comm, config_path [, stat, errmsg]): the run described by
-  !> the file, on an integer or type(MPI_Comm) communicator.
+  !> Collective. dtrain_create(run, comm, config_path [, stat, errmsg, device]): the run described
+  !> by the file, on an integer or type(MPI_Comm) communicator, on the host (device absent or
+  !> DTRAIN_HOST) or on GPU `device` of this rank's node.
   interface dtrain_create
     module procedure create_int, create_f08
   end interface dtrain_create
@@ -59,58 +69,29 @@ module dtrain
   !> model's output for x into y. dtrain_evaluate(run, x, y [, loss, accuracy, stat, errmsg]):
   !> loss and, with labels, accuracy (-1 otherwise).
   !> Local. dtrain_store_add(run, x, y [, stat, errmsg]): copies pairs into the in-situ store.
+  !> Arrays of any rank (assumed-rank dummies), x and values y of one kind, real(c_float) or
+  !> real(c_double); labels integer(c_int32_t).
   interface dtrain_train_step
-    module procedure train_f2_f1, train_f2_f2, train_f2_f3, &
-      train_f2_f4, train_f2_i1, train_f3_f1, &
-      train_f3_f2, train_f3_f3, train_f3_f4, &
-      train_f3_i1, train_f4_f1, train_f4_f2, &
-      train_f4_f3, train_f4_f4, train_f4_i1, &
-      train_d2_d1, train_d2_d2, train_d2_d3, &
-      train_d2_d4, train_d2_i1, train_d3_d1, &
-      train_d3_d2, train_d3_d3, train_d3_d4, &
-      train_d3_i1, train_d4_d1, train_d4_d2, &
-      train_d4_d3, train_d4_d4, train_d4_i1
+    module procedure train_f, train_f_labels, train_d, train_d_labels
   end interface dtrain_train_step
   interface dtrain_predict
-    module procedure predict_f2_f1, predict_f2_f2, predict_f2_f3, &
-      predict_f2_f4, predict_f3_f1, predict_f3_f2, &
-      predict_f3_f3, predict_f3_f4, predict_f4_f1, &
-      predict_f4_f2, predict_f4_f3, predict_f4_f4, &
-      predict_d2_d1, predict_d2_d2, predict_d2_d3, &
-      predict_d2_d4, predict_d3_d1, predict_d3_d2, &
-      predict_d3_d3, predict_d3_d4, predict_d4_d1, &
-      predict_d4_d2, predict_d4_d3, predict_d4_d4
+    module procedure predict_f, predict_d
   end interface dtrain_predict
   interface dtrain_evaluate
-    module procedure eval_f2_f1, eval_f2_f2, eval_f2_f3, &
-      eval_f2_f4, eval_f2_i1, eval_f3_f1, &
-      eval_f3_f2, eval_f3_f3, eval_f3_f4, &
-      eval_f3_i1, eval_f4_f1, eval_f4_f2, &
-      eval_f4_f3, eval_f4_f4, eval_f4_i1, &
-      eval_d2_d1, eval_d2_d2, eval_d2_d3, &
-      eval_d2_d4, eval_d2_i1, eval_d3_d1, &
-      eval_d3_d2, eval_d3_d3, eval_d3_d4, &
-      eval_d3_i1, eval_d4_d1, eval_d4_d2, &
-      eval_d4_d3, eval_d4_d4, eval_d4_i1
+    module procedure evaluate_f, evaluate_f_labels, evaluate_d, evaluate_d_labels
   end interface dtrain_evaluate
   interface dtrain_store_add
-    module procedure store_f2_f1, store_f2_f2, store_f2_f3, &
-      store_f2_f4, store_f3_f1, store_f3_f2, &
-      store_f3_f3, store_f3_f4, store_f4_f1, &
-      store_f4_f2, store_f4_f3, store_f4_f4, &
-      store_d2_d1, store_d2_d2, store_d2_d3, &
-      store_d2_d4, store_d3_d1, store_d3_d2, &
-      store_d3_d3, store_d3_d4, store_d4_d1, &
-      store_d4_d2, store_d4_d3, store_d4_d4
+    module procedure store_add_f, store_add_d
   end interface dtrain_store_add
 
   interface
-    integer(c_int) function c_create_f(comm, path, run) bind(c, name='dtrain_create_f')
+    integer(c_int) function c_create_on_f(comm, path, device, run) &
+        bind(c, name='dtrain_create_on_f')
       import :: c_int, c_char, dtrain_run
-      integer(c_int), value :: comm
+      integer(c_int), value :: comm, device
       character(kind=c_char), intent(in) :: path(*)
       type(dtrain_run), intent(out) :: run
-    end function c_create_f
+    end function c_create_on_f
     integer(c_int) function c_close(run) bind(c, name='dtrain_close')
       import :: c_int, dtrain_run
       type(dtrain_run), intent(inout) :: run
@@ -165,6 +146,23 @@ module dtrain
       integer(c_int), value :: xt, xn, yt, yn
       integer(c_int64_t), intent(in) :: xs(*), ys(*)
     end function c_predict
+    integer(c_int) function c_train_step_device(run, x, xt, xn, xs, t, tt, tn, ts, loss) &
+        bind(c, name='dtrain_train_step_device')
+      import :: c_int, c_int64_t, c_ptr, c_double, dtrain_run
+      type(dtrain_run), value :: run
+      type(c_ptr), value :: x, t
+      integer(c_int), value :: xt, xn, tt, tn
+      integer(c_int64_t), intent(in) :: xs(*), ts(*)
+      real(c_double), intent(out) :: loss
+    end function c_train_step_device
+    integer(c_int) function c_predict_device(run, x, xt, xn, xs, y, yt, yn, ys) &
+        bind(c, name='dtrain_predict_device')
+      import :: c_int, c_int64_t, c_ptr, dtrain_run
+      type(dtrain_run), value :: run
+      type(c_ptr), value :: x, y
+      integer(c_int), value :: xt, xn, yt, yn
+      integer(c_int64_t), intent(in) :: xs(*), ys(*)
+    end function c_predict_device
     integer(c_int) function c_evaluate(run, x, xt, xn, xs, t, tt, tn, ts, loss, accuracy) &
         bind(c, name='dtrain_evaluate')
       import :: c_int, c_int64_t, c_ptr, c_double, dtrain_run
@@ -282,24 +280,33 @@ contains
     r = s(size(s):1:-1)
   end function reversed
 
-  subroutine create_int(run, comm, config_path, stat, errmsg)
+  subroutine create_int(run, comm, config_path, stat, errmsg, device)
     type(dtrain_run), intent(out) :: run
     integer, intent(in) :: comm
     character(len=*), intent(in) :: config_path
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    call finish(run, c_create_f(int(comm, c_int), c_string(config_path), run), stat, errmsg)
+    integer, intent(in), optional :: device
+    call finish(run, c_create_on_f(int(comm, c_int), c_string(config_path), &
+      device_or_host(device), run), stat, errmsg)
   end subroutine create_int
 
-  subroutine create_f08(run, comm, config_path, stat, errmsg)
+  subroutine create_f08(run, comm, config_path, stat, errmsg, device)
     type(dtrain_run), intent(out) :: run
     type(MPI_Comm), intent(in) :: comm
     character(len=*), intent(in) :: config_path
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    call finish(run, c_create_f(int(comm%MPI_VAL, c_int), c_string(config_path), run), stat, &
-      errmsg)
+    integer, intent(in), optional :: device
+    call finish(run, c_create_on_f(int(comm%MPI_VAL, c_int), c_string(config_path), &
+      device_or_host(device), run), stat, errmsg)
   end subroutine create_f08
+
+  pure integer(c_int) function device_or_host(device)
+    integer, intent(in), optional :: device
+    device_or_host = int(DTRAIN_HOST, c_int)
+    if (present(device)) device_or_host = int(device, c_int)
+  end function device_or_host
 
   !> Collective. Waits for checkpoint writes, frees the run and sets run%id to 0.
   subroutine dtrain_close(run, stat, errmsg)
@@ -336,10 +343,13 @@ contains
     call finish(run, rc, stat, errmsg)
   end subroutine dtrain_info
 
-  subroutine train_any(run, xp, xt, xs, tp, tt, ts, loss, stat, errmsg)
+  ! The array procedures' common ends: C addresses, element types and Fortran shapes (passed to C
+  ! reversed); `device` picks the C API's device entry point.
+  subroutine train_any(run, device, xp, xt, xs, tp, tt, ts, loss, stat, errmsg)
     type(dtrain_run), intent(in) :: run
+    logical, intent(in) :: device
     type(c_ptr), intent(in) :: xp, tp
-    integer(c_int), intent(in) :: xt, tt
+    integer, intent(in) :: xt, tt
     integer(c_int64_t), intent(in) :: xs(:), ts(:)
     real(c_double), intent(out), optional :: loss
     integer, intent(out), optional :: stat
@@ -347,27 +357,40 @@ contains
     real(c_double) :: l
     integer(c_int) :: rc
     l = 0
-    rc = c_train_step(run, xp, xt, size(xs, kind=c_int), reversed(xs), tp, tt, &
-      size(ts, kind=c_int), reversed(ts), l)
+    if (device) then
+      rc = c_train_step_device(run, xp, int(xt, c_int), size(xs, kind=c_int), reversed(xs), tp, &
+        int(tt, c_int), size(ts, kind=c_int), reversed(ts), l)
+    else
+      rc = c_train_step(run, xp, int(xt, c_int), size(xs, kind=c_int), reversed(xs), tp, &
+        int(tt, c_int), size(ts, kind=c_int), reversed(ts), l)
+    end if
     if (present(loss)) loss = l
     call finish(run, rc, stat, errmsg)
   end subroutine train_any
 
-  subroutine predict_any(run, xp, xt, xs, yp, yt, ys, stat, errmsg)
+  subroutine predict_any(run, device, xp, xt, xs, yp, yt, ys, stat, errmsg)
     type(dtrain_run), intent(in) :: run
+    logical, intent(in) :: device
     type(c_ptr), intent(in) :: xp, yp
-    integer(c_int), intent(in) :: xt, yt
+    integer, intent(in) :: xt, yt
     integer(c_int64_t), intent(in) :: xs(:), ys(:)
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    call finish(run, c_predict(run, xp, xt, size(xs, kind=c_int), reversed(xs), yp, yt, &
-      size(ys, kind=c_int), reversed(ys)), stat, errmsg)
+    integer(c_int) :: rc
+    if (device) then
+      rc = c_predict_device(run, xp, int(xt, c_int), size(xs, kind=c_int), reversed(xs), yp, &
+        int(yt, c_int), size(ys, kind=c_int), reversed(ys))
+    else
+      rc = c_predict(run, xp, int(xt, c_int), size(xs, kind=c_int), reversed(xs), yp, &
+        int(yt, c_int), size(ys, kind=c_int), reversed(ys))
+    end if
+    call finish(run, rc, stat, errmsg)
   end subroutine predict_any
 
   subroutine evaluate_any(run, xp, xt, xs, tp, tt, ts, loss, accuracy, stat, errmsg)
     type(dtrain_run), intent(in) :: run
     type(c_ptr), intent(in) :: xp, tp
-    integer(c_int), intent(in) :: xt, tt
+    integer, intent(in) :: xt, tt
     integer(c_int64_t), intent(in) :: xs(:), ts(:)
     real(c_double), intent(out), optional :: loss, accuracy
     integer, intent(out), optional :: stat
@@ -376,8 +399,8 @@ contains
     integer(c_int) :: rc
     l = 0
     a = -1
-    rc = c_evaluate(run, xp, xt, size(xs, kind=c_int), reversed(xs), tp, tt, &
-      size(ts, kind=c_int), reversed(ts), l, a)
+    rc = c_evaluate(run, xp, int(xt, c_int), size(xs, kind=c_int), reversed(xs), tp, &
+      int(tt, c_int), size(ts, kind=c_int), reversed(ts), l, a)
     if (present(loss)) loss = l
     if (present(accuracy)) accuracy = a
     call finish(run, rc, stat, errmsg)
@@ -386,13 +409,20 @@ contains
   subroutine store_add_any(run, xp, xt, xs, tp, tt, ts, stat, errmsg)
     type(dtrain_run), intent(in) :: run
     type(c_ptr), intent(in) :: xp, tp
-    integer(c_int), intent(in) :: xt, tt
+    integer, intent(in) :: xt, tt
     integer(c_int64_t), intent(in) :: xs(:), ts(:)
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    call finish(run, c_store_add(run, xp, xt, size(xs, kind=c_int), reversed(xs), tp, tt, &
-      size(ts, kind=c_int), reversed(ts)), stat, errmsg)
+    call finish(run, c_store_add(run, xp, int(xt, c_int), size(xs, kind=c_int), reversed(xs), tp, &
+      int(tt, c_int), size(ts, kind=c_int), reversed(ts)), stat, errmsg)
   end subroutine store_add_any
+
+  ! The C address of a contiguous array of any type and rank (null when it has no elements).
+  type(c_ptr) function address(a)
+    type(*), intent(in), target, contiguous :: a(..)
+    address = c_null_ptr
+    if (size(a) > 0) address = c_loc(a)
+  end function address
 
   subroutine copy_parameters_f(run, p, stat, errmsg)
     type(dtrain_run), intent(in) :: run
@@ -402,8 +432,8 @@ contains
     type(c_ptr) :: pp
     pp = c_null_ptr
     if (size(p) > 0) pp = c_loc(p)
-    call finish(run, c_copy_parameters(run, pp, DTRAIN_F32, size(p, kind=c_int64_t)), stat, &
-      errmsg)
+    call finish(run, c_copy_parameters(run, pp, int(DTRAIN_F32, c_int), &
+      size(p, kind=c_int64_t)), stat, errmsg)
   end subroutine copy_parameters_f
 
   subroutine copy_parameters_d(run, p, stat, errmsg)
@@ -414,8 +444,8 @@ contains
     type(c_ptr) :: pp
     pp = c_null_ptr
     if (size(p) > 0) pp = c_loc(p)
-    call finish(run, c_copy_parameters(run, pp, DTRAIN_F64, size(p, kind=c_int64_t)), stat, &
-      errmsg)
+    call finish(run, c_copy_parameters(run, pp, int(DTRAIN_F64, c_int), &
+      size(p, kind=c_int64_t)), stat, errmsg)
   end subroutine copy_parameters_d
 
   !> Collective. Saves checkpoint `step` of the run into the configured directory.
@@ -510,1686 +540,162 @@ contains
     call finish(run, rc, stat, errmsg)
   end subroutine dtrain_train_step_from_store
 
-  ! The specific procedures of the generic interfaces (array kinds and ranks).
+  ! The specific procedures of the generic interfaces: one per element type of x and of y.
 
-  subroutine train_f2_f1(run, x, y, loss, stat, errmsg)
+  subroutine train_f(run, x, y, loss, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
+    real(c_float), intent(in), target, contiguous :: x(..), y(..)
     real(c_double), intent(out), optional :: loss
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f2_f1
+    call train_any(run, .false., address(x), DTRAIN_F32, shape(x, c_int64_t), &
+      address(y), DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
+  end subroutine train_f
 
-  subroutine eval_f2_f1(run, x, y, loss, accuracy, stat, errmsg)
+  subroutine evaluate_f(run, x, y, loss, accuracy, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
+    real(c_float), intent(in), target, contiguous :: x(..), y(..)
     real(c_double), intent(out), optional :: loss, accuracy
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f2_f1
+    call evaluate_any(run, address(x), DTRAIN_F32, shape(x, c_int64_t), &
+      address(y), DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
+  end subroutine evaluate_f
 
-  subroutine predict_f2_f1(run, x, y, stat, errmsg)
+  subroutine train_f_labels(run, x, y, loss, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f2_f1
-
-  subroutine store_f2_f1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f2_f1
-
-  subroutine train_f2_f2(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
+    real(c_float), intent(in), target, contiguous :: x(..)
+    integer(c_int32_t), intent(in), target, contiguous :: y(..)
     real(c_double), intent(out), optional :: loss
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f2_f2
+    call train_any(run, .false., address(x), DTRAIN_F32, shape(x, c_int64_t), &
+      address(y), DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
+  end subroutine train_f_labels
 
-  subroutine eval_f2_f2(run, x, y, loss, accuracy, stat, errmsg)
+  subroutine evaluate_f_labels(run, x, y, loss, accuracy, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
+    real(c_float), intent(in), target, contiguous :: x(..)
+    integer(c_int32_t), intent(in), target, contiguous :: y(..)
     real(c_double), intent(out), optional :: loss, accuracy
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f2_f2
+    call evaluate_any(run, address(x), DTRAIN_F32, shape(x, c_int64_t), &
+      address(y), DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
+  end subroutine evaluate_f_labels
 
-  subroutine predict_f2_f2(run, x, y, stat, errmsg)
+  subroutine predict_f(run, x, y, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:)
+    real(c_float), intent(in), target, contiguous :: x(..)
+    real(c_float), intent(inout), target, contiguous :: y(..)
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f2_f2
+    call predict_any(run, .false., address(x), DTRAIN_F32, shape(x, c_int64_t), &
+      address(y), DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
+  end subroutine predict_f
 
-  subroutine store_f2_f2(run, x, y, stat, errmsg)
+  subroutine store_add_f(run, x, y, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
+    real(c_float), intent(in), target, contiguous :: x(..), y(..)
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f2_f2
+    call store_add_any(run, address(x), DTRAIN_F32, shape(x, c_int64_t), &
+      address(y), DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
+  end subroutine store_add_f
 
-  subroutine train_f2_f3(run, x, y, loss, stat, errmsg)
+  subroutine train_d(run, x, y, loss, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
+    real(c_double), intent(in), target, contiguous :: x(..), y(..)
     real(c_double), intent(out), optional :: loss
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f2_f3
+    call train_any(run, .false., address(x), DTRAIN_F64, shape(x, c_int64_t), &
+      address(y), DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
+  end subroutine train_d
 
-  subroutine eval_f2_f3(run, x, y, loss, accuracy, stat, errmsg)
+  subroutine evaluate_d(run, x, y, loss, accuracy, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
+    real(c_double), intent(in), target, contiguous :: x(..), y(..)
     real(c_double), intent(out), optional :: loss, accuracy
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f2_f3
+    call evaluate_any(run, address(x), DTRAIN_F64, shape(x, c_int64_t), &
+      address(y), DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
+  end subroutine evaluate_d
 
-  subroutine predict_f2_f3(run, x, y, stat, errmsg)
+  subroutine train_d_labels(run, x, y, loss, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f2_f3
-
-  subroutine store_f2_f3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f2_f3
-
-  subroutine train_f2_f4(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
+    real(c_double), intent(in), target, contiguous :: x(..)
+    integer(c_int32_t), intent(in), target, contiguous :: y(..)
     real(c_double), intent(out), optional :: loss
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f2_f4
+    call train_any(run, .false., address(x), DTRAIN_F64, shape(x, c_int64_t), &
+      address(y), DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
+  end subroutine train_d_labels
 
-  subroutine eval_f2_f4(run, x, y, loss, accuracy, stat, errmsg)
+  subroutine evaluate_d_labels(run, x, y, loss, accuracy, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
+    real(c_double), intent(in), target, contiguous :: x(..)
+    integer(c_int32_t), intent(in), target, contiguous :: y(..)
     real(c_double), intent(out), optional :: loss, accuracy
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f2_f4
+    call evaluate_any(run, address(x), DTRAIN_F64, shape(x, c_int64_t), &
+      address(y), DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
+  end subroutine evaluate_d_labels
 
-  subroutine predict_f2_f4(run, x, y, stat, errmsg)
+  subroutine predict_d(run, x, y, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:,:,:)
+    real(c_double), intent(in), target, contiguous :: x(..)
+    real(c_double), intent(inout), target, contiguous :: y(..)
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f2_f4
+    call predict_any(run, .false., address(x), DTRAIN_F64, shape(x, c_int64_t), &
+      address(y), DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
+  end subroutine predict_d
 
-  subroutine store_f2_f4(run, x, y, stat, errmsg)
+  subroutine store_add_d(run, x, y, stat, errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
+    real(c_double), intent(in), target, contiguous :: x(..), y(..)
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f2_f4
+    call store_add_any(run, address(x), DTRAIN_F64, shape(x, c_int64_t), &
+      address(y), DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
+  end subroutine store_add_d
 
-  subroutine train_f2_i1(run, x, y, loss, stat, errmsg)
+  !> Collective. One optimizer step on device arrays, as dtrain_train_step, for a run made with a
+  !> `device`: x and y are the C addresses of the arrays in that GPU's memory, x_type and y_type
+  !> their element types (DTRAIN_F32 or DTRAIN_F64, the model's own: nothing is converted on the
+  !> device; DTRAIN_I32 for class labels), x_shape and y_shape their Fortran shapes (shape(x)).
+  !> OpenACC: c_loc(x) inside `!$acc host_data use_device(x)`; CUDA Fortran (device arrays):
+  !> c_devloc(x)%cptr. Finish the device work that writes x and y first (e.g. `!$acc wait`,
+  !> cudaDeviceSynchronize): the run reads them on its own stream. They may change on return.
+  subroutine dtrain_train_step_device(run, x, x_type, x_shape, y, y_type, y_shape, loss, stat, &
+      errmsg)
     type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
+    type(c_ptr), intent(in) :: x, y
+    integer, intent(in) :: x_type, y_type
+    integer, intent(in) :: x_shape(:), y_shape(:)
     real(c_double), intent(out), optional :: loss
     integer, intent(out), optional :: stat
     character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f2_i1
-
-  subroutine eval_f2_i1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f2_i1
-
-  subroutine train_f3_f1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f3_f1
-
-  subroutine eval_f3_f1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f3_f1
-
-  subroutine predict_f3_f1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f3_f1
-
-  subroutine store_f3_f1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f3_f1
-
-  subroutine train_f3_f2(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f3_f2
-
-  subroutine eval_f3_f2(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f3_f2
-
-  subroutine predict_f3_f2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f3_f2
-
-  subroutine store_f3_f2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f3_f2
-
-  subroutine train_f3_f3(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f3_f3
-
-  subroutine eval_f3_f3(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f3_f3
-
-  subroutine predict_f3_f3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f3_f3
-
-  subroutine store_f3_f3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f3_f3
-
-  subroutine train_f3_f4(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f3_f4
-
-  subroutine eval_f3_f4(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f3_f4
-
-  subroutine predict_f3_f4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f3_f4
-
-  subroutine store_f3_f4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f3_f4
-
-  subroutine train_f3_i1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f3_i1
-
-  subroutine eval_f3_i1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f3_i1
-
-  subroutine train_f4_f1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f4_f1
-
-  subroutine eval_f4_f1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f4_f1
-
-  subroutine predict_f4_f1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f4_f1
-
-  subroutine store_f4_f1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f4_f1
-
-  subroutine train_f4_f2(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f4_f2
-
-  subroutine eval_f4_f2(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f4_f2
-
-  subroutine predict_f4_f2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f4_f2
-
-  subroutine store_f4_f2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f4_f2
-
-  subroutine train_f4_f3(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f4_f3
-
-  subroutine eval_f4_f3(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f4_f3
-
-  subroutine predict_f4_f3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f4_f3
-
-  subroutine store_f4_f3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f4_f3
-
-  subroutine train_f4_f4(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f4_f4
-
-  subroutine eval_f4_f4(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f4_f4
-
-  subroutine predict_f4_f4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(inout), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_f4_f4
-
-  subroutine store_f4_f4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_float), intent(in), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_F32, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_f4_f4
-
-  subroutine train_f4_i1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_f4_i1
-
-  subroutine eval_f4_i1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_float), intent(in), target, contiguous :: x(:,:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F32, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_f4_i1
-
-  subroutine train_d2_d1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d2_d1
-
-  subroutine eval_d2_d1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d2_d1
-
-  subroutine predict_d2_d1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d2_d1
-
-  subroutine store_d2_d1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d2_d1
-
-  subroutine train_d2_d2(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d2_d2
-
-  subroutine eval_d2_d2(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d2_d2
-
-  subroutine predict_d2_d2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d2_d2
-
-  subroutine store_d2_d2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d2_d2
-
-  subroutine train_d2_d3(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d2_d3
-
-  subroutine eval_d2_d3(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d2_d3
-
-  subroutine predict_d2_d3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d2_d3
-
-  subroutine store_d2_d3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d2_d3
-
-  subroutine train_d2_d4(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d2_d4
-
-  subroutine eval_d2_d4(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d2_d4
-
-  subroutine predict_d2_d4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d2_d4
-
-  subroutine store_d2_d4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d2_d4
-
-  subroutine train_d2_i1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d2_i1
-
-  subroutine eval_d2_i1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d2_i1
-
-  subroutine train_d3_d1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d3_d1
-
-  subroutine eval_d3_d1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d3_d1
-
-  subroutine predict_d3_d1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d3_d1
-
-  subroutine store_d3_d1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d3_d1
-
-  subroutine train_d3_d2(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d3_d2
-
-  subroutine eval_d3_d2(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d3_d2
-
-  subroutine predict_d3_d2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d3_d2
-
-  subroutine store_d3_d2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d3_d2
-
-  subroutine train_d3_d3(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d3_d3
-
-  subroutine eval_d3_d3(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d3_d3
-
-  subroutine predict_d3_d3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d3_d3
-
-  subroutine store_d3_d3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d3_d3
-
-  subroutine train_d3_d4(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d3_d4
-
-  subroutine eval_d3_d4(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d3_d4
-
-  subroutine predict_d3_d4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d3_d4
-
-  subroutine store_d3_d4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d3_d4
-
-  subroutine train_d3_i1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d3_i1
-
-  subroutine eval_d3_i1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d3_i1
-
-  subroutine train_d4_d1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d4_d1
-
-  subroutine eval_d4_d1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d4_d1
-
-  subroutine predict_d4_d1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d4_d1
-
-  subroutine store_d4_d1(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d4_d1
-
-  subroutine train_d4_d2(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d4_d2
-
-  subroutine eval_d4_d2(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d4_d2
-
-  subroutine predict_d4_d2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d4_d2
-
-  subroutine store_d4_d2(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d4_d2
-
-  subroutine train_d4_d3(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d4_d3
-
-  subroutine eval_d4_d3(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d4_d3
-
-  subroutine predict_d4_d3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d4_d3
-
-  subroutine store_d4_d3(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d4_d3
-
-  subroutine train_d4_d4(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d4_d4
-
-  subroutine eval_d4_d4(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d4_d4
-
-  subroutine predict_d4_d4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(inout), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call predict_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine predict_d4_d4
-
-  subroutine store_d4_d4(run, x, y, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    real(c_double), intent(in), target, contiguous :: y(:,:,:,:)
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call store_add_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_F64, shape(y, c_int64_t), stat, errmsg)
-  end subroutine store_d4_d4
-
-  subroutine train_d4_i1(run, x, y, loss, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call train_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, stat, errmsg)
-  end subroutine train_d4_i1
-
-  subroutine eval_d4_i1(run, x, y, loss, accuracy, stat, errmsg)
-    type(dtrain_run), intent(in) :: run
-    real(c_double), intent(in), target, contiguous :: x(:,:,:,:)
-    integer(c_int32_t), intent(in), target, contiguous :: y(:)
-    real(c_double), intent(out), optional :: loss, accuracy
-    integer, intent(out), optional :: stat
-    character(len=*), intent(inout), optional :: errmsg
-    type(c_ptr) :: xp, yp
-    xp = c_null_ptr
-    if (size(x) > 0) xp = c_loc(x)
-    yp = c_null_ptr
-    if (size(y) > 0) yp = c_loc(y)
-    call evaluate_any(run, xp, DTRAIN_F64, shape(x, c_int64_t), &
-      yp, DTRAIN_I32, shape(y, c_int64_t), loss, accuracy, stat, errmsg)
-  end subroutine eval_d4_i1
+    call train_any(run, .true., x, x_type, int(x_shape, c_int64_t), y, y_type, &
+      int(y_shape, c_int64_t), loss, stat, errmsg)
+  end subroutine dtrain_train_step_device
+
+  !> Local (collective when fully sharded). The model's output for device array x into device
+  !> array y, as dtrain_predict; arguments as dtrain_train_step_device's (y_type the model's).
+  !> y is written when the call returns.
+  subroutine dtrain_predict_device(run, x, x_type, x_shape, y, y_type, y_shape, stat, errmsg)
+    type(dtrain_run), intent(in) :: run
+    type(c_ptr), intent(in) :: x, y
+    integer, intent(in) :: x_type, y_type
+    integer, intent(in) :: x_shape(:), y_shape(:)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    call predict_any(run, .true., x, x_type, int(x_shape, c_int64_t), y, y_type, &
+      int(y_shape, c_int64_t), stat, errmsg)
+  end subroutine dtrain_predict_device
 
 end module dtrain

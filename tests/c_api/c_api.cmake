@@ -1,6 +1,6 @@
 # The C API (bindings/c) and the same bits from C++, C and Fortran. c_api: the C test on 2 ranks
 # (training, prediction against a forward computed in the test, checkpoints, the in-situ store,
-# error paths). lang_bits_cpp: the same run in C++ by ConfiguredRun and by a hand-written loop.
+# error paths, device arrays on the emulated device, messages per thread). lang_bits_cpp: the same run in C++ by ConfiguredRun and by a hand-written loop.
 # lang_same_bits: the parameters and the final checkpoint's datasets of the C++, C and Fortran
 # programs are the same bits (the three run first, as fixtures). Each test runs in its own work
 # directory; 2 ranks of a few milliseconds of training each, about a second of wall time with
@@ -8,8 +8,20 @@
 if(DTRAIN_HAVE_C AND NOT DTRAIN_UNIT_ONLY)
   set(_lang_dir "${CMAKE_CURRENT_LIST_DIR}")
   set(_lang_work "${PROJECT_BINARY_DIR}/tests/lang")
+  # The C API of a test build, compiled once for the C and Fortran tests: its device policy is the
+  # emulated device (emulated_policy.hpp), and the tests reach that device's memory through
+  # emulated_device_c.h. The runs they compare with the other languages are host runs.
+  dtrain_add_c_intree(dtrain_c_intree_emulated "${PROJECT_SOURCE_DIR}/tests/c_api/emulated_device_c.cpp")
+  target_compile_definitions(dtrain_c_intree_emulated PRIVATE
+    "DTRAIN_C_DEVICE_POLICY_HEADER=\"emulated_policy.hpp\"")
+  target_include_directories(dtrain_c_intree_emulated PUBLIC "${PROJECT_SOURCE_DIR}/tests/c_api"
+                                                             "${PROJECT_SOURCE_DIR}/tests")
+  if(DTRAIN_HAVE_FORTRAN)
+    dtrain_add_fortran_intree(dtrain_fortran_intree_emulated dtrain_c_intree_emulated)
+  endif()
+  find_package(Threads REQUIRED)
   add_executable(c_api_test "${_lang_dir}/c_api_test.c")
-  target_link_libraries(c_api_test PRIVATE dtrain_c_intree)
+  target_link_libraries(c_api_test PRIVATE dtrain_c_intree_emulated Threads::Threads)
   set_target_properties(c_api_test PROPERTIES C_STANDARD 11 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
   target_compile_options(c_api_test PRIVATE
     $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -pedantic -Werror>

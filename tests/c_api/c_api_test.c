@@ -2,11 +2,17 @@
 /* The C API from C11 on 2 ranks: training, prediction against a forward computed here from the
  * copied parameters, evaluation, checkpoints (maybe_save's interval, restore into a second run
  * with the same bits), the in-situ store, and the error paths (null, wrong shapes and types, bad
- * and missing configuration files naming file and key, closed runs, per-run messages).
+ * and missing configuration files naming file and key, closed runs, per-run messages). Device
+ * arrays on this build's emulated device 0 (tests/c_api/emulated_policy.hpp): a device run
+ * restores the host checkpoint, and its device-array steps and predictions are the bits of a
+ * host run's; the memory checks' errors. Messages per thread: two threads failing different
+ * calls at once, on two runs and on one, each read back their own.
  *   mpiexec -n 2 c_api_test <mlp.yaml> <bad_key.yaml> <params output file>
  * Rank 0 writes the parameters after LANG_STEPS steps (float32, native order) for the
  * same-bits comparison with the C++ and Fortran programs. */
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +20,7 @@
 #include <mpi.h>
 
 #include "dtrain.h"
+#include "emulated_device_c.h"
 #include "lang_data.h"
 
 static int rank = -1;
@@ -54,6 +61,45 @@ static void fill(int step, float* x, float* t) {
     for (int i = 0; i < LANG_IN; ++i) x[b * LANG_IN + i] = lang_x(rank, step, b, i);
     for (int j = 0; j < LANG_OUT; ++j) t[b * LANG_OUT + j] = lang_t(rank, step, b, j);
   }
+}
+
+/* One thread of the message test: `rounds` failing calls of its own kind on `run`, each followed
+ * by a read of the thread's message, which must be its own call's (and never the other's). */
+struct failer {
+  dtrain_run run, other_run;
+  int kind; /* 0: train_step without x; 1: predict into a wrong shape */
+  int rounds, wrong;
+};
+
+static void* fail_repeatedly(void* arg) {
+  struct failer* f = arg;
+  static const float x[LANG_BATCH * LANG_IN] = {0}, t[LANG_BATCH * LANG_OUT] = {0};
+  float y[LANG_BATCH * LANG_OUT];
+  const int64_t xs[3] = {LANG_BATCH, 2, 4}, ts[2] = {LANG_BATCH, LANG_OUT},
+                bad_y[2] = {LANG_BATCH, LANG_OUT + 1};
+  const char* mine = f->kind == 0 ? "dtrain_train_step: x is null" : "dtrain_predict: y has shape";
+  const char* theirs = f->kind == 0 ? "dtrain_predict" : "dtrain_train_step";
+  for (int i = 0; i < f->rounds; ++i) {
+    const int rc =
+        f->kind == 0
+            ? dtrain_train_step(f->run, NULL, DTRAIN_F32, 3, xs, t, DTRAIN_F32, 2, ts, NULL)
+            : dtrain_predict(f->run, x, DTRAIN_F32, 3, xs, y, DTRAIN_F32, 2, bad_y);
+    const char* m = dtrain_last_error(f->run);
+    if (rc != DTRAIN_ERR_INVALID_ARGUMENT || strstr(m, mine) == NULL || strstr(m, theirs) != NULL)
+      ++f->wrong;
+    /* This thread never failed on the other run, nor without a run. */
+    if (f->other_run.id != f->run.id && dtrain_last_error(f->other_run)[0] != '\0') ++f->wrong;
+  }
+  return NULL;
+}
+
+/* Two threads, one of each kind, at once on runs a and b (which may be the same run). */
+static void messages_per_thread(dtrain_run a, dtrain_run b) {
+  struct failer f[2] = {{a, b, 0, 3000, 0}, {b, a, 1, 3000, 0}};
+  pthread_t th[2];
+  for (int i = 0; i < 2; ++i) CHECK(pthread_create(&th[i], NULL, fail_repeatedly, &f[i]) == 0);
+  for (int i = 0; i < 2; ++i) CHECK(pthread_join(th[i], NULL) == 0);
+  CHECK(f[0].wrong == 0 && f[1].wrong == 0);
 }
 
 int main(int argc, char** argv) {
@@ -210,7 +256,104 @@ int main(int argc, char** argv) {
                "batch 7 but this rank's store holds 6 samples");
   OK(again, dtrain_step(again, &step));
   CHECK(step == LANG_STEPS + 3);
+
+  /* Messages per thread, on two runs and on one run: neither thread sees the other's, and this
+   * thread's own message on `again` (the batch 7 above) stays. */
+  dtrain_run second = {0};
+  OK(none, dtrain_create(MPI_COMM_WORLD, config, &second));
+  messages_per_thread(again, second);
+  messages_per_thread(second, second);
+  CHECK(strstr(dtrain_last_error(again), "batch 7") != NULL);
+  OK(second, dtrain_close(&second));
   OK(again, dtrain_close(&again));
+
+  /* Device arrays on the emulated device 0 (host code cannot read its memory). A device run
+   * restores the host checkpoint; then steps on device arrays (values, then class labels), on host
+   * arrays staged to the device, and predictions into device memory are the bits of a host run
+   * fed the same data. */
+  dtrain_run dev = {0}, host = {0};
+  OK(none, dtrain_create_on(MPI_COMM_WORLD, config, 0, &dev));
+  OK(none, dtrain_create(MPI_COMM_WORLD, config, &host));
+  int where = -2;
+  OK(dev, dtrain_device(dev, &where));
+  CHECK(where == 0);
+  OK(host, dtrain_device(host, &where));
+  CHECK(where == DTRAIN_HOST);
+  OK(dev, dtrain_restore_latest(dev, &restored));
+  CHECK(restored == LANG_STEPS);
+  OK(host, dtrain_restore_latest(host, &restored));
+  OK(dev, dtrain_copy_parameters(dev, back, DTRAIN_F32, count));
+  CHECK(memcmp(back, params, sizeof(float) * (size_t)count) == 0);
+  void* dx = test_device_alloc(sizeof x);
+  void* dt = test_device_alloc(sizeof t);
+  void* dl = test_device_alloc(LANG_BATCH * sizeof(int32_t));
+  void* dy = test_device_alloc(LANG_BATCH * LANG_OUT * sizeof(double));
+  int32_t labels[LANG_BATCH];
+  const int64_t ls[1] = {LANG_BATCH};
+  for (int s = 0; s < 4; ++s) {
+    fill(20 + s, x, t);
+    for (int b = 0; b < LANG_BATCH; ++b) labels[b] = (rank + s + b) % LANG_OUT;
+    test_device_upload(dx, x, sizeof x);
+    test_device_upload(dt, t, sizeof t);
+    test_device_upload(dl, labels, sizeof labels);
+    double lh = -1, ld = -2;
+    if (s < 2) {
+      OK(host, dtrain_train_step(host, x, DTRAIN_F32, 3, xs, t, DTRAIN_F32, 2, ts, &lh));
+      OK(dev, dtrain_train_step_device(dev, dx, DTRAIN_F32, 3, xs, dt, DTRAIN_F32, 2, ts, &ld));
+    } else if (s == 2) {
+      OK(host, dtrain_train_step(host, x, DTRAIN_F32, 3, xs, labels, DTRAIN_I32, 1, ls, &lh));
+      OK(dev, dtrain_train_step_device(dev, dx, DTRAIN_F32, 3, xs, dl, DTRAIN_I32, 1, ls, &ld));
+    } else {
+      OK(host, dtrain_train_step(host, x, DTRAIN_F32, 3, xs, t, DTRAIN_F32, 2, ts, &lh));
+      OK(dev, dtrain_train_step(dev, x, DTRAIN_F32, 3, xs, t, DTRAIN_F32, 2, ts, &ld));
+    }
+    CHECK(lh > 0 && memcmp(&lh, &ld, sizeof lh) == 0);
+  }
+  OK(host, dtrain_copy_parameters(host, params, DTRAIN_F32, count));
+  OK(dev, dtrain_copy_parameters(dev, back, DTRAIN_F32, count));
+  CHECK(memcmp(back, params, sizeof(float) * (size_t)count) == 0);
+  float yh[LANG_BATCH * LANG_OUT], yd[LANG_BATCH * LANG_OUT];
+  OK(host, dtrain_predict(host, x, DTRAIN_F32, 3, xs, yh, DTRAIN_F32, 2, ts));
+  OK(dev, dtrain_predict_device(dev, dx, DTRAIN_F32, 3, xs, dy, DTRAIN_F32, 2, ts));
+  test_device_download(yd, dy, sizeof yd);
+  CHECK(memcmp(yh, yd, sizeof yh) == 0);
+  OK(dev, dtrain_predict(dev, x, DTRAIN_F32, 3, xs, yd, DTRAIN_F32, 2, ts));
+  CHECK(memcmp(yh, yd, sizeof yh) == 0);
+
+  /* Device memory where host arrays go and the reverse, a device call on a host run, the other
+   * float type, labels out of range, devices that do not exist: errors, nothing trained. */
+  EXPECT_ERROR(dev, dtrain_train_step(dev, dx, DTRAIN_F32, 3, xs, t, DTRAIN_F32, 2, ts, NULL),
+               DTRAIN_ERR_INVALID_ARGUMENT, "x is emulated device memory, but dtrain_train_step");
+  EXPECT_ERROR(host, dtrain_predict(host, x, DTRAIN_F32, 3, xs, dy, DTRAIN_F32, 2, ts),
+               DTRAIN_ERR_INVALID_ARGUMENT, "y is emulated device memory");
+  EXPECT_ERROR(dev,
+               dtrain_train_step_device(dev, dx, DTRAIN_F32, 3, xs, t, DTRAIN_F32, 2, ts, NULL),
+               DTRAIN_ERR_INVALID_ARGUMENT,
+               "targets is not emulated device memory, but dtrain_train_step_device");
+  EXPECT_ERROR(host,
+               dtrain_train_step_device(host, dx, DTRAIN_F32, 3, xs, dt, DTRAIN_F32, 2, ts, NULL),
+               DTRAIN_ERR_INVALID_ARGUMENT, "is on the host");
+  EXPECT_ERROR(dev, dtrain_predict_device(dev, dx, DTRAIN_F32, 3, xs, dy, DTRAIN_F64, 2, ts),
+               DTRAIN_ERR_INVALID_ARGUMENT, "y is f64 but the model is f32");
+  for (int b = 0; b < LANG_BATCH; ++b) labels[b] = b == 2 ? LANG_OUT : 0;
+  test_device_upload(dl, labels, sizeof labels);
+  EXPECT_ERROR(dev,
+               dtrain_train_step_device(dev, dx, DTRAIN_F32, 3, xs, dl, DTRAIN_I32, 1, ls, NULL),
+               DTRAIN_ERR_INVALID_ARGUMENT, "label 3 of sample 2");
+  dtrain_run other = {0};
+  EXPECT_ERROR(none, dtrain_create_on(MPI_COMM_WORLD, config, 1, &other),
+               DTRAIN_ERR_INVALID_ARGUMENT, "device 1 but the emulated build has device 0 only");
+  EXPECT_ERROR(none, dtrain_create_on(MPI_COMM_WORLD, config, -2, &other),
+               DTRAIN_ERR_INVALID_ARGUMENT, "device -2");
+  CHECK(other.id == 0);
+  OK(dev, dtrain_step(dev, &step));
+  CHECK(step == LANG_STEPS + 4);
+  OK(dev, dtrain_close(&dev));
+  OK(host, dtrain_close(&host));
+  test_device_free(dx, sizeof x);
+  test_device_free(dt, sizeof t);
+  test_device_free(dl, LANG_BATCH * sizeof(int32_t));
+  test_device_free(dy, LANG_BATCH * LANG_OUT * sizeof(double));
 
   free(params);
   free(back);

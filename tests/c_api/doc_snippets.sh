@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # doc_snippets.sh <source root> <work dir> <mpicc> <mpifort> [module dir]: the first ```c and
-# ```fortran programs of docs/fortran-and-c.md compile (C11 -pedantic, Fortran 2008, warnings as
+# ```fortran programs of docs/fortran-and-c.md compile (C11 -pedantic, Fortran 2018, warnings as
 # errors) against bindings/c/dtrain.h and the module of bindings/fortran/dtrain.f90: the dtrain.mod
 # in [module dir] (the fortran test's build), else compiled here first.
 set -euo pipefail
@@ -18,8 +18,8 @@ block fortran "$work/snippet.f90"
   "$work/snippet.c"
 if [ -z "$mod" ] || [ ! -f "$mod/dtrain.mod" ]; then
   mod=$work
-  "$mpifort" -std=f2008 -Wall -Werror -J "$work" -c "$root/bindings/fortran/dtrain.f90" \
+  "$mpifort" -std=f2018 -Wall -Werror -J "$work" -c "$root/bindings/fortran/dtrain.f90" \
     -o "$work/dtrain.o"
 fi
-"$mpifort" -std=f2008 -Wall -Werror -fsyntax-only -I "$mod" -J "$work" "$work/snippet.f90"
+"$mpifort" -std=f2018 -Wall -Werror -fsyntax-only -I "$mod" -J "$work" "$work/snippet.f90"
 echo "docs/fortran-and-c.md: the C and Fortran programs compile"

@@ -4,20 +4,49 @@
 ! (the model's Input [2, 4] reversed) and y(3, nbatch); prediction against evaluation, a strided
 ! section (copied in by the compiler) against its contiguous copy, class labels, checkpoints and a
 ! restore into a run made from an integer communicator, and the error paths through stat and
-! errmsg (wrong shape, bad and missing configuration files, a closed run). Rank 0 writes the
-! parameters after 5 steps (float32, native order) for the same-bits comparison.
+! errmsg (wrong shape, bad and missing configuration files, a closed run). The device procedures
+! with C addresses of the emulated device's memory (this test's build of the C API): a run on
+! device 0 trains and predicts from device arrays with the bits of the host run fed the same host
+! arrays. Rank 0 writes the parameters after 5 steps (float32, native order) for the same-bits
+! comparison.
 !   mpiexec -n 2 fortran_test <mlp.yaml> <bad_key.yaml> <params output file>
 program fortran_test
-  use, intrinsic :: iso_c_binding, only: c_float, c_double, c_int32_t, c_int64_t
+  use, intrinsic :: iso_c_binding, only: c_float, c_double, c_int32_t, c_int64_t, c_ptr, c_loc, &
+    c_size_t
   use mpi_f08
   use dtrain
   implicit none
+  ! The emulated device's memory (tests/c_api/emulated_device_c.h).
+  interface
+    type(c_ptr) function test_device_alloc(bytes) bind(c, name='test_device_alloc')
+      import :: c_ptr, c_size_t
+      integer(c_size_t), value :: bytes
+    end function test_device_alloc
+    subroutine test_device_free(p, bytes) bind(c, name='test_device_free')
+      import :: c_ptr, c_size_t
+      type(c_ptr), value :: p
+      integer(c_size_t), value :: bytes
+    end subroutine test_device_free
+    subroutine test_device_upload(dst, src, bytes) bind(c, name='test_device_upload')
+      import :: c_ptr, c_size_t
+      type(c_ptr), value :: dst, src
+      integer(c_size_t), value :: bytes
+    end subroutine test_device_upload
+    subroutine test_device_download(dst, src, bytes) bind(c, name='test_device_download')
+      import :: c_ptr, c_size_t
+      type(c_ptr), value :: dst, src
+      integer(c_size_t), value :: bytes
+    end subroutine test_device_download
+  end interface
   integer, parameter :: nin = 8, nout = 3, nbatch = 4, nsteps = 5
-  type(dtrain_run) :: run, again, closed
-  real(c_float) :: x(4, 2, nbatch), t(nout, nbatch), big(4, 2, 2 * nbatch), wrong(5, 2, nbatch)
+  type(dtrain_run) :: run, again, closed, dev
+  real(c_float), target :: x(4, 2, nbatch), t(nout, nbatch), big(4, 2, 2 * nbatch), &
+    wrong(5, 2, nbatch)
   real(c_float), allocatable :: p(:), back(:)
-  real(c_float) :: y(nout, nbatch), ys(nout, nbatch)
-  real(c_double) :: loss, eval_loss, mse, accuracy
+  real(c_float), target :: y(nout, nbatch), ys(nout, nbatch)
+  real(c_double) :: loss, eval_loss, mse, accuracy, dloss
+  type(c_ptr) :: dx, dt, dy
+  integer(c_size_t) :: xbytes, tbytes
   integer(c_int32_t) :: labels(nbatch)
   integer(c_int64_t) :: nparams, step, insize, outsize
   character(len=512) :: config, bad, out
@@ -92,6 +121,44 @@ program fortran_test
   call check(step == nsteps, 'restored step')
   call dtrain_copy_parameters(again, back)
   call check(all_same_bits(back, p), 'restored parameters')
+
+  ! Device arrays by C address: a run on device 0 restores the same step, then trains and
+  ! predicts from device copies of the host arrays `again` trains on, with the same bits.
+  call dtrain_create(dev, MPI_COMM_WORLD, trim(config), device=0)
+  call dtrain_restore_latest(dev, step)
+  call check(step == nsteps, 'device run restored step')
+  xbytes = int(storage_size(x) / 8, c_size_t) * size(x, kind=c_size_t)
+  tbytes = int(storage_size(t) / 8, c_size_t) * size(t, kind=c_size_t)
+  dx = test_device_alloc(xbytes)
+  dt = test_device_alloc(tbytes)
+  dy = test_device_alloc(tbytes)
+  do s = 0, 1
+    call fill(20 + s, x, t)
+    call test_device_upload(dx, c_loc(x), xbytes)
+    call test_device_upload(dt, c_loc(t), tbytes)
+    call dtrain_train_step(again, x, t, loss)
+    call dtrain_train_step_device(dev, dx, DTRAIN_F32, shape(x), dt, DTRAIN_F32, shape(t), dloss)
+    call check(transfer(loss, 1_c_int64_t) == transfer(dloss, 1_c_int64_t), 'device step loss')
+  end do
+  call dtrain_copy_parameters(again, p)
+  call dtrain_copy_parameters(dev, back)
+  call check(all_same_bits(back, p), 'device step parameters')
+  call dtrain_predict(again, x, y)
+  call dtrain_predict_device(dev, dx, DTRAIN_F32, shape(x), dy, DTRAIN_F32, shape(y))
+  call test_device_download(c_loc(ys), dy, tbytes)
+  call check(all_same_bits(reshape(ys, [size(ys)]), reshape(y, [size(y)])), 'device predict')
+  call dtrain_train_step_device(dev, c_loc(x), DTRAIN_F32, shape(x), dt, DTRAIN_F32, shape(t), &
+    stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_INVALID_ARGUMENT .and. &
+    index(msg, 'x is not emulated device memory') > 0, 'host array on the device: ' // trim(msg))
+  call dtrain_predict_device(again, dx, DTRAIN_F32, shape(x), dy, DTRAIN_F32, shape(y), &
+    stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_INVALID_ARGUMENT .and. index(msg, 'is on the host') > 0, &
+    'device arrays on a host run: ' // trim(msg))
+  call dtrain_close(dev)
+  call test_device_free(dx, xbytes)
+  call test_device_free(dt, tbytes)
+  call test_device_free(dy, tbytes)
 
   closed = run
   call dtrain_close(run)

@@ -7,7 +7,9 @@
 # clipping and checkpoint staging (tests/gpu/gpu_exec_test.cpp), example 03 (a user layer: the loss
 # and every parameter gradient against the host), 2 and 4 MPI ranks sharing the GPU, data parallel
 # and fully sharded in reproducible mode, and device IPC among them against the staged bits
-# (tests/gpu/mpi_gpu_test.cpp), then kernels_bench with its
+# (tests/gpu/mpi_gpu_test.cpp), the C API's device arrays on 2 ranks (tests/gpu/c_api_device.c:
+# bindings/c/dtrain_c.cpp built by the device compiler, a run fed device arrays against one fed
+# host arrays, bit for bit), then kernels_bench with its
 # device section (tiled GEMM vs the vendor BLAS, AdamW vs device memcpy) and conv_bench, then a
 # short training run of example 10 on 1 GPU (--device cuda|hip) next to the CPU run of the same
 # seed (--device cpu), checked: the GPU run's final loss within 5% of the CPU run's, test
@@ -148,6 +150,33 @@ else
   record mpi_gpu "NOT RUN" 0 "no MPI C++ wrapper (mpicxx) for its flags"
   status=1
 fi
+# The C API on the GPU: dtrain_c.cpp by the device compiler, the C program by the MPI C wrapper
+# (with the vendor runtime's C header), linked by the device compiler.
+MPICC=""
+for w in mpicc.mpich mpicc; do command -v "$w" >/dev/null 2>&1 && { MPICC=$w; break; }; done
+if [ -n "$MPIFLAGS" ] && [ -n "$H5FLAGS" ] && [ -n "$MPICC" ]; then
+  if [ "$DIALECT" = cuda ]; then
+    RTFLAGS=(-DDTRAIN_HAVE_CUDA=1 -I"$(dirname "$(dirname "$(readlink -f "$NVCC")")")/include")
+  else
+    RTFLAGS=(-DDTRAIN_HAVE_HIP=1 -D__HIP_PLATFORM_AMD__ -I"$(dirname "$(readlink -f "$HIPCC")")/../include")
+  fi
+  # The wrappers' -I and -D flags compile; the rest (libraries, archives) only links.
+  # shellcheck disable=SC2086
+  CAPI_CFLAGS="$(printf '%s\n' $MPIFLAGS $H5FLAGS | grep -E '^-(I|D)' | tr '\n' ' ')"
+  # shellcheck disable=SC2086
+  {
+    "$CC" "${FLAGS[@]}" "${INC[@]}" -I"$ROOT/bindings/c" -c "$ROOT/bindings/c/dtrain_c.cpp" \
+      -o "$BUILD/dtrain_c_$DIALECT.o" $CAPI_CFLAGS &&
+      "$MPICC" -std=c11 -O2 "${RTFLAGS[@]}" -I"$ROOT/bindings/c" -I"$ROOT/tests/c_api" \
+        -c "$ROOT/tests/gpu/c_api_device.c" -o "$BUILD/c_api_device_main.o" &&
+      "$CC" "$BUILD/c_api_device_main.o" "$BUILD/dtrain_c_$DIALECT.o" -o "$BUILD/c_api_device_$DIALECT" \
+        $MPIFLAGS $H5FLAGS -lyaml-cpp "${LIBS[@]}"
+  } > "$OUT/build_c_api_device.log" 2>&1 &
+  pids+=("$!:c_api_device")
+else
+  record c_api_device "NOT RUN" 0 "needs mpicc, mpicxx and h5pcc (parallel HDF5) for the C API"
+  status=1
+fi
 # Example 10's builds (the converter, the CPU and the GPU binary), ahead of its runs at the end.
 EX10="$ROOT/examples/10_train_fashion_mnist/train_fashion_mnist.cpp"
 if [ "${DTRAIN_GPU_TRAIN:-1}" != 0 ] && [ -n "$MPIWRAP" ] && [ -n "$H5WRAP" ]; then
@@ -212,6 +241,14 @@ if [ -x "$BUILD/mpi_gpu_$DIALECT" ] && [ -n "$MPIEXEC" ]; then
   done
 elif [ -n "$MPIFLAGS" ]; then
   missing "mpi_gpu_$DIALECT"
+fi
+if [ -x "$BUILD/c_api_device_$DIALECT" ] && [ -n "$MPIEXEC" ]; then
+  # It runs in a work directory of its own (the configuration's checkpoints go to ./ckpt there).
+  DTRAIN_EXEC_TIMEOUT_S=60 run_step "c_api_device_$DIALECT" "$OUT/c_api_device_$DIALECT.txt" 120 \
+    bash "$ROOT/tests/c_api/run_in.sh" "$OUT/c_api_device" "$MPIEXEC" -n 2 \
+    "$(cd "$BUILD" && pwd)/c_api_device_$DIALECT" "$ROOT/tests/c_api/mlp.yaml"
+elif [ -n "$MPICC" ] && [ -n "$H5FLAGS" ]; then
+  missing "c_api_device_$DIALECT"
 fi
 if [ -x "$BUILD/kernels_bench_$DIALECT" ]; then
   OPENBLAS_NUM_THREADS=1 run_step "kernels_bench_$DIALECT" "$OUT/kernels_bench_$DIALECT.txt" 180 \

@@ -28,6 +28,8 @@
 #include <dtrain/data/distributed_sampler.hpp>
 #include <dtrain/data/in_memory_dataset.hpp>
 #include <dtrain/data/running_stats.hpp>
+#include <dtrain/exec/exec_traits.hpp>
+#include <dtrain/exec/host_exec.hpp>
 #include <dtrain/model/loss.hpp>
 #include <dtrain/model/sequential.hpp>
 #include <dtrain/optim/clip.hpp>
@@ -55,12 +57,26 @@ struct Evaluation {
 
 namespace detail {
 
-// The run for one scalar type and optimizer: everything ConfiguredRun owns past the
-// communicator. Arrays come in as void pointers with their dtype; the model's own type is read
-// in place, the other float type is converted through a staging buffer.
+// Whether policy E tells its own memory from other memory: `bool is_device(const void*)`.
+template <class E, class = void>
+struct exec_tells_memory : std::false_type {};
+template <class E>
+struct exec_tells_memory<
+    E, std::void_t<decltype(bool{std::declval<E&>().is_device(std::declval<const void*>())})>>
+    : std::true_type {};
+
+// The run for one scalar type, policy and optimizer: everything ConfiguredRun owns past the
+// communicator. Arrays come in as void pointers with their dtype; host arrays of the model's own
+// type are read in place, the other float type is converted through a staging buffer; device
+// arrays (train_device, predict_device) are the model's type, copied device to device.
 class ConfiguredRunBase {
  public:
   virtual ~ConfiguredRunBase() = default;
+  virtual bool on_device() const = 0;
+  // 1: p is the policy's (device) memory; 0: it is not; -1: the policy cannot tell.
+  virtual int holds(const void* p) const = 0;
+  virtual double train_device(const void* x, DType xt, const void* t, DType tt, std::int64_t b) = 0;
+  virtual void predict_device(const void* x, DType xt, void* y, DType yt, std::int64_t b) = 0;
   virtual const Shape& input_shape() const = 0;
   virtual const Shape& output_shape() const = 0;
   virtual std::size_t parameter_count() const = 0;
@@ -91,13 +107,15 @@ const To* as_type(const void* p, DType t, std::size_t n, std::vector<To>& stage)
   return stage.data();
 }
 
-template <class T, class Opt>
+// Opt: BasicSgd<Exec> or BasicAdamW<Exec>. exec: the policy the run borrows (null: the model's
+// own, made from the default allocator, which is how a host run is built).
+template <class T, class Exec, class Opt>
 class ConfiguredRunOf final : public ConfiguredRunBase {
  public:
-  using Model = BasicSequential<T>;
+  using Model = BasicSequential<T, Exec>;
 
-  ConfiguredRunOf(Communicator<MpiTransport>& comm, const RunConfig& cfg)
-      : comm_(comm), cfg_(cfg), model_(make_model<T>(cfg)) {
+  ConfiguredRunOf(Communicator<MpiTransport>& comm, const RunConfig& cfg, Exec* exec)
+      : comm_(comm), cfg_(cfg), model_(build(cfg, exec)) {
     const SyncConfig& s = cfg.sync;
     if (s.mode == SyncMode::fully_sharded) {
       fully_ = std::make_unique<FullyShardedSync<Model>>(comm, model_, fully_sharded_options(cfg));
@@ -106,7 +124,10 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
                      "ConfiguredRun",
                      cfg.source << ": optimizer.clip_grad_norm needs sync.mode replicated or "
                                    "fully_sharded (a sharded step averages each rank's part only)");
-      sync_ = std::make_unique<GradientSync>(comm, model_.gradients(), s.bucket_bytes, s.algorithm);
+      sync_ = std::make_unique<BasicGradientSync<Exec>>(model_.exec(), comm, model_.gradients(),
+                                                        s.bucket_bytes, s.algorithm);
+      if (cfg.optimizer.clip_grad_norm > 0)
+        clipper_ = std::make_unique<GradNormClipper<Exec>>(model_.exec());
     }
     opt_ = std::make_unique<Opt>(make_optimizer<Opt>(model_, cfg.optimizer));
     if (s.mode == SyncMode::sharded) sync_->shard_updates(model_.parameters());
@@ -120,6 +141,40 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
   const Shape& output_shape() const override { return model_.output_shape(); }
   std::size_t parameter_count() const override { return model_.parameter_count(); }
   std::int64_t step() const override { return opt_->step_count(); }
+  bool on_device() const override { return Exec::space != Space::host; }
+  int holds(const void* p) const override {
+    if constexpr (exec_tells_memory<Exec>::value)
+      return model_.exec().is_device(p) ? 1 : 0;
+    else
+      return -1;
+  }
+
+  double train_device(const void* x, DType xt, const void* t, DType tt, std::int64_t b) override {
+    constexpr const char* op = "ConfiguredRun::train_step_device";
+    model_type(op, "x", xt);
+    if (tt != DType::i32) model_type(op, "the targets", tt);
+    PassOptions o;
+    o.exec_inputs = true;
+    const T* xp = static_cast<const T*>(x);
+    if (tt == DType::i32) return step_on(xp, static_cast<const std::int32_t*>(t), b, o);
+    return step_on(xp, static_cast<const T*>(t), b, o);
+  }
+
+  void predict_device(const void* x, DType xt, void* y, DType yt, std::int64_t b) override {
+    constexpr const char* op = "ConfiguredRun::predict_device";
+    model_type(op, "x", xt);
+    model_type(op, "y", yt);
+    DTRAIN_REQUIRE(!normalise_, op,
+                   "the store normalises the inputs on the host (open_store with normalise): "
+                   "predict from host arrays");
+    PassOptions eval;
+    eval.training = false;
+    eval.exec_inputs = true;
+    const T* o = model_.forward(static_cast<const T*>(x), b, eval);
+    Exec& e = model_.exec();
+    e.copy_d2d(e.compute_stream(), y, o, n_out(b) * sizeof(T));
+    exec_synchronize(e, e.compute_stream(), exec_timeout_s(), op);
+  }
 
   double train(const void* x, DType xt, const void* t, DType tt, std::int64_t b) override {
     const T* xp = as_type<T>(x, xt, n_in(b), xs_);
@@ -172,13 +227,18 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
   }
 
   void copy_parameters(void* out, DType t) override {
-    DTRAIN_REQUIRE(!fully_, "ConfiguredRun::copy_parameters",
+    constexpr const char* op = "ConfiguredRun::copy_parameters";
+    DTRAIN_REQUIRE(!fully_, op,
                    "sync.mode fully_sharded: each rank holds a part of the parameters only");
-    auto p = model_.parameter_span();
+    const BufferView v = model_.parameters();
+    out_.resize(v.count);
+    Exec& e = model_.exec();
+    e.copy_d2h(e.compute_stream(), out_.data(), v.data, v.bytes());
+    exec_synchronize(e, e.compute_stream(), exec_timeout_s(), op);
     if (t == DType::f32)
-      std::copy(p.begin(), p.end(), static_cast<float*>(out));
+      std::copy(out_.begin(), out_.end(), static_cast<float*>(out));
     else
-      std::copy(p.begin(), p.end(), static_cast<double*>(out));
+      std::copy(out_.begin(), out_.end(), static_cast<double*>(out));
   }
 
   void save() override {
@@ -260,21 +320,36 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
   }
 
  private:
+  static Model build(const RunConfig& cfg, Exec* exec) {
+    if constexpr (std::is_constructible_v<Exec, Allocator&>) {
+      if (!exec) return make_model<T, Exec>(cfg);
+    }
+    return make_model<T>(cfg, *exec);
+  }
+
   std::size_t n_in(std::int64_t b) const { return std::size_t(b * model_.in_features()); }
   std::size_t n_out(std::int64_t b) const { return std::size_t(b * model_.out_features()); }
 
+  // Device arrays are read in place: they must be the model's own type.
+  void model_type(const char* op, const char* name, DType t) const {
+    DTRAIN_REQUIRE(t == dtype_of_v<T>, op,
+                   name << " is " << name_of(t) << " but the model is " << name_of(dtype_of_v<T>)
+                        << " (" << cfg_.source
+                        << ": model.dtype): device arrays are read in place, in the model's type");
+  }
+
   template <class Target>
-  double step_on(const T* x, const Target* t, std::int64_t b) {
+  double step_on(const T* x, const Target* t, std::int64_t b, const PassOptions& o = {}) {
     model_.zero_grad();
     if (fully_) {
-      const double loss = model_.forward_backward(x, t, b, cfg_.loss).get();
+      const double loss = model_.forward_backward(x, t, b, cfg_.loss, {}, o).get();
       fully_->wait(*opt_);
       return loss;
     }
-    const double loss = model_.forward_backward(x, t, b, cfg_.loss, *sync_).get();
-    if (cfg_.optimizer.clip_grad_norm > 0) {
+    const double loss = model_.forward_backward(x, t, b, cfg_.loss, *sync_, o).get();
+    if (clipper_) {
       sync_->wait();
-      clip_grad_norm(model_.gradients(), cfg_.optimizer.clip_grad_norm);
+      (*clipper_)(model_.gradients(), cfg_.optimizer.clip_grad_norm);
       opt_->step();
     } else {
       sync_->wait(*opt_);
@@ -296,7 +371,10 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
     }
     PassOptions eval;
     eval.training = false;
-    return model_.forward(xp, b, eval);
+    model_.forward(xp, b, eval);
+    out_.resize(n_out(b));
+    model_.copy_output(out_.data());
+    return out_.data();
   }
 
   Checkpointer<Communicator<MpiTransport>>& ckpt(const char* what) {
@@ -334,10 +412,11 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
   RunConfig cfg_;
   Model model_;
   std::unique_ptr<FullyShardedSync<Model>> fully_;
-  std::unique_ptr<GradientSync> sync_;
+  std::unique_ptr<BasicGradientSync<Exec>> sync_;
+  std::unique_ptr<GradNormClipper<Exec>> clipper_;
   std::unique_ptr<Opt> opt_;
   std::unique_ptr<Checkpointer<Communicator<MpiTransport>>> ckpt_;
-  std::vector<T> xs_, ts_, xn_;
+  std::vector<T> xs_, ts_, xn_, out_;  // out_: host copy of an output or of the parameters
   std::vector<float> xf_, tf_;
   std::unique_ptr<InMemoryDataset> store_;
   std::unique_ptr<DistributedSampler> sampler_;
@@ -356,11 +435,15 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
 /// user builds by hand (see <dtrain/config/build.hpp>); the C API and the Fortran module are
 /// handles over this class.
 ///
-/// Arrays are host memory owned by the caller, read or written during the call only: x is a
-/// batch of channels-first samples in C order [batch][input shape...] (a Fortran
-/// x(nx, ny, nchan, nbatch) as it is), targets [batch][output shape...] or int32 class labels
-/// [batch]. float or double: the model's own type (RunConfig::dtype) is read in place, the other
-/// is converted.
+/// Arrays are owned by the caller, read or written during the call only: x is a batch of
+/// channels-first samples in C order [batch][input shape...] (a Fortran x(nx, ny, nchan, nbatch)
+/// as it is), targets [batch][output shape...] or int32 class labels [batch]. Host arrays go to
+/// train_step, predict, evaluate and store_add: float or double, the model's own type
+/// (RunConfig::dtype) read in place, the other converted. A run built on a device policy (the
+/// constructor taking one) keeps model, gradients and optimizer state in the device's memory;
+/// host arrays are staged to it, and device arrays of the model's type go to train_step_device
+/// and predict_device. A policy that tells its memory from other memory (`bool is_device(const
+/// void*)`: GpuExec, the tests' emulated device) has each array checked against the call.
 ///
 /// Collective over the communicator: construction, destruction (waits for checkpoint writes),
 /// train_step, train_step_from_store, save, maybe_save, restore_latest, wait_checkpoints; with
@@ -375,21 +458,19 @@ class ConfiguredRun {
       : config_(std::move(config)),
         transport_(std::make_unique<MpiTransport>(comm)),
         comm_(std::make_unique<Communicator<MpiTransport>>(*transport_, comm_config(config_))) {
-    const bool adamw = config_.optimizer.kind == OptimizerKind::adamw;
-    DTRAIN_REQUIRE(config_.dtype == DType::f32 || config_.dtype == DType::f64, "ConfiguredRun",
-                   config_.source << ": dtype " << name_of(config_.dtype)
-                                  << " (a model trains in f32 or f64)");
-    if (config_.dtype == DType::f32) {
-      if (adamw)
-        run_ = std::make_unique<detail::ConfiguredRunOf<float, AdamW>>(*comm_, config_);
-      else
-        run_ = std::make_unique<detail::ConfiguredRunOf<float, Sgd>>(*comm_, config_);
-    } else {
-      if (adamw)
-        run_ = std::make_unique<detail::ConfiguredRunOf<double, AdamW>>(*comm_, config_);
-      else
-        run_ = std::make_unique<detail::ConfiguredRunOf<double, Sgd>>(*comm_, config_);
-    }
+    build<HostExec>(nullptr);
+  }
+  /// Collective over `comm`. Builds the run `config` describes on execution policy `exec`
+  /// (borrowed: it must outlive the run), e.g. GpuExec: model, gradients and optimizer state in
+  /// its memory, every kernel on its compute stream. Sync modes as the policy supports them
+  /// (sharded updates need host gradients: InvalidArgument on a device).
+  template <class Exec>
+  ConfiguredRun(MPI_Comm comm, RunConfig config, Exec& exec)
+      : config_(std::move(config)),
+        transport_(std::make_unique<MpiTransport>(comm)),
+        comm_(std::make_unique<Communicator<MpiTransport>>(*transport_, comm_config(config_))) {
+    static_assert(detail::check_exec_policy<Exec>(), "ConfiguredRun needs an execution policy");
+    build<Exec>(&exec);
   }
   /// Collective. Reads the description from `config_path` (read_run_config: IoError when
   /// unreadable, InvalidArgument naming file and key when malformed) and builds it.
@@ -406,6 +487,8 @@ class ConfiguredRun {
   int size() const noexcept { return static_cast<int>(comm_->size()); }
   /// Scalar type of the model (f32 or f64).
   DType dtype() const noexcept { return config_.dtype; }
+  /// Whether the model lives in device memory (a run built on a device policy).
+  bool on_device() const { return run_->on_device(); }
   /// Shape of one input (output) sample and its elements.
   const Shape& input_shape() const { return run_->input_shape(); }
   const Shape& output_shape() const { return run_->output_shape(); }
@@ -421,22 +504,53 @@ class ConfiguredRun {
   /// averaged over the ranks, update. Returns the mean loss of this rank's batch.
   template <class X, class Y>
   double train_step(const X* x, const Y* targets, std::int64_t batch) {
-    check_types<X, Y>("ConfiguredRun::train_step", x, targets, batch);
+    constexpr const char* op = "ConfiguredRun::train_step";
+    check_types<X, Y>(op, x, targets, batch);
+    host_memory(op, "x", x);
+    host_memory(op, "the targets", targets);
     return run_->train(x, dtype_of_v<X>, targets, dtype_of_v<Y>, batch);
+  }
+  /// Collective. train_step on device arrays (a run on a device policy): x and targets in the
+  /// policy's memory, of the model's type (labels int32), copied on the run's compute stream.
+  /// The caller's device work that writes them must be complete; they may change on return.
+  template <class X, class Y>
+  double train_step_device(const X* x, const Y* targets, std::int64_t batch) {
+    constexpr const char* op = "ConfiguredRun::train_step_device";
+    check_types<X, Y>(op, x, targets, batch);
+    device_memory(op, "x", x);
+    device_memory(op, "the targets", targets);
+    return run_->train_device(x, dtype_of_v<X>, targets, dtype_of_v<Y>, batch);
   }
   /// Evaluation forward of `batch` samples into y ([batch][output shape...]). Local (collective
   /// when fully sharded).
   template <class X, class Y>
   void predict(const X* x, Y* y, std::int64_t batch) {
     static_assert(!std::is_same_v<Y, std::int32_t>, "predict writes float or double outputs");
-    check_types<X, Y>("ConfiguredRun::predict", x, y, batch);
+    constexpr const char* op = "ConfiguredRun::predict";
+    check_types<X, Y>(op, x, y, batch);
+    host_memory(op, "x", x);
+    host_memory(op, "y", y);
     run_->predict(x, dtype_of_v<X>, y, dtype_of_v<Y>, batch);
+  }
+  /// predict on device arrays (a run on a device policy; the model's type): y is written when
+  /// the call returns. Local (collective when fully sharded). Not with a normalising store.
+  template <class X, class Y>
+  void predict_device(const X* x, Y* y, std::int64_t batch) {
+    static_assert(!std::is_same_v<Y, std::int32_t>, "predict writes float or double outputs");
+    constexpr const char* op = "ConfiguredRun::predict_device";
+    check_types<X, Y>(op, x, y, batch);
+    device_memory(op, "x", x);
+    device_memory(op, "y", y);
+    run_->predict_device(x, dtype_of_v<X>, y, dtype_of_v<Y>, batch);
   }
   /// Evaluation of `batch` samples against targets (as train_step). Local (collective when
   /// fully sharded).
   template <class X, class Y>
   Evaluation evaluate(const X* x, const Y* targets, std::int64_t batch) {
-    check_types<X, Y>("ConfiguredRun::evaluate", x, targets, batch);
+    constexpr const char* op = "ConfiguredRun::evaluate";
+    check_types<X, Y>(op, x, targets, batch);
+    host_memory(op, "x", x);
+    host_memory(op, "the targets", targets);
     return run_->evaluate(x, dtype_of_v<X>, targets, dtype_of_v<Y>, batch);
   }
   /// Local. Copies the whole parameter arena (parameter_count() values, converted to P) into
@@ -445,6 +559,7 @@ class ConfiguredRun {
   void copy_parameters(P* out) {
     static_assert(std::is_same_v<P, float> || std::is_same_v<P, double>, "float or double");
     DTRAIN_REQUIRE(out, "ConfiguredRun::copy_parameters", "null output");
+    host_memory("ConfiguredRun::copy_parameters", "out", out);
     run_->copy_parameters(out, dtype_of_v<P>);
   }
 
@@ -469,6 +584,8 @@ class ConfiguredRun {
   void store_add(const X* x, const Y* targets, std::int64_t n) {
     static_assert(!std::is_same_v<Y, std::int32_t>, "the store holds value targets");
     check_types<X, Y>("ConfiguredRun::store_add", x, targets, n);
+    host_memory("ConfiguredRun::store_add", "x", x);
+    host_memory("ConfiguredRun::store_add", "the targets", targets);
     run_->store_add(x, dtype_of_v<X>, targets, dtype_of_v<Y>, n);
   }
   /// Local. Pairs stored on this rank, and pairs ever fed to it.
@@ -479,6 +596,43 @@ class ConfiguredRun {
   double train_step_from_store(std::int64_t batch) { return run_->train_from_store(batch); }
 
  private:
+  template <class Exec>
+  void build(Exec* exec) {
+    const bool adamw = config_.optimizer.kind == OptimizerKind::adamw;
+    DTRAIN_REQUIRE(config_.dtype == DType::f32 || config_.dtype == DType::f64, "ConfiguredRun",
+                   config_.source << ": dtype " << name_of(config_.dtype)
+                                  << " (a model trains in f32 or f64)");
+    using detail::ConfiguredRunOf;
+    if (config_.dtype == DType::f32) {
+      if (adamw)
+        run_ =
+            std::make_unique<ConfiguredRunOf<float, Exec, BasicAdamW<Exec>>>(*comm_, config_, exec);
+      else
+        run_ =
+            std::make_unique<ConfiguredRunOf<float, Exec, BasicSgd<Exec>>>(*comm_, config_, exec);
+    } else {
+      if (adamw)
+        run_ = std::make_unique<ConfiguredRunOf<double, Exec, BasicAdamW<Exec>>>(*comm_, config_,
+                                                                                 exec);
+      else
+        run_ =
+            std::make_unique<ConfiguredRunOf<double, Exec, BasicSgd<Exec>>>(*comm_, config_, exec);
+    }
+  }
+  // Host entry points refuse memory the run's policy knows as its own; device entry points need
+  // a device run and refuse memory the policy knows is not its own.
+  void host_memory(const char* op, const char* name, const void* p) const {
+    DTRAIN_REQUIRE(run_->holds(p) != 1, op,
+                   name << " is device memory: host arrays only here (device arrays go to the "
+                           "_device form of the call)");
+  }
+  void device_memory(const char* op, const char* name, const void* p) const {
+    DTRAIN_REQUIRE(run_->on_device(), op,
+                   "the run is on the host: device arrays need a run built on a device policy");
+    DTRAIN_REQUIRE(run_->holds(p) != 0, op,
+                   name << " is not the device's memory (host arrays go to the call without "
+                           "_device)");
+  }
   static std::int64_t elements(const Shape& s) {
     std::int64_t n = 1;
     for (auto d : s) n *= d;

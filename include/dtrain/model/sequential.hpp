@@ -145,6 +145,11 @@ struct PassOptions {
   const std::int64_t* sample_ids = nullptr;
   /// Gradients are scaled by this: 1/k when k equal micro-batches are accumulated.
   double loss_scale = 1.0;
+  /// The pass's inputs, targets and labels (not sample_ids) are exec memory (the policy's
+  /// allocator's space, e.g. device arrays of the caller): copied on the compute stream, device
+  /// to device, instead of staged from the host. Class labels still come to the host to be
+  /// checked (the host waits for that copy).
+  bool exec_inputs = false;
 };
 
 /// One learnable tensor of a model: its checkpoint name ("layers/0_linear/weight"), true shape
@@ -413,9 +418,10 @@ class BasicSequential {
   }
 
   /// Runs the layers on `x` (host memory, [batch, in_features]; copied, so it may be reused on
-  /// return). Returns the output [batch, out_features] in exec memory, owned by the model and
-  /// valid until the next forward (copy_output brings it to the host). Local; queued on the
-  /// policy's compute stream (blocking with HostExec).
+  /// return; exec memory with options.exec_inputs, copied in stream order). Returns the output
+  /// [batch, out_features] in exec memory, owned by the model and valid until the next forward
+  /// (copy_output brings it to the host). Local; queued on the policy's compute stream (blocking
+  /// with HostExec).
   const T* forward(const T* x, std::int64_t batch, const PassOptions& options = {}) {
     DTRAIN_REQUIRE(batch >= 0, "Sequential::forward", "negative batch " << batch);
     DTRAIN_REQUIRE(x != nullptr || batch == 0, "Sequential::forward", "null input");
@@ -456,8 +462,8 @@ class BasicSequential {
   }
 
   /// Raw form: forward, loss and backward on `batch` rows of `x` (host, [batch, in_features])
-  /// against `target` (host): int32 class labels in [0, out_features) for
-  /// Loss::softmax_cross_entropy or Loss::mse (one-hot), or T regression targets
+  /// against `target` (host; both exec memory with options.exec_inputs): int32 class labels in [0,
+  /// out_features) for Loss::softmax_cross_entropy or Loss::mse (one-hot), or T regression targets
   /// [batch, out_features] for Loss::mse. Gradients accumulate (scaled by options.loss_scale);
   /// `on_ready` as for backward. Returns the mean loss, read on demand. Local; queued on the
   /// compute stream; throws InvalidArgument on labels out of range or a loss that does not fit
@@ -477,6 +483,13 @@ class BasicSequential {
     const T* target_exec = nullptr;
     const std::int32_t* labels_exec = nullptr;
     if constexpr (std::is_same_v<Target, std::int32_t>) {
+      if (options.exec_inputs) {
+        // Labels index the outputs: checked on the host, as host labels are.
+        exec_->copy_d2h(stream(), st.labels.raw(), target,
+                        static_cast<std::size_t>(batch) * sizeof(std::int32_t));
+        exec_synchronize(*exec_, stream(), exec_timeout_s(), "Sequential (reading exec labels)");
+        target = static_cast<const std::int32_t*>(st.labels.raw());
+      }
       host::detail::check_labels(target, batch, classes, op);
       if (loss == Loss::softmax_cross_entropy) {
         upload(st.labels, labels_, target, static_cast<std::size_t>(batch));
@@ -491,7 +504,10 @@ class BasicSequential {
     } else {
       DTRAIN_REQUIRE(loss == Loss::mse, op,
                      "real-valued targets need Loss::mse, not " << name_of(loss));
-      upload(st.target, target_, target, n);
+      if (options.exec_inputs)
+        exec_->copy_d2d(stream(), target_.raw(), target, n * sizeof(T));
+      else
+        upload(st.target, target_, target, n);
       target_exec = static_cast<const T*>(target_.raw());
     }
     end_stage(st);
@@ -801,7 +817,11 @@ class BasicSequential {
   }
 
   void stage_inputs(Stage& st, const T* x, std::int64_t batch, const PassOptions& options) {
-    upload(st.x, input_, x, static_cast<std::size_t>(batch * in_features()));
+    const auto n = static_cast<std::size_t>(batch * in_features());
+    if (options.exec_inputs)
+      exec_->copy_d2d(stream(), input_.raw(), x, n * sizeof(T));
+    else
+      upload(st.x, input_, x, n);
     if (options.sample_ids)
       upload(st.ids, ids_, options.sample_ids, static_cast<std::size_t>(batch));
   }

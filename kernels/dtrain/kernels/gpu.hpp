@@ -234,6 +234,29 @@ inline void ipc_close_mem_handle(void* p) noexcept {
 #endif
 }
 
+/// Whether `p` is device memory (or managed memory) of any device: false for host memory,
+/// pinned or not, and for null. Local; never throws (a query the runtime refuses, as some
+/// runtimes do for pageable host memory, answers false and leaves no error behind).
+inline bool is_device_pointer(const void* p) noexcept {
+  if (!p) return false;
+#if defined(DTRAIN_GPU_HIP)
+  hipMemoryType type{};
+  if (hipPointerGetAttribute(&type, HIP_POINTER_ATTRIBUTE_MEMORY_TYPE, const_cast<void*>(p)) !=
+      hipSuccess) {
+    (void)hipGetLastError();
+    return false;
+  }
+  return type == hipMemoryTypeDevice;
+#else
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+#endif
+}
+
 /// Direction of a copy.
 enum class CopyKind : unsigned char { host_to_device, device_to_host, device_to_device, automatic };
 

@@ -67,6 +67,9 @@ class BasicGpuExec {
 
   /// The device this policy runs on.
   int device() const noexcept { return device_; }
+  /// Whether `p` is device (or managed) memory, of any device: what a caller's array is checked
+  /// with before it is read as device memory (ConfiguredRun). Local, never throws.
+  bool is_device(const void* p) const noexcept { return is_device_pointer(p); }
 
   Allocator& allocator() noexcept { return device_alloc_; }
   Allocator& host_allocator() noexcept { return pinned_alloc_; }
