@@ -2,8 +2,8 @@
 // its parts of the parameters and of AdamW's moments into the datasets a replicated run writes,
 // so a replicated run resumes from a fully sharded run's file and the reverse, bit for bit in
 // reproducible mode, and a fully sharded run on another number of ranks reads it too, a model
-// built with deferred arenas (whose whole arenas never exist) as well; with checkpoint levels the
-// node-local, partner and shared copies of a fully sharded run restore too.
+// built with deferred arenas (whose whole arenas never exist) as well; with checkpoint levels each
+// rank's node-local part file, its partner's copy and the shared level's file restore too.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -49,15 +49,16 @@ struct Outcome {
   CheckpointLevel level = CheckpointLevel::none;
 };
 
-// With `local_base`: checkpoint levels, each rank a node of its own with its node-local directory
-// under it (node-local, partner and shared every save).
-CheckpointOptions options(RestoreStrategy restore, const std::string& local_base, int rank) {
+// With `local_base`: checkpoint levels, `per_node` ranks a node (consecutive ranks) with its
+// node-local directory under it (node-local, partner and shared every save).
+CheckpointOptions options(RestoreStrategy restore, const std::string& local_base, int rank,
+                          int per_node = 1) {
   CheckpointOptions co;
   co.read_env = false;
   co.restore = restore;
   if (!local_base.empty()) {
-    co.levels.local_dir = local_base + "/node" + std::to_string(rank);
-    co.levels.node = rank;
+    co.levels.local_dir = local_base + "/node" + std::to_string(rank / per_node);
+    co.levels.node = rank / per_node;
     co.levels.local_every = 1;
     co.levels.shared_every = 1;
     co.levels.transfer_timeout_seconds = 30;
@@ -70,7 +71,7 @@ CheckpointOptions options(RestoreStrategy restore, const std::string& local_base
 // given.
 std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std::string& to,
                          RestoreStrategy restore = RestoreStrategy::rank0, bool deferred = false,
-                         const std::string& local_base = "") {
+                         const std::string& local_base = "", int per_node = 1) {
   std::vector<Outcome> out(static_cast<std::size_t>(p));
   run_loopback(p, [&](LoopbackTransport& t) {
     CommConfig c;
@@ -93,7 +94,7 @@ std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std
     AdamW opt(model, Schedule::constant(0.02));
     std::int64_t step = 0;
     if (!from.empty()) {
-      Checkpointer<LoopComm> in(comm, from, options(restore, local_base, t.rank()));
+      Checkpointer<LoopComm> in(comm, from, options(restore, local_base, t.rank(), per_node));
       o.restored = in.restore_latest(named("model", model), named("optimizer", opt));
       o.level = in.restored_level();
       step = o.restored.value_or(0);
@@ -101,7 +102,7 @@ std::vector<Outcome> run(int p, bool sharded, const std::string& from, const std
     std::unique_ptr<Checkpointer<LoopComm>> ckpt;
     if (!to.empty())
       ckpt = std::make_unique<Checkpointer<LoopComm>>(
-          comm, to, options(RestoreStrategy::rank0, local_base, t.rank()));
+          comm, to, options(RestoreStrategy::rank0, local_base, t.rank(), per_node));
     std::vector<float> x(rows * 5), y(rows * 2);
     for (; step < 6; ++step) {
       const std::uint64_t seed = static_cast<std::uint64_t>(t.rank() * 100 + step);
@@ -166,42 +167,83 @@ TEST_CASE("fully sharded checkpoints: replicated and fully sharded runs resume f
   for (const auto& d : {sharded_dir, plain_dir}) fs::remove_all(d);
 }
 
-TEST_CASE("fully sharded checkpoints with levels: node-local, partner and shared copies restore") {
+TEST_CASE("fully sharded checkpoints with levels: per-rank node-local parts, partner and shared") {
   const std::string base =
       (fs::temp_directory_path() / ("dtrain_ckpt_fsdp_levels_" + std::to_string(::getpid())))
           .string();
   const std::string dir = base + "/run", local = base + "/local";
   fs::remove_all(base);
-  const auto plain = run(2, false, "", "");
-  // The parts stream into rank 0's node-local write (no rank assembles a tensor), the file goes
-  // to node 1 and is flushed to the run directory.
-  const auto saved = run(2, true, "", dir, RestoreStrategy::rank0, true, local);
+  auto part = [&](int node, int rank) {
+    return local + "/node" + std::to_string(node) + "/ckpt-000000000003.rank" +
+           std::to_string(rank) + "-of-4.h5";
+  };
+  // 4 ranks as 2 nodes of 2: every rank writes its own part file on its node and sends it to the
+  // rank of the same place on the other node; the one-file checkpoint goes to the run directory.
+  const auto plain = run(4, false, "", "");
+  const auto saved = run(4, true, "", dir, RestoreStrategy::rank0, true, local, 2);
   for (const auto& o : saved) CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
-  for (const auto& f : {local + "/node0/ckpt-000000000003.h5",
-                        local + "/node1/ckpt-000000000003.h5", dir + "/ckpt-000000000003.h5"}) {
-    CAPTURE(f);
-    CHECK(fs::exists(f));
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r);
+    CHECK(fs::exists(part(r / 2, r)));      // its own
+    CHECK(fs::exists(part(1 - r / 2, r)));  // the partner's copy
   }
-  const auto local_back = run(2, true, dir, "", RestoreStrategy::rank0, true, local);
+  CHECK(fs::exists(dir + "/ckpt-000000000003.h5"));
+  CHECK_FALSE(fs::exists(local + "/node0/ckpt-000000000003.h5"));  // no one-file copy
+  // Each rank's part file holds its parts only, and says which: h5 reads them back.
+  {
+    const auto m = Hdf5Format::read(part(0, 1));
+    std::int64_t rank = -1, held = 0;
+    for (const auto& e : m.entries) {
+      if (e.path == "/held_parts/rank") rank = e.i64;
+      if (e.path.rfind("/model/", 0) == 0 && e.kind == detail::EntryKind::tensor)
+        held += e.shape[0];
+    }
+    CHECK(rank == 1);
+    CHECK(held == static_cast<std::int64_t>(saved[1].params.size()));
+  }
+  const auto local_back = run(4, true, dir, "", RestoreStrategy::rank0, true, local, 2);
   for (const auto& o : local_back) {
     CHECK(o.restored == std::optional<std::int64_t>(3));
     CHECK(o.level == CheckpointLevel::local);
     CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
   }
-  // Node 0's copy lost: the partner's.
-  fs::remove(local + "/node0/ckpt-000000000003.h5");
-  const auto partner_back = run(2, true, dir, "", RestoreStrategy::rank0, true, local);
+  // Node 0's directory lost: its ranks' parts come back from node 1's copies, bit for bit.
+  fs::remove_all(local + "/node0");
+  const auto partner_back = run(4, true, dir, "", RestoreStrategy::rank0, true, local, 2);
   for (const auto& o : partner_back) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
     CHECK(o.level == CheckpointLevel::partner);
     CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
   }
-  // Another world size from the shared level's file, fully sharded as replicated.
+  CHECK(fs::exists(part(0, 0)));  // rebuilt on node 0
+  // Rank 3's own part file damaged: set aside, and its copy on node 0 taken instead.
+  fs::resize_file(part(1, 3), fs::file_size(part(1, 3)) / 2);
+  const auto damaged_back = run(4, true, dir, "", RestoreStrategy::rank0, true, local, 2);
+  for (const auto& o : damaged_back) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
+    CHECK(o.level == CheckpointLevel::partner);
+    CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
+  }
+  CHECK(fs::exists(part(1, 3) + ".damaged"));
+  // Another world size: the shared level's file, each rank loading only its parts (levels on,
+  // 2 ranks as 2 nodes: the 4-rank part files are not theirs).
+  const auto two_plain = run(2, false, dir, "");
+  const auto two = run(2, true, dir, "", RestoreStrategy::rank0, true, local);
+  for (const auto& o : two) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
+    CHECK(o.level == CheckpointLevel::shared);
+    CHECK(same_bits(o.params, pick(two_plain[0].params, o.parts)));
+  }
   const auto three_plain = run(3, false, dir, "");
   const auto three = run(3, true, dir, "", RestoreStrategy::distributed, true);
   for (const auto& o : three) {
     CHECK(o.restored == std::optional<std::int64_t>(3));
     CHECK(same_bits(o.params, pick(three_plain[0].params, o.parts)));
   }
+  // Another run on the same node-local directories refuses their part files (run identity).
+  const auto other = run(4, true, base + "/other", "", RestoreStrategy::rank0, true, local, 2);
+  for (const auto& o : other) CHECK_FALSE(o.restored.has_value());
+  CHECK(fs::exists(part(0, 0) + ".stale"));
   fs::remove_all(base);
 }
 
