@@ -216,15 +216,16 @@ TEST_CASE("fully sharded checkpoints with levels: per-rank node-local parts, par
     CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
   }
   CHECK(fs::exists(part(0, 0)));  // rebuilt on node 0
-  // Rank 3's own part file damaged: set aside, and its copy on node 0 taken instead.
-  fs::resize_file(part(1, 3), fs::file_size(part(1, 3)) / 2);
+  // Rank 1's own part file damaged: set aside, and its copy on node 1 taken instead (node 0's
+  // copies of ranks 2 and 3 went with its directory: a restore does not rebuild them).
+  fs::resize_file(part(0, 1), fs::file_size(part(0, 1)) / 2);
   const auto damaged_back = run(4, true, dir, "", RestoreStrategy::rank0, true, local, 2);
   for (const auto& o : damaged_back) {
     CHECK(o.restored == std::optional<std::int64_t>(3));
     CHECK(o.level == CheckpointLevel::partner);
     CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
   }
-  CHECK(fs::exists(part(1, 3) + ".damaged"));
+  CHECK(fs::exists(part(0, 1) + ".damaged"));
   // Another world size: the shared level's file, each rank loading only its parts (levels on,
   // 2 ranks as 2 nodes: the 4-rank part files are not theirs).
   const auto two_plain = run(2, false, dir, "");
