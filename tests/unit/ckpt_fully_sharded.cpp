@@ -207,6 +207,14 @@ TEST_CASE("fully sharded checkpoints with levels: per-rank node-local parts, par
     CHECK(o.level == CheckpointLevel::local);
     CHECK(same_bits(o.params, pick(plain[0].params, o.parts)));
   }
+  // A replicated run on the same ranks loads the tensors whole from the part files (each part
+  // broadcast from the rank whose file holds it).
+  const auto whole_back = run(4, false, dir, "", RestoreStrategy::rank0, false, local, 2);
+  for (const auto& o : whole_back) {
+    CHECK(o.restored == std::optional<std::int64_t>(3));
+    CHECK(o.level == CheckpointLevel::local);
+    CHECK(same_bits(o.params, plain[0].params));
+  }
   // Node 0's directory lost: its ranks' parts come back from node 1's copies, bit for bit.
   fs::remove_all(local + "/node0");
   const auto partner_back = run(4, true, dir, "", RestoreStrategy::rank0, true, local, 2);

@@ -853,7 +853,20 @@ class Checkpointer {
           break;
         }
         if (worst != 0) continue;
-        load_parts(path, m, objects...);
+        bool checked = false;
+        try {
+          load_parts(path, m, checked, objects...);
+        } catch (const InvalidArgument& e) {
+          // Refused by the check pass on every rank, nothing modified (e.g. the objects hold
+          // other parts than the files): the one-file levels restore them whole where they can,
+          // or report the mismatch again.
+          if (checked) throw;
+          if (rank == 0)
+            DTRAIN_LOG(warn, "the node-local part files of step "
+                                 << step << " do not fit the objects (" << e.what()
+                                 << "): restoring from the other levels");
+          return std::nullopt;
+        }
         shared_step_ = std::min(m.shared_step, flushed);
         restored_level_ = from_node < 0 ? CheckpointLevel::local : CheckpointLevel::partner;
         restored_node_ = from_node < 0 ? 0 : from_node;
@@ -871,9 +884,11 @@ class Checkpointer {
     return std::nullopt;
   }
 
-  // Collective: the objects from each rank's verified part file `path` (manifest `pm`).
+  // Collective: the objects from each rank's verified part file `path` (manifest `pm`); `checked`
+  // turns true once every rank found that the objects match (a later failure may have modified
+  // them).
   template <class... Ts>
-  void load_parts(const std::string& path, const detail::CkptManifest& pm,
+  void load_parts(const std::string& path, const detail::CkptManifest& pm, bool& checked,
                   const Named<Ts>&... objects) {
     const char* op = "checkpoint restore";
     const int rank = comm_.rank(), p = comm_.size();
@@ -967,6 +982,7 @@ class Checkpointer {
     };
     detail::CkptSource src;
     src.plan = &plan;
+    src.checked = &checked;
     src.read_run = [rd, pv, file_entry](const detail::CkptEntry& e, const detail::CkptRun& run,
                                         void* dst) {
       std::uint64_t at = run.first;

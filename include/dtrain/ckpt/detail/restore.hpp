@@ -92,6 +92,7 @@ struct CkptSource {
   CkptReadRun read_run;
   CkptReadSpan read_span;
   CkptReadParts read_parts;
+  bool* checked = nullptr;  // where set: true once every rank agreed that the objects match
 };
 
 template <class Comm>
@@ -388,6 +389,7 @@ void restore_objects(Comm& comm, const CheckpointOptions& opt, CkptManifest& m,
                  op,
                  "replicated objects differ in structure between ranks; pass rank-specific "
                  "state with dtrain::per_rank");
+  if (src.checked) *src.checked = true;
 
   // Replicated state: rank 0 fills its objects from the file and broadcasts tensor by tensor;
   // distributed, every rank reads its runs of each tensor and broadcasts them.
