@@ -25,6 +25,7 @@
 #include <dtrain/transports/loopback.hpp>
 
 #include "../support/fully_sharded.hpp"
+#include "ckpt/parts_state.hpp"
 
 namespace dtrain_test_ckpt_fully_sharded {
 
@@ -253,6 +254,42 @@ TEST_CASE("fully sharded checkpoints with levels: per-rank node-local parts, par
   const auto other = run(4, true, base + "/other", "", RestoreStrategy::rank0, true, local, 2);
   for (const auto& o : other) CHECK_FALSE(o.restored.has_value());
   CHECK(fs::exists(part(0, 0) + ".stale"));
+  fs::remove_all(base);
+}
+
+TEST_CASE("node-local part files of another split of the parts give way to the shared level") {
+  const std::string base =
+      (fs::temp_directory_path() / ("dtrain_ckpt_fsdp_split_" + std::to_string(::getpid())))
+          .string();
+  const std::string dir = base + "/run", local = base + "/local";
+  fs::remove_all(base);
+  constexpr std::size_t n = 1000;
+  std::vector<std::optional<std::int64_t>> got(2);
+  std::vector<CheckpointLevel> level(2);
+  std::vector<std::size_t> wrong(2, 0);
+  run_loopback(2, [&](LoopbackTransport& t) {
+    CommConfig c;
+    c.timeout_s = 60;
+    LoopComm comm(t, c);
+    const CheckpointOptions o = options(RestoreStrategy::rank0, local, t.rank());
+    test::PartsState saved(n, test::PartsLayout::blocks, t.rank(), 2);
+    Checkpointer<LoopComm>(comm, dir, o).save(7, named("s", saved));
+    // Held as pieces dealt round robin now: the check pass refuses the part files (blocks).
+    test::PartsState other(n, test::PartsLayout::round_robin, t.rank(), 2);
+    Checkpointer<LoopComm> in(comm, dir, o);
+    const auto r = static_cast<std::size_t>(t.rank());
+    got[r] = in.restore_latest(named("s", other));
+    level[r] = in.restored_level();
+    const auto* w = static_cast<const float*>(other.whole.raw());
+    for (std::size_t i = 0; i < n; ++i) wrong[r] += w[i] != test::parts_value(i) ? 1 : 0;
+  });
+  CHECK(fs::exists(local + "/node1/ckpt-000000000007.rank1-of-2.h5"));
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(got[static_cast<std::size_t>(r)] == std::optional<std::int64_t>(7));
+    CHECK(level[static_cast<std::size_t>(r)] == CheckpointLevel::shared);
+    CHECK(wrong[static_cast<std::size_t>(r)] == 0);
+  }
   fs::remove_all(base);
 }
 
