@@ -61,8 +61,9 @@ struct Hdf5Format;  // <dtrain/ckpt/hdf5.hpp>
 /// Where a restore found its checkpoint (CheckpointLevelOptions).
 enum class CheckpointLevel : unsigned char {
   none,     ///< nothing restored yet
-  local,    ///< the node-local directory of rank 0's node
+  local,    ///< the node-local directory of rank 0's node (part files: of every rank's node)
   partner,  ///< another node's local directory (the partner copy), copied back to rank 0's node
+            ///< (part files: to the node of each rank that lost its own)
   shared,   ///< the run directory
 };
 
