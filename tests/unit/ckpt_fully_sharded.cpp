@@ -293,4 +293,47 @@ TEST_CASE("node-local part files of another split of the parts give way to the s
   fs::remove_all(base);
 }
 
+TEST_CASE(
+    "node-local part files of steps a rollback removed from the run directory are set aside") {
+  const std::string base =
+      (fs::temp_directory_path() / ("dtrain_ckpt_fsdp_rollback_" + std::to_string(::getpid())))
+          .string();
+  const std::string dir = base + "/run", local = base + "/local";
+  fs::remove_all(base);
+  constexpr std::size_t n = 600;
+  std::vector<std::optional<std::int64_t>> got(2);
+  std::vector<CheckpointLevel> level(2);
+  run_loopback(2, [&](LoopbackTransport& t) {
+    CommConfig c;
+    c.timeout_s = 60;
+    LoopComm comm(t, c);
+    const CheckpointOptions o = options(RestoreStrategy::rank0, local, t.rank());
+    test::PartsState s(n, test::PartsLayout::blocks, t.rank(), 2);
+    {
+      Checkpointer<LoopComm> ck(comm, dir, o);
+      ck.save(3, named("s", s));
+      ck.save(6, named("s", s));
+    }
+    comm.barrier();
+    if (t.rank() == 0) fs::remove(dir + "/ckpt-000000000006.h5");  // the rollback
+    comm.barrier();
+    Checkpointer<LoopComm> in(comm, dir, o);
+    const auto r = static_cast<std::size_t>(t.rank());
+    got[r] = in.restore_latest(named("s", s));
+    level[r] = in.restored_level();
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CHECK(got[static_cast<std::size_t>(r)] == std::optional<std::int64_t>(3));
+    CHECK(level[static_cast<std::size_t>(r)] == CheckpointLevel::local);
+    for (int node = 0; node < 2; ++node) {
+      const std::string f = local + "/node" + std::to_string(node) + "/ckpt-000000000006.rank" +
+                            std::to_string(r) + "-of-2.h5";
+      CHECK_FALSE(fs::exists(f));
+      CHECK(fs::exists(f + ".stale"));
+    }
+  }
+  fs::remove_all(base);
+}
+
 }  // namespace dtrain_test_ckpt_fully_sharded
