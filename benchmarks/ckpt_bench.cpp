@@ -14,7 +14,9 @@
 // page cache before each. Then the checkpoint interval that the measured save and restore
 // times advise for a job MTBF of --mtbf-hours (Young/Daly). --levels LOCALDIR last times what a
 // step is blocked by a multi-level save (node-local in LOCALDIR, partner copy, background flush
-// to DIR) against a save to DIR, and prints the interval advice per level.
+// to DIR) against a save to DIR, and prints the interval advice per level. --xor-probe (with
+// --levels) measures only the redundancy of per-rank node-local parts: partner copy against an
+// XOR parity over the ranks as fake nodes.
 #include <fcntl.h>
 #include <mpi.h>
 #include <unistd.h>
@@ -24,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -223,6 +226,155 @@ void row(int rank, const char* what, const char* strategy, std::size_t bytes, do
                 "-");
 }
 
+// Writes n bytes to `path` and fsyncs it; removes it again (only the time counts).
+void write_fsync(const std::string& path, const unsigned char* data, std::size_t n) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::runtime_error("open " + path);
+  for (std::size_t at = 0; at < n;) {
+    const ssize_t put = ::write(fd, data + at, n - at);
+    if (put <= 0) {
+      ::close(fd);
+      throw std::runtime_error("write " + path);
+    }
+    at += static_cast<std::size_t>(put);
+  }
+  ::fsync(fd);
+  ::close(fd);
+  std::filesystem::remove(path);
+}
+
+// n bytes from `src` to `dst` in messages of at most 8 MiB (MPI counts are int), both at once.
+void sendrecv_bytes(const unsigned char* out, int to, unsigned char* in, int from, std::size_t n) {
+  const std::size_t chunk = std::size_t{8} << 20;
+  for (std::size_t at = 0; at < n; at += chunk) {
+    const int k = static_cast<int>(std::min(chunk, n - at));
+    MPI_Sendrecv(out + at, k, MPI_BYTE, to, 7, in + at, k, MPI_BYTE, from, 7, MPI_COMM_WORLD,
+                 MPI_STATUS_IGNORE);
+  }
+}
+
+// The redundancy of per-rank node-local parts, measured on its own (every rank a node, one group
+// of all p ranks, N bytes of part per rank, each stored file written + fsynced into LOCALDIR):
+// the partner copy (each rank sends its N bytes to the next rank and stores the previous one's)
+// against an XOR parity as SCR computes it (each rank cuts its N bytes into p - 1 segments, sends
+// segment j to rank r + 1 + j, and stores the XOR of the p - 1 segments it receives, N / (p - 1)
+// bytes); then the rebuild of a lost rank 0's N bytes: from its partner (one message of N bytes),
+// or from the group (each parity holder XORs its parity with the segments the other survivors
+// send it again, and sends rank 0 its segment), checked against rank 0's bytes.
+void xor_probe(const std::string& local, std::size_t n, int reps, int rank, int p) {
+  if (p < 3) {
+    if (rank == 0)
+      std::printf("# --xor-probe needs at least 3 ranks (an XOR group of 2 is a mirror)\n");
+    return;
+  }
+  const std::string d = local + "/node" + std::to_string(rank);
+  std::filesystem::create_directories(d);
+  const std::size_t seg = (n + static_cast<std::size_t>(p) - 2) / static_cast<std::size_t>(p - 1);
+  std::vector<unsigned char> mine(seg * static_cast<std::size_t>(p - 1), 0), in(n), parity(seg),
+      tmp(seg);
+  for (std::size_t i = 0; i < n; ++i)
+    mine[i] = static_cast<unsigned char>((i * 2654435761u + static_cast<std::size_t>(rank)) >> 13);
+  auto segment = [&](int c, int q) { return static_cast<std::size_t>((q - c - 1 + 2 * p) % p); };
+  std::vector<double> t_partner, t_xor, r_partner, r_xor;
+  std::size_t wrong_partner = 0, wrong_xor = 0;
+  for (int k = 0; k < reps; ++k) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    dtrain::Timer t;
+    sendrecv_bytes(mine.data(), (rank + 1) % p, in.data(), (rank + p - 1) % p, n);
+    write_fsync(d + "/partner.bin", in.data(), n);
+    t_partner.push_back(max_over_ranks(t.seconds()));
+
+    MPI_Barrier(MPI_COMM_WORLD);
+    t.reset();
+    std::fill(parity.begin(), parity.end(), 0);
+    for (int j = 0; j < p - 1; ++j) {
+      const int to = (rank + 1 + j) % p, from = (rank - 1 - j + 2 * p) % p;
+      sendrecv_bytes(mine.data() + static_cast<std::size_t>(j) * seg, to, tmp.data(), from, seg);
+      for (std::size_t i = 0; i < seg; ++i) parity[i] ^= tmp[i];
+    }
+    write_fsync(d + "/parity.bin", parity.data(), seg);
+    t_xor.push_back(max_over_ranks(t.seconds()));
+
+    // Rank 0 lost: from its partner (rank 1 holds rank 0's bytes in `in`).
+    MPI_Barrier(MPI_COMM_WORLD);
+    t.reset();
+    std::vector<unsigned char> back(rank == 0 ? seg * static_cast<std::size_t>(p - 1) : 0);
+    const std::size_t chunk = std::size_t{8} << 20;
+    for (std::size_t at = 0; at < n; at += chunk) {
+      const int c = static_cast<int>(std::min(chunk, n - at));
+      if (rank == 1) MPI_Send(in.data() + at, c, MPI_BYTE, 0, 8, MPI_COMM_WORLD);
+      if (rank == 0)
+        MPI_Recv(back.data() + at, c, MPI_BYTE, 1, 8, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    }
+    if (rank == 0) write_fsync(d + "/rebuilt.bin", back.data(), n);
+    r_partner.push_back(max_over_ranks(t.seconds()));
+    if (rank == 0)
+      wrong_partner +=
+          !std::equal(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(n), mine.begin());
+
+    // From the XOR group: holder q keeps rank 0's segment q - 1 in its parity with one segment of
+    // every other rank c, which c sends q again.
+    MPI_Barrier(MPI_COMM_WORLD);
+    t.reset();
+    std::vector<MPI_Request> reqs;
+    std::vector<std::vector<unsigned char>> got;
+    if (rank != 0) {
+      got.assign(static_cast<std::size_t>(p), {});
+      for (int c = 1; c < p; ++c) {
+        if (c == rank) continue;
+        got[static_cast<std::size_t>(c)].resize(seg);
+        for (std::size_t at = 0; at < seg; at += chunk) {
+          reqs.emplace_back();
+          MPI_Irecv(got[static_cast<std::size_t>(c)].data() + at,
+                    static_cast<int>(std::min(chunk, seg - at)), MPI_BYTE, c, 9, MPI_COMM_WORLD,
+                    &reqs.back());
+        }
+      }
+      for (int q = 1; q < p; ++q) {
+        if (q == rank) continue;
+        const unsigned char* s = mine.data() + segment(rank, q) * seg;
+        for (std::size_t at = 0; at < seg; at += chunk) {
+          reqs.emplace_back();
+          MPI_Isend(s + at, static_cast<int>(std::min(chunk, seg - at)), MPI_BYTE, q, 9,
+                    MPI_COMM_WORLD, &reqs.back());
+        }
+      }
+      MPI_Waitall(static_cast<int>(reqs.size()), reqs.data(), MPI_STATUSES_IGNORE);
+      tmp = parity;
+      for (int c = 1; c < p; ++c)
+        if (c != rank)
+          for (std::size_t i = 0; i < seg; ++i) tmp[i] ^= got[static_cast<std::size_t>(c)][i];
+      for (std::size_t at = 0; at < seg; at += chunk)
+        MPI_Send(tmp.data() + at, static_cast<int>(std::min(chunk, seg - at)), MPI_BYTE, 0, 10,
+                 MPI_COMM_WORLD);
+    } else {
+      for (int q = 1; q < p; ++q)
+        for (std::size_t at = 0; at < seg; at += chunk)
+          MPI_Recv(back.data() + segment(0, q) * seg + at,
+                   static_cast<int>(std::min(chunk, seg - at)), MPI_BYTE, q, 10, MPI_COMM_WORLD,
+                   MPI_STATUS_IGNORE);
+      write_fsync(d + "/rebuilt.bin", back.data(), n);
+    }
+    r_xor.push_back(max_over_ranks(t.seconds()));
+    if (rank == 0)
+      wrong_xor +=
+          !std::equal(back.begin(), back.begin() + static_cast<std::ptrdiff_t>(n), mine.begin());
+  }
+  std::filesystem::remove_all(d);
+  if (rank != 0) return;
+  const double mib = 1.0 / (1 << 20);
+  std::printf(
+      "# redundancy of per-rank parts: %d ranks = %d nodes, one group, part %.2f MiB per "
+      "rank, files in %s, median of %d\n",
+      p, p, n * mib, local.c_str(), reps);
+  std::printf("  %-16s %12s %12s %12s %12s %7s\n", "scheme", "sent(MiB)", "stored(MiB)",
+              "encode(ms)", "rebuild(ms)", "#wrong");
+  std::printf("  %-16s %12.2f %12.2f %12.1f %12.1f %7zu\n", "partner copy", n * mib, n * mib,
+              median(t_partner) * 1e3, median(r_partner) * 1e3, wrong_partner);
+  std::printf("  %-16s %12.2f %12.2f %12.1f %12.1f %7zu\n", "XOR parity", seg * (p - 1) * mib,
+              seg * mib, median(t_xor) * 1e3, median(r_xor) * 1e3, wrong_xor);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -238,6 +390,7 @@ int main(int argc, char** argv) {
   bool compare = false, parts = false, cold = false;
   std::string levels_dir;
   double local_fraction = 0.85;
+  bool xor_only = false;
   {
     CLI::App app(
         "ckpt_bench: checkpoint save bandwidth against a plain write + fsync of the same bytes, "
@@ -270,6 +423,10 @@ int main(int argc, char** argv) {
                    "the step's blocked time against a save to --dir, and the interval advice per "
                    "level")
         ->type_name("LOCALDIR");
+    app.add_flag("--xor-probe", xor_only,
+                 "only measure the redundancy of per-rank node-local parts of --mb / p MiB each "
+                 "in --levels: partner copy against an XOR parity over all ranks as fake nodes "
+                 "(encode, store, rebuild of rank 0), then exit");
     dtrain_cli::add_real(app, "--local-fraction", local_fraction,
                          "share of failures the node-local and partner levels recover from (the "
                          "rest need the shared level)",
@@ -282,6 +439,12 @@ int main(int argc, char** argv) {
   int code = 0;
   double restore_seconds = 0;  // the faster restore strategy's median, for the interval advice
   try {
+    if (xor_only) {
+      if (levels_dir.empty()) throw std::runtime_error("--xor-probe needs --levels LOCALDIR");
+      xor_probe(levels_dir, static_cast<std::size_t>(mib * (1 << 20) / p), saves, rank, p);
+      MPI_Finalize();
+      return 0;
+    }
     Comm comm(MPI_COMM_WORLD);
     BenchModel model(mib);
     Cursor cursor;

@@ -15,7 +15,8 @@
 // gradients), replicated state = parameters, gradients and AdamW's two moments. With --ckpt-dir
 // the run saves a checkpoint after step steps / 2 (CheckpointOptions from the environment:
 // DTRAIN_CKPT_LOCAL_DIR turns the node-local, partner and shared levels on), restores it at the
-// end and runs the second half again: the losses must repeat bit for bit (--reproducible).
+// end and runs the second half again: the losses must repeat bit for bit (--reproducible); the
+// save's and the restore's times (the slowest rank) are printed.
 #include <mpi.h>
 
 #include <algorithm>
@@ -35,6 +36,7 @@
 #include <dtrain/comm/fully_sharded.hpp>
 #include <dtrain/comm/gradient_sync.hpp>
 #include <dtrain/core/rng.hpp>
+#include <dtrain/core/timer.hpp>
 #include <dtrain/model/model.hpp>
 #include <dtrain/optim/optim.hpp>
 #include <dtrain/transports/mpi.hpp>
@@ -206,13 +208,18 @@ int main(int argc, char** argv) {
     };
     std::vector<double> losses;
     std::unique_ptr<dtrain::Checkpointer<Comm>> ckpt;
+    double save_s[2] = {0, 0}, restore_s = 0;  // save, save + wait; restore (the slowest rank)
     if (!a.ckpt_dir.empty()) ckpt = std::make_unique<dtrain::Checkpointer<Comm>>(comm, a.ckpt_dir);
     const std::int64_t half = a.steps / 2;
     for (std::int64_t s = 0; s < a.steps; ++s) {
       losses.push_back(step(s));
       if (ckpt && s + 1 == half) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        dtrain::Timer t;
         ckpt->save(half, dtrain::named("model", *model), dtrain::named("optimizer", opt));
+        save_s[0] = t.seconds();
         ckpt->wait();
+        save_s[1] = t.seconds();
       }
     }
     if (rank == 0 && a.print_loss)
@@ -225,15 +232,20 @@ int main(int argc, char** argv) {
     const bool ckpt_ran = ckpt != nullptr;
     if (ckpt) {
       ckpt.reset();  // a fresh Checkpointer restores, as a restarted run would
+      MPI_Barrier(MPI_COMM_WORLD);
+      dtrain::Timer t;
       dtrain::Checkpointer<Comm> in(comm, a.ckpt_dir);
       const auto got =
           in.restore_latest(dtrain::named("model", *model), dtrain::named("optimizer", opt));
+      restore_s = t.seconds();
       repeated = got && *got == half ? 1 : 0;
       level = in.options().levels.enabled() ? dtrain::name_of(in.restored_level())
                                             : std::string("run directory's");
       for (std::int64_t s = half; s < a.steps; ++s)
         if (step(s) != losses[static_cast<std::size_t>(s)]) repeated = 0;
     }
+    MPI_Allreduce(MPI_IN_PLACE, save_s, 2, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &restore_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     // Replicated state (parameters, gradients, two moments) and the bound's unit set.
     const double params = [&] {
       double n = 0;
@@ -270,6 +282,9 @@ int main(int argc, char** argv) {
       if (ckpt_ran)
         std::printf("  before the restore: allocator peak %.2f MiB, VmHWM %.2f MiB\n",
                     trained[0] * mib, trained[1]);
+      if (repeated >= 0)
+        std::printf("  checkpoint: save %.1f ms (%.1f ms with its wait()), restore %.1f ms\n",
+                    save_s[0] * 1e3, save_s[1] * 1e3, restore_s * 1e3);
       if (repeated >= 0)
         std::printf(
             "  checkpoint: saved after step %lld, restored from the %s level; second half "

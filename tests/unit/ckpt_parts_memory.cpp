@@ -1,9 +1,11 @@
-// The memory of a checkpoint save of a tensor held in parts over thread ranks, counted with a
-// replaced global operator new: rank 0's write (to the run directory, and to the node-local
-// level with its partner copy and flush) stores each rank's parts as they stream in, so the
-// bytes the save allocates stay at one piece of the stream, far below the whole tensor that
-// assembling it on rank 0 would allocate. The file holds the whole tensor: read back (every
-// checksum checked) and compared element by element with the values the ranks held.
+// The memory of a checkpoint save and restore of a tensor held in parts over thread ranks,
+// counted with a replaced global operator new: rank 0's write to the run directory stores each
+// rank's parts as they stream in, and with levels every rank writes its own node-local part file
+// and sends it to its partner, so the bytes the save allocates stay at one piece of the stream or
+// transfer, far below the whole tensor that assembling it would allocate. The restore loads each
+// rank's parts only (from its part file, or from the one file by rank 0's pieces), within the
+// same kind of bound, and gives the values back exactly. The file holds the whole tensor: read
+// back (every checksum checked) and compared element by element with the values the ranks held.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -118,7 +120,9 @@ TEST_CASE("a save of a tensor held in parts allocates a piece, not the whole ten
       s.held.resize(hi - lo);
       for (std::size_t i = lo; i < hi; ++i) s.held[i - lo] = value(i);
     }
-    long long before = 0, peak = 0;
+    long long before = 0, peak = 0, restore_before = 0, restore_peak = 0;
+    std::vector<std::int64_t> restored(p, 0);
+    std::vector<CheckpointLevel> levels_used(p);
     run_loopback(p, [&](LoopbackTransport& t) {
       CommConfig c;
       c.timeout_s = 60;
@@ -144,6 +148,23 @@ TEST_CASE("a save of a tensor held in parts allocates a piece, not the whole ten
       comm.barrier();
       if (t.rank() == 0) peak = g_peak.load();
       comm.barrier();
+      // The restore into the parts, zeroed first: from each rank's node-local part file (levels),
+      // or from the one file, rank 0 reading each rank's parts and sending them a piece at a time.
+      auto& s = states[static_cast<std::size_t>(t.rank())];
+      std::fill(s.held.begin(), s.held.end(), 0.0f);
+      comm.barrier();
+      if (t.rank() == 0) {
+        restore_before = g_live.load();
+        g_peak.store(restore_before);
+      }
+      comm.barrier();
+      Checkpointer<LoopComm> in(comm, dir, o);
+      restored[static_cast<std::size_t>(t.rank())] =
+          in.restore_latest(named("opt", s)).value_or(-1);
+      levels_used[static_cast<std::size_t>(t.rank())] = in.restored_level();
+      comm.barrier();
+      if (t.rank() == 0) restore_peak = g_peak.load();
+      comm.barrier();
     });
     const long long whole_b = static_cast<long long>(whole_n * sizeof(float));
     const long long extra = peak - before;
@@ -157,6 +178,27 @@ TEST_CASE("a save of a tensor held in parts allocates a piece, not the whole ten
                                 detail::ckpt_h5::read_piece_bytes() + (std::size_t{1} << 20);
     CHECK(extra <= static_cast<long long>(bounded));
     REQUIRE(static_cast<long long>(bounded) < whole_b);
+
+    // The restore: each rank's parts back, exactly, with bounded buffers (the verification's
+    // pieces of every rank, rank 0's read pieces and a piece of the broadcasts at each other rank).
+    const long long restore_extra = restore_peak - restore_before;
+    MESSAGE("restore allocated at most " << restore_extra << " B over the held parts");
+    const std::size_t restore_bounded = 2 * detail::kRestorePieceBytes +
+                                        p * detail::ckpt_h5::read_piece_bytes() +
+                                        (std::size_t{1} << 20);
+    CHECK(restore_extra <= static_cast<long long>(restore_bounded));
+    REQUIRE(static_cast<long long>(restore_bounded) < whole_b);
+    for (int r = 0; r < p; ++r) {
+      CAPTURE(r);
+      const auto& s = states[static_cast<std::size_t>(r)];
+      CHECK(restored[static_cast<std::size_t>(r)] == 5);
+      CHECK(levels_used[static_cast<std::size_t>(r)] ==
+            (levels ? CheckpointLevel::local : CheckpointLevel::none));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < s.held.size(); ++i)
+        wrong += s.held[i] != value(s.parts[0].first + i) ? 1 : 0;
+      CHECK(wrong == 0);
+    }
 
     // The file (the shared level's, after the flush) holds the whole tensor.
     const auto m = Hdf5Format::read(dir + "/ckpt-000000000005.h5");

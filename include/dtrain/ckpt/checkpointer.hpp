@@ -14,12 +14,15 @@
 // asynchronous snapshot, by ckpt/detail/assemble.hpp.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <cstdio>
 #include <ctime>
 #include <exception>
 #include <future>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +38,7 @@
 #include <dtrain/ckpt/detail/levels.hpp>
 #include <dtrain/ckpt/detail/manifest.hpp>
 #include <dtrain/ckpt/detail/objects.hpp>
+#include <dtrain/ckpt/detail/part_files.hpp>
 #include <dtrain/ckpt/detail/restore.hpp>
 #include <dtrain/ckpt/detail/restore_distributed.hpp>
 #include <dtrain/ckpt/detail/run_id.hpp>
@@ -57,8 +61,9 @@ struct Hdf5Format;  // <dtrain/ckpt/hdf5.hpp>
 /// Where a restore found its checkpoint (CheckpointLevelOptions).
 enum class CheckpointLevel : unsigned char {
   none,     ///< nothing restored yet
-  local,    ///< the node-local directory of rank 0's node
+  local,    ///< the node-local directory of rank 0's node (part files: of every rank's node)
   partner,  ///< another node's local directory (the partner copy), copied back to rank 0's node
+            ///< (part files: to the node of each rank that lost its own)
   shared,   ///< the run directory
 };
 
@@ -265,7 +270,12 @@ class Checkpointer {
     job.target.final_path = path_for(step);
 
     if (levels_on()) {
-      save_levels(job, layout, op);
+      const bool in_parts = std::any_of(job.repl.begin(), job.repl.end(),
+                                        [](const detail::CkptEntry& e) { return e.sharded; });
+      if (in_parts)
+        save_levels_parts(job, layout, op);
+      else
+        save_levels(job, layout, op);
     } else if (strategy_ == CheckpointStrategy::rank0 && opt_.async) {
       pending_ = detail::save_rank0_async<Format>(comm_, job, arena_);
       pending_step_ = step;
@@ -304,6 +314,7 @@ class Checkpointer {
     finish_pending("checkpoint restore");
     detail::CkptChoice<Format> c;
     if (levels_on()) {
+      if (const auto step = restore_parts(objects...)) return step;
       if (!choose_levels(c)) return std::nullopt;
       shared_step_ = restored_shared_step_;
       detail::restore_objects(comm_, opt_, c.m, c.file, source_of(c), objects...);
@@ -467,8 +478,22 @@ class Checkpointer {
       s.read_run = [reader](const detail::CkptEntry& e, const detail::CkptRun& run, void* dst) {
         reader->check_since_verified(e, reader->read_run(e, run.first, run.count, dst), run.crc);
       };
+      // Tensors held in parts: every rank reads its own parts, opening the file where the plan
+      // gave it no runs.
+      auto own = std::make_shared<std::unique_ptr<typename Format::Reader>>();
+      s.read_span = [reader, own, file = c.file](const detail::CkptEntry& e, std::uint64_t first,
+                                                 std::uint64_t count, void* dst) {
+        const typename Format::Reader* r = reader;
+        if (!r) {
+          if (!*own) *own = std::make_unique<typename Format::Reader>(file);
+          r = own->get();
+        }
+        return r->read_run(e, first, count, dst);
+      };
     } else if (reader) {
       s.read = [reader](const detail::CkptEntry& e, void* dst) { reader->read(e, dst); };
+      s.read_span = [reader](const detail::CkptEntry& e, std::uint64_t first, std::uint64_t count,
+                             void* dst) { return reader->read_run(e, first, count, dst); };
     }
     return s;
   }
@@ -572,6 +597,420 @@ class Checkpointer {
     }
     detail::ckpt_agree(comm_, err, op);
     if (flush) shared_step_ = step;
+  }
+
+  // The rank that keeps rank s's node-local part copies: the rank with s's place among its
+  // node's ranks on the next node (modulo that node's ranks).
+  int part_partner(int s) const {
+    const int p = static_cast<int>(nodes_.node_of.size());
+    const int n = nodes_.node_of[static_cast<std::size_t>(s)];
+    int at = 0;
+    for (int r = 0; r < s; ++r) at += nodes_.node_of[static_cast<std::size_t>(r)] == n;
+    std::vector<int> next;
+    for (int r = 0; r < p; ++r)
+      if (nodes_.node_of[static_cast<std::size_t>(r)] == nodes_.partner(n)) next.push_back(r);
+    return next[static_cast<std::size_t>(at) % next.size()];
+  }
+  detail::CkptTarget part_target_for(std::int64_t step, int origin) const {
+    return detail::part_target(opt_.levels.local_dir, opt_.prefix, Format::extension, step, origin,
+                               comm_.size(), opt_.keep_last);
+  }
+  void prune_parts(int origin) const {
+    detail::prune_part_files(opt_.levels.local_dir, opt_.prefix, Format::extension, origin,
+                             comm_.size(), opt_.keep_last);
+  }
+
+  // Collective: the levels of a save whose state is held in parts. Every rank writes its own
+  // part file into its node's directory and sends it to its partner rank on the next node (one
+  // transfer at a time, in rank order: two ranks at most take part in each); every
+  // shared_every-th time the one-file checkpoint goes to the run directory as the rank0
+  // strategy writes it (the parts streamed to rank 0, a piece at a time), before the save
+  // returns, and rank 0 records the flush.
+  void save_levels_parts(detail::CkptSaveJob& job, const detail::PartsLayout& layout,
+                         const char* op) {
+    const std::int64_t step = job.m.step;
+    const int rank = comm_.rank(), p = comm_.size();
+    const bool flush =
+        opt_.levels.shared_every > 0 && (local_saves_ + 1) % opt_.levels.shared_every == 0;
+    job.m.shared_step = flush ? step : shared_step_;
+    std::exception_ptr err;
+    const detail::CkptTarget own = part_target_for(step, rank);
+    try {
+      Timer t;
+      Format::write(own.tmp_path, detail::part_manifest(job, rank));
+      own.publish();
+      prune_parts(rank);
+      DTRAIN_LOG(debug,
+                 "checkpoint part " << own.final_path << " written in " << t.millis() << " ms");
+    } catch (...) {
+      err = std::current_exception();
+      detail::remove_file_quietly(own.tmp_path);
+    }
+    detail::ckpt_agree(comm_, err, op);
+    if (opt_.levels.partner && nodes_.nodes() > 1) {
+      for (int s = 0; s < p; ++s) {
+        const int dst = part_partner(s);
+        std::exception_ptr e = detail::ckpt_transfer_file(
+            comm_, s, dst, part_target_for(step, s).final_path, part_target_for(step, s),
+            opt_.levels.transfer_timeout_seconds, "checkpoint partner copy");
+        if (!e && rank == dst && rank != s) {
+          try {
+            prune_parts(s);
+          } catch (...) {
+            e = std::current_exception();
+          }
+        }
+        if (e && !err) err = e;
+      }
+      detail::ckpt_agree(comm_, err, op);
+    }
+    ++local_saves_;
+    if (!flush) return;
+    job.target.dir = dir_;
+    job.target.tmp_path = temp_path_for(step);
+    job.target.final_path = path_for(step);
+    job.m.shared_step = step;
+    detail::save_rank0<Format>(comm_, job, op, &layout);
+    if (rank == 0) {
+      try {
+        detail::write_flush_record(flush_record_path(), step, op);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    detail::ckpt_agree(comm_, err, op);
+    shared_step_ = step;
+  }
+
+  // Collective: restores the newest complete set of node-local part files of this run on this
+  // number of ranks, not older than the run directory's newest checkpoint: each rank's own file,
+  // or its partner's copy sent back to it (written into its node's directory) where its node
+  // lost it. Each rank verifies its own file and checks the run identity and rollback rules as
+  // for one-file copies; a set that fails on any rank is passed over (damaged files renamed
+  // .damaged, refused ones .stale, and after a rollback every later part file set aside). The
+  // objects load from each rank's own file: tensors held in parts that the object holds in the
+  // same parts without any collective, the rest from its reader by broadcast. std::nullopt when
+  // no set qualifies (the caller goes on with the one-file levels).
+  template <class... Ts>
+  std::optional<std::int64_t> restore_parts(const Named<Ts>&... objects) {
+    const char* op = "checkpoint restore";
+    const int rank = comm_.rank(), p = comm_.size();
+    const char* ext = Format::extension;
+    // The run directory's steps and the newest it received, on every rank.
+    std::vector<std::int64_t> shared_steps, head{0, -1};
+    {
+      std::exception_ptr e;
+      if (rank == 0) {
+        try {
+          for (const auto& f : detail::list_checkpoint_files(dir_, opt_.prefix, ext))
+            shared_steps.push_back(f.step);
+          head[1] = detail::read_flush_record(flush_record_path(), op);
+        } catch (...) {
+          e = std::current_exception();
+        }
+        head[0] = static_cast<std::int64_t>(shared_steps.size());
+      }
+      detail::ckpt_agree(comm_, e, op);
+      detail::ckpt_bcast_i64(comm_, head, 0);
+      shared_steps.resize(static_cast<std::size_t>(head[0]));
+      if (head[0] > 0) detail::ckpt_bcast_i64(comm_, shared_steps, 0);
+    }
+    const std::int64_t flushed = head[1];
+    const std::int64_t newest_shared =
+        shared_steps.empty() ? -1 : *std::max_element(shared_steps.begin(), shared_steps.end());
+    auto set_aside = [](const std::string& path, const char* suffix) {
+      try {
+        detail::rename_path(path, path + suffix, "checkpoint restore");
+      } catch (const std::exception& e) {
+        DTRAIN_LOG(warn, e.what());
+      }
+    };
+    bool purged = false;
+    // A second pass when a part was damaged or could not be moved: the damaged files are set
+    // aside by then, so that the copies elsewhere are taken.
+    for (int pass = 0; pass < 2; ++pass) {
+      bool retry = false;
+      // What each node's leader holds: (step, origin) of part files of this world size.
+      std::vector<unsigned char> mine;
+      if (nodes_.is_leader(rank))
+        for (const auto& f : detail::list_part_files(opt_.levels.local_dir, opt_.prefix, ext)) {
+          if (f.of != p) continue;
+          const std::int64_t v[2] = {f.step, f.origin};
+          const auto* b = reinterpret_cast<const unsigned char*>(v);
+          mine.insert(mine.end(), b, b + sizeof v);
+        }
+      const auto held = detail::ckpt_gather_blobs(comm_, mine, /*to_all=*/false);
+      // Rank 0: the complete sets, newest first, with the node each part comes from (its own
+      // node where it is there, else its partner node, else any); -> [count, (step, node per
+      // rank)...] on every rank.
+      std::vector<std::int64_t> plan{0};
+      if (rank == 0) {
+        std::map<std::int64_t, std::vector<std::vector<int>>> where;  // step -> origin -> nodes
+        for (int n = 0; n < nodes_.nodes(); ++n) {
+          const auto& blob =
+              held[static_cast<std::size_t>(nodes_.leader[static_cast<std::size_t>(n)])];
+          for (std::size_t i = 0; i + 16 <= blob.size(); i += 16) {
+            std::int64_t v[2];
+            std::memcpy(v, blob.data() + i, 16);
+            auto& w = where[v[0]];
+            w.resize(static_cast<std::size_t>(p));
+            w[static_cast<std::size_t>(v[1])].push_back(n);
+          }
+        }
+        for (auto it = where.rbegin(); it != where.rend(); ++it) {
+          if (it->first < newest_shared) break;
+          const auto& w = it->second;
+          if (std::any_of(w.begin(), w.end(), [](const auto& v) { return v.empty(); })) continue;
+          ++plan[0];
+          plan.push_back(it->first);
+          for (int o = 0; o < p; ++o) {
+            const auto& v = w[static_cast<std::size_t>(o)];
+            const int home = nodes_.node_of[static_cast<std::size_t>(o)];
+            const int away = nodes_.partner(home);
+            plan.push_back(std::find(v.begin(), v.end(), home) != v.end()   ? home
+                           : std::find(v.begin(), v.end(), away) != v.end() ? away
+                                                                            : v.front());
+          }
+        }
+      }
+      {
+        std::vector<std::int64_t> n{static_cast<std::int64_t>(plan.size())};
+        detail::ckpt_bcast_i64(comm_, n, 0);
+        plan.resize(static_cast<std::size_t>(n[0]));
+        detail::ckpt_bcast_i64(comm_, plan, 0);
+      }
+      for (std::int64_t k = 0; k < plan[0]; ++k) {
+        const std::size_t at = 1 + static_cast<std::size_t>(k) * (1 + static_cast<std::size_t>(p));
+        const std::int64_t step = plan[at];
+        if (purged && step > newest_shared) continue;
+        // Parts whose node lost them come back from the node holding a copy.
+        int verdict = 0;  // 0 usable, 1 damaged or missing, 2 refused, 3 refused: rolled back
+        int from_node = -1;
+        for (int o = 0; o < p; ++o) {
+          const int n = static_cast<int>(plan[at + 1 + static_cast<std::size_t>(o)]);
+          if (n == nodes_.node_of[static_cast<std::size_t>(o)]) continue;
+          if (from_node < 0) from_node = n;
+          const int src = nodes_.leader[static_cast<std::size_t>(n)];
+          std::exception_ptr e = detail::ckpt_transfer_file(
+              comm_, src, o, part_target_for(step, o).final_path, part_target_for(step, o),
+              opt_.levels.transfer_timeout_seconds, "checkpoint restore from a partner copy");
+          if (e && (rank == o || rank == src))
+            DTRAIN_LOG(warn, "the partner copy of rank "
+                                 << o << "'s part of step " << step << " on node " << n
+                                 << " could not be used: " << detail::classify(e).second);
+          if (e && rank == o) verdict = 1;
+        }
+        const std::string path = part_target_for(step, rank).final_path;
+        detail::CkptManifest m;
+        std::exception_ptr fatal;
+        if (verdict == 0) {
+          try {
+            m = Format::verify(path);
+            if (m.step != step || m.world_size != p)
+              raise<IoError>(
+                  op, detail::concat(path, " holds step ", m.step, " of ", m.world_size, " ranks"));
+            const std::string why =
+                detail::copy_refusal(m.run_id, m.shared_step, run_id_, shared_steps, flushed);
+            if (!why.empty()) {
+              DTRAIN_LOG(warn, "not restoring the node-local part file "
+                                   << path << ": " << why << "; renamed to " << path << ".stale");
+              set_aside(path, ".stale");
+              verdict = m.run_id == run_id_ && m.step > newest_shared ? 3 : 2;
+            }
+          } catch (const IoError& e) {
+            DTRAIN_LOG(warn, "skipping damaged node-local part file " << path << ": " << e.what()
+                                                                      << "; renamed to " << path
+                                                                      << ".damaged");
+            set_aside(path, ".damaged");
+            verdict = 1;
+          } catch (...) {
+            fatal = std::current_exception();
+          }
+        }
+        detail::ckpt_agree(comm_, fatal, op);
+        const std::int64_t worst = detail::ckpt_allreduce_i64(comm_, verdict, ReduceOp::max);
+        if (worst == 3 && !purged) {
+          // The run directory was rolled back: no part file of a later step is restored, on any
+          // node (the rolled-back run wrote them).
+          purged = true;
+          if (nodes_.is_leader(rank))
+            for (const auto& f : detail::list_part_files(opt_.levels.local_dir, opt_.prefix, ext))
+              if (f.step > newest_shared) {
+                DTRAIN_LOG(warn, "the run directory " << dir_ << " was rolled back to step "
+                                                      << newest_shared << ": renaming " << f.path
+                                                      << " to " << f.path << ".stale");
+                set_aside(f.path, ".stale");
+              }
+          if (rank == 0) {
+            try {
+              detail::write_flush_record(flush_record_path(), newest_shared, op);
+            } catch (const std::exception& e) {
+              DTRAIN_LOG(warn, e.what());
+            }
+          }
+        }
+        if (worst == 1 && pass == 0) {
+          retry = true;  // the newest set again, from the copies of what is damaged or lost
+          break;
+        }
+        if (worst != 0) continue;
+        bool checked = false;
+        try {
+          load_parts(path, m, checked, objects...);
+        } catch (const InvalidArgument& e) {
+          // Refused by the check pass on every rank, nothing modified (e.g. the objects hold
+          // other parts than the files): the one-file levels restore them whole where they can,
+          // or report the mismatch again.
+          if (checked) throw;
+          if (rank == 0)
+            DTRAIN_LOG(warn, "the node-local part files of step "
+                                 << step << " do not fit the objects (" << e.what()
+                                 << "): restoring from the other levels");
+          return std::nullopt;
+        }
+        shared_step_ = std::min(m.shared_step, flushed);
+        restored_level_ = from_node < 0 ? CheckpointLevel::local : CheckpointLevel::partner;
+        restored_node_ = from_node < 0 ? 0 : from_node;
+        mark_saved(step);
+        if (rank == 0)
+          DTRAIN_LOG(info, "restored step "
+                               << step << " from the node-local part files of the " << p << " ranks"
+                               << (from_node < 0 ? std::string()
+                                                 : " (some sent back from node " +
+                                                       std::to_string(from_node) + ")"));
+        return step;
+      }
+      if (!retry) break;
+    }
+    return std::nullopt;
+  }
+
+  // Collective: the objects from each rank's verified part file `path` (manifest `pm`); `checked`
+  // turns true once every rank found that the objects match (a later failure may have modified
+  // them).
+  template <class... Ts>
+  void load_parts(const std::string& path, const detail::CkptManifest& pm, bool& checked,
+                  const Named<Ts>&... objects) {
+    const char* op = "checkpoint restore";
+    const int rank = comm_.rank(), p = comm_.size();
+    std::unique_ptr<typename Format::Reader> reader;
+    detail::PartFileView view;
+    std::exception_ptr err;
+    try {
+      reader = std::make_unique<typename Format::Reader>(path);
+      view = detail::read_part_layouts(
+          pm, rank, path, [&](const detail::CkptEntry& l, void* dst) { reader->read(l, dst); });
+    } catch (...) {
+      err = std::current_exception();
+    }
+    detail::ckpt_agree(comm_, err, op);
+    // The restore's metadata on every rank: rank 0's replicated entries not held in parts, this
+    // rank's tensors held in parts (whole shape, its parts) and its per-rank entries.
+    const std::string group = std::string(detail::kHeldPartsGroup) + "/";
+    auto replicated = [&](const detail::CkptEntry& e) {
+      return e.owner < 0 && e.path.compare(0, group.size(), group) != 0 &&
+             !view.parts.count(e.path);
+    };
+    detail::CkptManifest m;
+    m.step = pm.step;
+    m.world_size = pm.world_size;
+    m.library_version = pm.library_version;
+    m.strategy = pm.strategy;
+    m.run_id = pm.run_id;
+    m.shared_step = pm.shared_step;
+    {
+      detail::BlobWriter w;
+      if (rank == 0) {
+        std::int64_t n = 0;
+        for (const auto& e : pm.entries) n += replicated(e);
+        w.put_i64(n);
+        for (const auto& e : pm.entries)
+          if (replicated(e)) detail::encode_entry(w, e, false);
+      }
+      detail::ckpt_bcast_bytes(comm_, w.bytes(), 0);
+      detail::BlobReader r(w.bytes().data(), w.bytes().size());
+      const auto n = r.get_i64();
+      for (std::int64_t i = 0; i < n; ++i) m.entries.push_back(detail::decode_entry(r));
+    }
+    for (const auto& e : view.held) m.entries.push_back(e);
+    for (const auto& e : pm.entries)
+      if (e.owner == rank) m.entries.push_back(e);
+    // Every rank's parts of each tensor held in parts (by path, the same tensors in every file:
+    // they were saved from the same objects), for objects that load them whole.
+    std::vector<unsigned char> own;
+    for (const auto& [tpath, saved] : view.parts) {
+      std::vector<std::int64_t> v{static_cast<std::int64_t>(saved.size())};
+      for (const auto& s : saved) {
+        v.push_back(static_cast<std::int64_t>(s.first));
+        v.push_back(static_cast<std::int64_t>(s.count));
+        v.push_back(static_cast<std::int64_t>(s.crc));
+      }
+      const auto* b = reinterpret_cast<const unsigned char*>(v.data());
+      own.insert(own.end(), b, b + v.size() * sizeof(std::int64_t));
+    }
+    const auto lists = detail::ckpt_gather_blobs(comm_, own, true);
+    detail::CkptReadPlan plan;
+    for (const auto& e : m.entries) {
+      if (e.kind != detail::EntryKind::tensor || e.bytes() == 0 || e.sharded) continue;
+      plan.runs[e.path].push_back(
+          detail::CkptRun{0, element_count(e.shape), e.owner < 0 ? 0 : e.owner, e.crc});
+    }
+    for (int s = 0; s < p; ++s) {
+      const auto& blob = lists[static_cast<std::size_t>(s)];
+      std::vector<std::int64_t> v(blob.size() / sizeof(std::int64_t));
+      if (!v.empty()) std::memcpy(v.data(), blob.data(), v.size() * sizeof(std::int64_t));
+      std::size_t at = 0;
+      for (const auto& kv : view.parts) {
+        const auto k = at < v.size() ? static_cast<std::size_t>(v[at++]) : 0;
+        auto& runs = plan.runs[kv.first];
+        for (std::size_t j = 0; j < k && at + 3 <= v.size(); ++j, at += 3)
+          if (v[at + 1] > 0)
+            runs.push_back(detail::CkptRun{static_cast<std::uint64_t>(v[at]),
+                                           static_cast<std::uint64_t>(v[at + 1]), s,
+                                           static_cast<std::uint32_t>(v[at + 2])});
+      }
+    }
+    for (auto& [tpath, runs] : plan.runs) {
+      std::sort(runs.begin(), runs.end(), [](const detail::CkptRun& a, const detail::CkptRun& b) {
+        return a.first < b.first;
+      });
+      plan.count += runs.size();
+    }
+    const typename Format::Reader* rd = reader.get();
+    const detail::PartFileView* pv = &view;
+    auto file_entry = [pv](const detail::CkptEntry& e) -> const detail::CkptEntry& {
+      return *pv->file.at(e.path);
+    };
+    detail::CkptSource src;
+    src.plan = &plan;
+    src.checked = &checked;
+    src.read_run = [rd, pv, file_entry](const detail::CkptEntry& e, const detail::CkptRun& run,
+                                        void* dst) {
+      std::uint64_t at = run.first;
+      if (e.sharded) {
+        const auto& saved = pv->parts.at(e.path);
+        const auto it = std::find_if(saved.begin(), saved.end(), [&](const detail::SavedPart& s) {
+          return s.first == run.first && s.count == run.count;
+        });
+        if (it == saved.end())
+          raise<IoError>("checkpoint restore", e.path + ": a run this rank's part file lacks");
+        at = it->at;
+      }
+      const detail::CkptEntry& f = file_entry(e);
+      rd->check_since_verified(f, rd->read_run(f, at, run.count, dst), run.crc);
+    };
+    src.read_parts = [rd, pv, file_entry](const detail::CkptEntry& e, BufferView held,
+                                          const StateParts&) {
+      // The check pass found the object's parts equal to the saved ones.
+      const detail::CkptEntry& f = file_entry(e);
+      auto* out = static_cast<unsigned char*>(held.data);
+      for (const detail::SavedPart& s : pv->parts.at(e.path)) {
+        if (s.count == 0) continue;
+        rd->check_since_verified(f, rd->read_run(f, s.at, s.count, out), s.crc);
+        out += s.count * size_of(e.dtype);
+      }
+    };
+    detail::restore_objects(comm_, opt_, m, path, src, objects...);
   }
 
   // Collective: the newest checkpoint that is complete and verified at some level, tried per

@@ -8,7 +8,8 @@
 //     v.scalar("name", S& value);  // S: std::int64_t, double or std::string
 //     v.child("name", U& sub);     // nested stateful object, its names prefixed by "name/"
 //     v.loading()                  // true when restoring (so T can rebuild derived data)
-// and, optionally, where the visitor has it (visitor_takes_parts; the checkpointer's save side):
+// and, optionally, where the visitor has it (visitor_takes_parts; the checkpointer's save side,
+// and its restore where visitor_loads_parts(v) says so: `held` is then written):
 //     v.tensor_parts("name", BufferView held, Shape whole, const StateParts& parts);
 // a tensor of shape `whole` of which this rank holds the elements `parts` (first element, count;
 // ascending, disjoint), back to back in `held`; the ranks' parts together cover every element
@@ -74,5 +75,22 @@ struct visitor_takes_parts<V, std::void_t<decltype(std::declval<V&>().tensor_par
                                   std::declval<const std::string&>(), std::declval<BufferView>(),
                                   std::declval<Shape>(), std::declval<const StateParts&>()))>>
     : std::true_type {};
+
+/// True when visitor V, while loading, fills tensors held in parts from the file as they are
+/// (`bool loads_parts() const` returns true: the checkpointer's restore), so that an object
+/// sharded over the ranks loads only its own parts instead of each tensor whole.
+template <class V, class = void>
+struct visitor_has_loads_parts : std::false_type {};
+template <class V>
+struct visitor_has_loads_parts<V,
+                               std::void_t<decltype(bool(std::declval<const V&>().loads_parts()))>>
+    : std::true_type {};
+template <class V>
+bool visitor_loads_parts([[maybe_unused]] const V& v) {
+  if constexpr (visitor_takes_parts<V>::value && visitor_has_loads_parts<V>::value)
+    return v.loads_parts();
+  else
+    return false;
+}
 
 }  // namespace dtrain

@@ -80,9 +80,10 @@ class StateMirror {
     }
   }
 
-  /// Saving visitors that take parts (visitor_takes_parts): visits `held`, this rank's `parts`
-  /// of a tensor of shape `whole` back to back, as v.tensor_parts. Exec memory goes through the
-  /// host mirror (downloaded and waited for first). Blocking.
+  /// Visitors that take parts (visitor_takes_parts): visits `held`, this rank's `parts` of a
+  /// tensor of shape `whole` back to back, as v.tensor_parts (saving, or loading where
+  /// visitor_loads_parts). Exec memory goes through the host mirror (downloaded and waited for
+  /// first, or uploaded after a load). Blocking.
   template <class V>
   void visit_parts(Exec& exec, V& v, const std::string& name, const Tensor& held, Shape whole,
                    const StateParts& parts) {
@@ -95,9 +96,16 @@ class StateMirror {
         host_ =
             Tensor({static_cast<std::int64_t>(held.size())}, held.dtype(), exec.host_allocator());
       const auto s = exec.compute_stream();
-      exec.copy_d2h(s, host_.raw(), held.raw(), held.view().bytes());
-      exec_synchronize(exec, s, exec_timeout_s(), "checkpoint: download of a device tensor");
+      const bool loading = v.loading();
+      if (!loading) {
+        exec.copy_d2h(s, host_.raw(), held.raw(), held.view().bytes());
+        exec_synchronize(exec, s, exec_timeout_s(), "checkpoint: download of a device tensor");
+      }
       v.tensor_parts(name, host_.view(), std::move(whole), parts);
+      if (loading) {
+        exec.copy_h2d(s, const_cast<void*>(held.raw()), host_.raw(), held.view().bytes());
+        exec_synchronize(exec, s, exec_timeout_s(), "checkpoint: upload of a device tensor");
+      }
     }
   }
 

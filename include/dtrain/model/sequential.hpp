@@ -579,8 +579,9 @@ class BasicSequential {
   ///
   /// While fully sharded, a saving visitor that takes parts (the checkpointer's) gets this
   /// rank's parts of each tensor (tensor_parts), so the file is the one an unsharded model
-  /// writes; other saving visitors are refused (InvalidArgument); loading reads each tensor whole
-  /// into a host buffer of its size and keeps this rank's part.
+  /// writes; other saving visitors are refused (InvalidArgument); a loading visitor that loads
+  /// parts (visitor_loads_parts: the checkpointer's restore) fills this rank's parts only, any
+  /// other reads each tensor whole into a host buffer of its size and keeps this rank's part.
   template <class V>
   void visit_state(V& v) {
     require_arenas("Sequential::visit_state");
@@ -669,7 +670,7 @@ class BasicSequential {
   template <class V>
   void visit_parts(V& v) {
     constexpr const char* op = "Sequential::visit_state";
-    if (!v.loading()) {
+    if (!v.loading() || visitor_loads_parts(v)) {
       if constexpr (visitor_takes_parts<V>::value) {
         exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
         part_mirrors_.resize(info_.size());
@@ -684,12 +685,19 @@ class BasicSequential {
             if (m.size() != c.count)
               m = Tensor({static_cast<std::int64_t>(c.count)}, dtype_of_v<T>,
                          exec_->host_allocator());
-            if (c.count) exec_->copy_d2h(stream(), m.raw(), held.data, held.bytes());
+            if (c.count && !v.loading())
+              exec_->copy_d2h(stream(), m.raw(), held.data, held.bytes());
             exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
-            held = m.view();
+            v.tensor_parts(p.name, m.view(), p.shape, parts);
+            if (c.count && v.loading()) {
+              exec_->copy_h2d(stream(), held.data, m.raw(), held.bytes());
+              exec_synchronize(*exec_, stream(), exec_timeout_s(), op);
+            }
+            continue;
           }
           v.tensor_parts(p.name, held, p.shape, parts);
         }
+        if (v.loading() && provider_) provider_->parameters_changed();
         return;
       }
       raise<InvalidArgument>(op,

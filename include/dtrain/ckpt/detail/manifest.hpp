@@ -293,10 +293,21 @@ class LoadVisitor {
   enum class Mode { check, apply };
   using Index = std::map<std::string, const CkptEntry*>;
   using Fetch = void (*)(void* ctx, const CkptEntry& entry, BufferView dst);
+  /// Fills `held` with this rank's `parts` of the tensor `entry` (apply mode, tensor_parts).
+  using FetchParts = void (*)(void* ctx, const CkptEntry& entry, BufferView held,
+                              const StateParts& parts);
 
   LoadVisitor(const Index& index, std::string prefix, Mode mode, Fetch fetch = nullptr,
               void* ctx = nullptr)
       : index_(index), prefix_(std::move(prefix)), mode_(mode), fetch_(fetch), ctx_(ctx) {}
+
+  /// Apply mode: objects held in parts load only their parts, through `fetch` (loads_parts()).
+  void set_parts_fetch(FetchParts fetch, void* ctx) {
+    fetch_parts_ = fetch;
+    parts_ctx_ = ctx;
+  }
+  /// Whether an object held in parts loads only its parts (visitor_loads_parts).
+  bool loads_parts() const { return mode_ == Mode::apply && fetch_parts_ != nullptr; }
 
   /// First problem found in check mode (empty when none).
   const std::string& mismatch() const { return mismatch_; }
@@ -312,18 +323,30 @@ class LoadVisitor {
   void tensor(const std::string& name, BufferView view, Shape shape, const ExecCopier& copier) {
     load_tensor(name, view, std::move(shape), copier);
   }
-  /// A tensor the object holds in parts (a sharded optimizer state), seen by the check pass:
-  /// its dtype and whole shape are checked against the file. Objects load such a tensor whole
-  /// (tensor(), after loading() turned true), so the apply pass refuses it.
-  void tensor_parts(const std::string& name, BufferView held, Shape whole, const StateParts&) {
+  /// A tensor the object holds in parts (a sharded state). Check pass: its dtype and whole shape
+  /// are checked against the file, and where the file holds this rank's parts only (a node-local
+  /// part file: the entry is `sharded`), that the object holds the same parts. Apply pass (only
+  /// where loads_parts()): `held` is filled with the elements of `parts`.
+  void tensor_parts(const std::string& name, BufferView held, Shape whole,
+                    const StateParts& parts) {
     check_state_name(name, "checkpoint restore");
     const std::string path = prefix_ + "/" + name;
-    DTRAIN_REQUIRE(mode_ == Mode::check, "checkpoint restore",
-                   "tensor " << path << ": an object loads a tensor whole, not in parts");
+    if (mode_ == Mode::apply) {
+      DTRAIN_REQUIRE(fetch_parts_ != nullptr, "checkpoint restore",
+                     "tensor " << path << ": this restore loads a tensor whole, not in parts");
+      const auto it = index_.find(path);
+      if (it != index_.end()) fetch_parts_(parts_ctx_, *it->second, held, parts);
+      return;
+    }
     visited_.insert(path);
-    trace_ += path + to_string(whole) + name_of(held.dtype) + ";";
+    // Marked: every rank must load a tensor the same way (in parts or whole), the reads being
+    // collective for some sources.
+    trace_ += path + to_string(whole) + name_of(held.dtype) + "(parts);";
     if (const CkptEntry* e = find(path, EntryKind::tensor))
-      same_layout(path, *e, held.dtype, whole);
+      if (same_layout(path, *e, held.dtype, whole) && e->sharded && e->parts != parts)
+        note(path, "this rank holds other parts of it than its node-local part file (" +
+                       parts_text(e->parts) + " saved, " + parts_text(parts) +
+                       " held now): the run was sharded differently");
   }
 
   template <class S>
@@ -425,12 +448,21 @@ class LoadVisitor {
   void note(const std::string& path, const std::string& what) {
     if (mismatch_.empty()) mismatch_ = path + ": " + what;
   }
+  static std::string parts_text(const StateParts& parts) {
+    std::string s;
+    for (const auto& [first, count] : parts)
+      s += (s.empty() ? "[" : " [") + std::to_string(first) + ", " + std::to_string(first + count) +
+           ")";
+    return s.empty() ? "none" : s;
+  }
 
   const Index& index_;
   std::string prefix_;
   Mode mode_;
   Fetch fetch_;
   void* ctx_;
+  FetchParts fetch_parts_ = nullptr;
+  void* parts_ctx_ = nullptr;
   std::string mismatch_;
   std::string trace_;
   std::set<std::string> visited_;

@@ -17,11 +17,12 @@ namespace dtrain::detail {
 template <class T>
 void check_top_name(const Named<T>& n, std::set<std::string>& names) {
   check_state_name(n.name, "checkpoint");
-  DTRAIN_REQUIRE(n.name.find('/') == std::string::npos && n.name != "ranks" && n.name != "config",
+  DTRAIN_REQUIRE(n.name.find('/') == std::string::npos && n.name != "ranks" && n.name != "config" &&
+                     n.name != "held_parts",
                  "checkpoint",
                  "object name '" << n.name
                                  << "' is reserved or has a '/' (names: one component, not "
-                                    "'ranks' or 'config')");
+                                    "'ranks', 'config' or 'held_parts')");
   DTRAIN_REQUIRE(names.insert(n.name).second, "checkpoint",
                  "object name '" << n.name << "' passed twice");
   DTRAIN_REQUIRE(n.object != nullptr, "checkpoint", "object '" << n.name << "' is null");

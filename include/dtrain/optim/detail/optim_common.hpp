@@ -80,13 +80,14 @@ inline void check_range(std::size_t offset, std::size_t count, std::size_t n, co
 
 /// Whether a visit sees a sharded state as this rank's parts: a visitor that takes parts (the
 /// checkpointer's save, and the check pass of its restore) while the state is kept in parts
-/// and the visitor is not loading. Other visitors see the whole state, or are refused while it
-/// is partial (check_state_whole); a loading one fills the whole state, or, while it is sharded,
+/// and the visitor is not loading, or loads parts (visitor_loads_parts: the checkpointer's
+/// restore). Other visitors see the whole state, or are refused while it is partial
+/// (check_state_whole); another loading one fills the whole state, or, while it is sharded,
 /// this rank's parts of it.
 template <class V>
 bool visits_parts([[maybe_unused]] const V& v, [[maybe_unused]] bool sharded) {
   if constexpr (visitor_takes_parts<V>::value)
-    return sharded && !v.loading();
+    return sharded && (!v.loading() || visitor_loads_parts(v));
   else
     return false;
 }
