@@ -183,7 +183,7 @@ TEST_CASE("every strategy writes the same entries, bit for bit") {
 }
 
 TEST_CASE("a rank stalled inside a parallel write: the others' deadline names the write") {
-  // Rank 1 stops for 3 s inside the watched write, before the collective file creation; the
+  // Rank 1 stops for 1.5 s inside the watched write, before the collective file creation; the
   // other ranks wait in MPI-IO for it. With a 0.5 s deadline every rank's watchdog fires (the
   // expiry hook records the message instead of ending the job), and once rank 1 comes back the
   // write completes as usual.
@@ -198,7 +198,7 @@ TEST_CASE("a rank stalled inside a parallel write: the others' deadline names th
   std::vector<std::string> fired;
   dtrain::detail::io_watchdog_expiry_hook() = [&](const std::string& msg) { fired.push_back(msg); };
   dtrain::detail::ckpt_parallel_write_hook() = [](int rank) {
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   };
   CheckpointOptions o = opts(CheckpointStrategy::parallel_rank0, false);
   o.parallel_write_timeout_seconds = 0.5;
