@@ -571,7 +571,7 @@ TEST_CASE("MPI: a late rank that wakes after the others timed out and freed thei
     c.check_fingerprints = false;  // so that the early ranks' data transfers are in flight
     Communicator comm(t, c);
     const bool late = r == p - 1;
-    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (late) std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     bool timed_out = false;
     {
       // 16 MiB, so that the messages go by rendezvous and the buffer's pages are returned to the
@@ -585,7 +585,7 @@ TEST_CASE("MPI: a late rank that wakes after the others timed out and freed thei
     }
     CHECK(timed_out);  // every rank fails: the early ones wait for the late one, then it waits
     // Let the late rank run into whatever the others left behind before anyone tears down.
-    std::this_thread::sleep_for(std::chrono::milliseconds(late ? 200 : 2000));
+    std::this_thread::sleep_for(std::chrono::milliseconds(late ? 200 : 1500));
   }
   MPI_Barrier(MPI_COMM_WORLD);
   MPI_Comm_free(&comm_late);
