@@ -40,7 +40,7 @@ using namespace dtrain::test;
 
 namespace {
 
-constexpr double kDeadlineSeconds = 1;  // each run waits it out about 6 times on 3 ranks
+constexpr double kDeadlineSeconds = 1;
 constexpr double kMarginSeconds = 4;   // on top of the deadline, for a loaded machine
 constexpr double kRescueSeconds = 15;  // a rank blocked in MPI gets its peer back after this
 
