@@ -119,11 +119,11 @@ TEST_CASE("bit-exact resume on MPI with every write strategy, either restore str
     CAPTURE(dtrain::name_of(c.restore));
     const std::string dir = shared_dir("resume");
     FakeRun ref(comm.rank());
-    for (int s = 1; s <= 8; ++s) ref.step(comm);
+    for (int s = 1; s <= 4; ++s) ref.step(comm);
     {
-      Ckpt ckpt(comm, dir, opts(c.s, c.async, 4));
+      Ckpt ckpt(comm, dir, opts(c.s, c.async, 2));
       FakeRun run(comm.rank());
-      for (std::int64_t s = 1; s <= 6; ++s) {
+      for (std::int64_t s = 1; s <= 3; ++s) {
         run.step(comm);
         maybe_save_run(ckpt, s, run);
       }
@@ -139,8 +139,8 @@ TEST_CASE("bit-exact resume on MPI with every write strategy, either restore str
                                          : RestoreStrategy::distributed;
     CHECK(ckpt.restore_strategy() == expected);
     FakeRun resumed(comm.rank());
-    REQUIRE(restore_run(ckpt, resumed) == std::optional<std::int64_t>(4));
-    for (int s = 5; s <= 8; ++s) resumed.step(comm);
+    REQUIRE(restore_run(ckpt, resumed) == std::optional<std::int64_t>(2));
+    for (int s = 3; s <= 4; ++s) resumed.step(comm);
     CHECK(dtrain::test::first_difference(ref, resumed) == "");
     cleanup(dir);
   }
