@@ -119,11 +119,11 @@ TEST_CASE("bit-exact resume on MPI with every write strategy, either restore str
     CAPTURE(dtrain::name_of(c.restore));
     const std::string dir = shared_dir("resume");
     FakeRun ref(comm.rank());
-    for (int s = 1; s <= 8; ++s) ref.step(comm);
+    for (int s = 1; s <= 4; ++s) ref.step(comm);
     {
-      Ckpt ckpt(comm, dir, opts(c.s, c.async, 4));
+      Ckpt ckpt(comm, dir, opts(c.s, c.async, 2));
       FakeRun run(comm.rank());
-      for (std::int64_t s = 1; s <= 6; ++s) {
+      for (std::int64_t s = 1; s <= 3; ++s) {
         run.step(comm);
         maybe_save_run(ckpt, s, run);
       }
@@ -139,8 +139,8 @@ TEST_CASE("bit-exact resume on MPI with every write strategy, either restore str
                                          : RestoreStrategy::distributed;
     CHECK(ckpt.restore_strategy() == expected);
     FakeRun resumed(comm.rank());
-    REQUIRE(restore_run(ckpt, resumed) == std::optional<std::int64_t>(4));
-    for (int s = 5; s <= 8; ++s) resumed.step(comm);
+    REQUIRE(restore_run(ckpt, resumed) == std::optional<std::int64_t>(2));
+    for (int s = 3; s <= 4; ++s) resumed.step(comm);
     CHECK(dtrain::test::first_difference(ref, resumed) == "");
     cleanup(dir);
   }
@@ -183,7 +183,7 @@ TEST_CASE("every strategy writes the same entries, bit for bit") {
 }
 
 TEST_CASE("a rank stalled inside a parallel write: the others' deadline names the write") {
-  // Rank 1 stops for 3 s inside the watched write, before the collective file creation; the
+  // Rank 1 stops for 1.5 s inside the watched write, before the collective file creation; the
   // other ranks wait in MPI-IO for it. With a 0.5 s deadline every rank's watchdog fires (the
   // expiry hook records the message instead of ending the job), and once rank 1 comes back the
   // write completes as usual.
@@ -198,7 +198,7 @@ TEST_CASE("a rank stalled inside a parallel write: the others' deadline names th
   std::vector<std::string> fired;
   dtrain::detail::io_watchdog_expiry_hook() = [&](const std::string& msg) { fired.push_back(msg); };
   dtrain::detail::ckpt_parallel_write_hook() = [](int rank) {
-    if (rank == 1) std::this_thread::sleep_for(std::chrono::seconds(3));
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   };
   CheckpointOptions o = opts(CheckpointStrategy::parallel_rank0, false);
   o.parallel_write_timeout_seconds = 0.5;

@@ -1,4 +1,4 @@
-// The MPI-RMA transport under a stopped peer (mpiexec -n 2 and -n 3), with a 2 s deadline:
+// The MPI-RMA transport under a stopped peer (mpiexec -n 2 and -n 3), with a 1 s deadline:
 // - a collective with one rank stopped (SIGSTOP) ends on every live rank within the deadline
 //   plus a margin, with an error naming the operation and the stopped rank, directly and
 //   through AnyTransport (which forwards peer_status and abandoned). MPICH completes a flush to
@@ -40,7 +40,7 @@ using namespace dtrain::test;
 
 namespace {
 
-constexpr double kDeadlineSeconds = 2;
+constexpr double kDeadlineSeconds = 1;
 constexpr double kMarginSeconds = 4;   // on top of the deadline, for a loaded machine
 constexpr double kRescueSeconds = 15;  // a rank blocked in MPI gets its peer back after this
 
@@ -90,7 +90,7 @@ void stopped_peer_case(Comm& comm, const std::vector<int>& pids) {
     CAPTURE(took);
     CHECK(took < kDeadlineSeconds + kMarginSeconds);
     CHECK(contains(msg, "allreduce #"));
-    CHECK(contains(msg, "timed out after 2 s"));
+    CHECK(contains(msg, "timed out after 1 s"));
     CHECK(contains(msg, "rank " + std::to_string(stopped) + " (pid " +
                             std::to_string(pids[static_cast<std::size_t>(stopped)]) +
                             " on this node) is stopped"));

@@ -121,10 +121,12 @@ TEST_CASE("allreduce: full matrix on small counts") {
 }
 
 TEST_CASE("allreduce: large non-divisible count, representative subset") {
-  // (1<<20)+3 elements over the full cross product would take minutes on two cores; every
+  // (1<<19)+3 elements over the full cross product would take minutes on two cores; every
   // algorithm runs it at p = 3 and 5 (non-powers of two, exercising the folds) for f32 sum,
-  // bf16 avg and i64 prod, and ring/rhd at p = 16; 16 KiB segments keep many pipeline stages.
-  const std::size_t big = (1u << 20) + 3;
+  // bf16 avg and i64 prod, and ring/rhd at p = 16; 16 KiB segments (and shm slots: 16 of them
+  // hold an eighth of the f32 vector) keep many pipeline stages, and 2 segments of 64 KiB per
+  // rank's part at p = 16.
+  const std::size_t big = (1u << 19) + 3;
   for (int p : {3, 5}) {
     CAPTURE(p);
     const std::pair<DType, ReduceOp> cases[] = {
