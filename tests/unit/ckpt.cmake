@@ -34,6 +34,11 @@ if(DTRAIN_HAVE_HDF5)
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_parts_memory.cpp LINK dtrain::hdf5 dtrain::loopback
     TIMEOUT 60)
 
+  # A save whose file loses one write (ENOSPC) at each point of the file in turn (its own
+  # binary: it replaces pwrite).
+  dtrain_add_unit_test(NAME ckpt_write_faults_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_write_faults.cpp LINK dtrain::hdf5 TIMEOUT 120)
+
   # Multi-level checkpoints (node-local, partner, shared) with fake nodes and a directory each.
   dtrain_add_unit_test(NAME ckpt_levels_test IN test_ckpt
     SOURCES ${CMAKE_CURRENT_LIST_DIR}/ckpt_levels.cpp LINK dtrain::hdf5 dtrain::loopback

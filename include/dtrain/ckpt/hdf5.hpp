@@ -283,6 +283,7 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
     if (!role.parallel || role.rank == 0)
       DTRAIN_CHECK_H5(H5Dwrite(d, ty, H5S_ALL, H5S_ALL, indep, padded.data()), op, "/config");
     h5_put_attr_u32(d, "crc32c", crc32c(m.config.data(), m.config.size()), "/config");
+    if (!role.parallel) DTRAIN_CHECK_H5(d.close(), op, "/config");
   }
 
   std::vector<std::pair<const CkptEntry*, H5Handle>> datasets;
@@ -358,6 +359,12 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
     h5_put_attr_str(d, "dtype", name_of(e->dtype), e->path);
     h5_put_attr_u32(d, "crc32c", e->crc, e->path);
   }
+  // A serial write's small datasets sit in HDF5's sieve buffer until their close writes them: a
+  // close that fails there (a full file system) has lost the data, and must fail the save rather
+  // than let the file be published with a hole where a tensor was. (MPI-IO writes have no sieve
+  // buffer, and their closes are collective: they close as the handles go.)
+  if (!role.parallel)
+    for (auto& [e, d] : datasets) DTRAIN_CHECK_H5(d.close(), op, e->path);
 }
 
 inline H5Handle h5_file_access(bool for_write) {
