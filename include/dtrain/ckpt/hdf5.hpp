@@ -364,7 +364,7 @@ inline void h5_write_manifest(hid_t file, const CkptManifest& m, const H5WriteRo
   // than let the file be published with a hole where a tensor was. (MPI-IO writes have no sieve
   // buffer, and their closes are collective: they close as the handles go.)
   if (!role.parallel)
-    for (auto& [e, d] : datasets) DTRAIN_CHECK_H5(d.close(), op, e->path);
+    for (auto& entry : datasets) DTRAIN_CHECK_H5(entry.second.close(), op, entry.first->path);
 }
 
 inline H5Handle h5_file_access(bool for_write) {
