@@ -158,6 +158,16 @@ int dtrain_restore_latest(dtrain_run run, int64_t* step);
  * errors. */
 int dtrain_wait_checkpoints(dtrain_run run);
 
+/** Local. Registers the caller's array `data` of `count` elements of `dtype` (F32, F64 or I32,
+ * host memory) under `name` (1-64 letters, digits, '_', '-', '.'; each name once): every later
+ * save holds this rank's values, and dtrain_restore_latest loads them back into the same memory,
+ * which must stay valid until dtrain_close. For the solver's own state (fields, step counters), so
+ * that one checkpoint holds solver and model, published at once and pruned together. Register
+ * before dtrain_restore_latest, with the names and counts of the run that saved: a checkpoint
+ * without them is refused, naming the array. */
+int dtrain_checkpoint_array(dtrain_run run, const char* name, void* data, int dtype,
+                            int64_t count);
+
 /** Local. Opens this rank's in-situ store of up to `capacity` (input, target) pairs of the model's
  * shapes, filled by dtrain_store_add and read by dtrain_train_step_from_store. With `normalise`
  * 1, the inputs are normalised per channel by running statistics of everything fed (merged over

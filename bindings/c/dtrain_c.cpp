@@ -588,6 +588,28 @@ int dtrain_wait_checkpoints(dtrain_run run) {
                [&] { find(run, "dtrain_wait_checkpoints")->wait_checkpoints(); });
 }
 
+int dtrain_checkpoint_array(dtrain_run run, const char* name, void* data, int dtype,
+                            int64_t count) {
+  const char* op = "dtrain_checkpoint_array";
+  return guard(op, run.id, [&] {
+    auto p = find(run, op);
+    dtrain::detail::RankScope scope(p->rank());
+    need(name, op, "name");
+    need(data, op, "data");
+    host_array(op, "data", data, "checkpoints hold host arrays");
+    if (dtype == DTRAIN_F32)
+      p->checkpoint_array(name, static_cast<float*>(data), count);
+    else if (dtype == DTRAIN_F64)
+      p->checkpoint_array(name, static_cast<double*>(data), count);
+    else if (dtype == DTRAIN_I32)
+      p->checkpoint_array(name, static_cast<std::int32_t*>(data), count);
+    else
+      fail(DTRAIN_ERR_INVALID_ARGUMENT, op,
+           std::string("'") + name + "': element type " + dtype_text(dtype) +
+               " (expected F32, F64 or I32)");
+  });
+}
+
 int dtrain_store_open(dtrain_run run, int64_t capacity, int eviction, int normalise) {
   const char* op = "dtrain_store_open";
   return guard(op, run.id, [&] {

@@ -48,7 +48,7 @@ module dtrain
     dtrain_evaluate, dtrain_copy_parameters, dtrain_save, dtrain_maybe_save, &
     dtrain_restore_latest, dtrain_wait_checkpoints, dtrain_store_open, dtrain_store_add, &
     dtrain_store_size, dtrain_train_step_from_store, dtrain_last_error, &
-    dtrain_train_step_device, dtrain_predict_device
+    dtrain_train_step_device, dtrain_predict_device, dtrain_checkpoint_array
 
   !> Collective. dtrain_create(run, comm, config_path [, stat, errmsg, device]): the run described
   !> by the file, on an integer or type(MPI_Comm) communicator, on the host (device absent or
@@ -83,6 +83,16 @@ module dtrain
   interface dtrain_store_add
     module procedure store_add_f, store_add_d
   end interface dtrain_store_add
+
+  !> Local. dtrain_checkpoint_array(run, name, a [, stat, errmsg]): every later save holds this
+  !> rank's values of array `a` (any rank, real(c_float), real(c_double) or integer(c_int32_t)),
+  !> and dtrain_restore_latest loads them back into it: the solver's own state in the same
+  !> checkpoint as the model. `a` must be contiguous, declared with TARGET (or allocatable with
+  !> TARGET, or a pointer), and live until dtrain_close; register it before
+  !> dtrain_restore_latest, with the name and size of the run that saved.
+  interface dtrain_checkpoint_array
+    module procedure checkpoint_array_f, checkpoint_array_d, checkpoint_array_i
+  end interface dtrain_checkpoint_array
 
   interface
     integer(c_int) function c_create_on_f(comm, path, device, run) &
@@ -206,6 +216,15 @@ module dtrain
       import :: c_int, dtrain_run
       type(dtrain_run), value :: run
     end function c_wait_checkpoints
+    integer(c_int) function c_checkpoint_array(run, name, data, dtype, count) &
+        bind(c, name='dtrain_checkpoint_array')
+      import :: c_int, c_int64_t, c_char, c_ptr, dtrain_run
+      type(dtrain_run), value :: run
+      character(kind=c_char), intent(in) :: name(*)
+      type(c_ptr), value :: data
+      integer(c_int), value :: dtype
+      integer(c_int64_t), value :: count
+    end function c_checkpoint_array
     integer(c_int) function c_store_open(run, capacity, eviction, normalise) &
         bind(c, name='dtrain_store_open')
       import :: c_int, c_int64_t, dtrain_run
@@ -490,6 +509,71 @@ contains
     character(len=*), intent(inout), optional :: errmsg
     call finish(run, c_wait_checkpoints(run), stat, errmsg)
   end subroutine dtrain_wait_checkpoints
+
+  ! dtrain_checkpoint_array's common end: the array's address (a copy made for a non-contiguous
+  ! actual would not outlive the call, so such an array is refused here).
+  subroutine checkpoint_array_any(run, name, p, dtype, n, contiguous_ok, stat, errmsg)
+    type(dtrain_run), intent(in) :: run
+    character(len=*), intent(in) :: name
+    type(c_ptr), intent(in) :: p
+    integer, intent(in) :: dtype
+    integer(c_int64_t), intent(in) :: n
+    logical, intent(in) :: contiguous_ok
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    character(len=*), parameter :: why = ' is not contiguous: a registered array must be one &
+      &block of memory that stays where it is'
+    if (.not. contiguous_ok) then
+      if (present(stat)) stat = DTRAIN_ERR_INVALID_ARGUMENT
+      if (present(errmsg)) errmsg = "dtrain_checkpoint_array: '" // name // "'" // why
+      if (.not. present(stat)) then
+        write(error_unit, '(a)') "dtrain_checkpoint_array: '" // name // "'" // why
+        call MPI_Abort(MPI_COMM_WORLD, int(DTRAIN_ERR_INVALID_ARGUMENT))
+      end if
+      return
+    end if
+    call finish(run, c_checkpoint_array(run, c_string(name), p, int(dtype, c_int), n), stat, &
+      errmsg)
+  end subroutine checkpoint_array_any
+
+  subroutine checkpoint_array_f(run, name, a, stat, errmsg)
+    type(dtrain_run), intent(in) :: run
+    character(len=*), intent(in) :: name
+    real(c_float), intent(inout), target :: a(..)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (is_contiguous(a) .and. size(a) > 0) p = c_loc(a)
+    call checkpoint_array_any(run, name, p, DTRAIN_F32, size(a, kind=c_int64_t), &
+      is_contiguous(a), stat, errmsg)
+  end subroutine checkpoint_array_f
+
+  subroutine checkpoint_array_d(run, name, a, stat, errmsg)
+    type(dtrain_run), intent(in) :: run
+    character(len=*), intent(in) :: name
+    real(c_double), intent(inout), target :: a(..)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (is_contiguous(a) .and. size(a) > 0) p = c_loc(a)
+    call checkpoint_array_any(run, name, p, DTRAIN_F64, size(a, kind=c_int64_t), &
+      is_contiguous(a), stat, errmsg)
+  end subroutine checkpoint_array_d
+
+  subroutine checkpoint_array_i(run, name, a, stat, errmsg)
+    type(dtrain_run), intent(in) :: run
+    character(len=*), intent(in) :: name
+    integer(c_int32_t), intent(inout), target :: a(..)
+    integer, intent(out), optional :: stat
+    character(len=*), intent(inout), optional :: errmsg
+    type(c_ptr) :: p
+    p = c_null_ptr
+    if (is_contiguous(a) .and. size(a) > 0) p = c_loc(a)
+    call checkpoint_array_any(run, name, p, DTRAIN_I32, size(a, kind=c_int64_t), &
+      is_contiguous(a), stat, errmsg)
+  end subroutine checkpoint_array_i
 
   !> Local. Opens this rank's in-situ store of `capacity` pairs (eviction DTRAIN_EVICT_OLDEST by
   !> default, or DTRAIN_EVICT_RESERVOIR); `normalise` (default .false.) normalises the inputs per

@@ -12,10 +12,10 @@
 ! x(nx + 2 halo, prow + 2 halo, 1, b) to the change of its inner cells y(nx, prow, 1, b): Fortran
 ! arrays as they are, which dtrain reads as channels-first samples [b][1][prow+2h][nx+2h].
 !
-! Checkpoints: dtrain saves model, optimizer and store (dtrain_save) every `ckpt_every` steps;
-! the solver writes its own state beside it first (heat-<optimizer step>-<rank>.bin in the working
-! directory), so a run stopped anywhere (--stop-after) resumes from the newest complete pair and
-! ends in the same bits. At the end the surrogate is rolled out n_roll x horizon steps from the
+! Checkpoints: dtrain saves model, optimizer and store (dtrain_save) every `ckpt_every` steps,
+! and in the same file the solver's own state, registered once with dtrain_checkpoint_array (the
+! field, its snapshot, the step and the initial heat), so a run stopped anywhere (--stop-after)
+! resumes from the newest checkpoint and ends in the same bits. At the end the surrogate is rolled out n_roll x horizon steps from the
 ! final field and its error is printed beside persistence's (the field unchanged); it must be at
 ! most half of it. Four applications: beyond them the learned operator amplifies modes that the
 ! smooth training fields never excite (about 2x per application). Exit 1 when a check fails.
@@ -148,7 +148,10 @@ program fortran_insitu
   character(len=1024) :: config, arg
   integer :: steps, stop_after, it, provided, np, p, k
   integer(c_int64_t) :: restored, stored, opt_step
-  real(real64), allocatable :: u(:, :), snap(:, :), tmp(:, :), v(:, :), f(:, :)
+  real(real64), allocatable, target :: u(:, :), snap(:, :)
+  real(real64), allocatable :: tmp(:, :), v(:, :), f(:, :)
+  ! The solver's scalars in its checkpoints: step, initial heat, first and last loss.
+  real(real64), target :: state(4)
   real(c_float), allocatable :: x(:, :, :, :), y(:, :, :, :)
   real(real64), allocatable :: scale(:)
   real(real64) :: initial_total, drift, change, err_cnn, err_persist, first_loss, loss
@@ -191,10 +194,16 @@ program fortran_insitu
   ! The run described by the file: model, optimizer, gradient all-reduce, checkpoint directory.
   call dtrain_create(run, MPI_COMM_WORLD, trim(config))
   call dtrain_store_open(run, capacity)
+  call dtrain_checkpoint_array(run, 'u', u)
+  call dtrain_checkpoint_array(run, 'snap', snap)
+  call dtrain_checkpoint_array(run, 'state', state)
   call dtrain_restore_latest(run, restored)
   first_loss = -1
   if (restored >= 0) then
-    call read_state(restored)
+    it = nint(state(1))
+    initial_total = state(2)
+    first_loss = state(3)
+    loss = state(4)
     if (g%rank == 0) write (output_unit, '(a,i0,a,i0)') 'resumed at step ', it, &
       ' from checkpoint ', restored
   else
@@ -297,35 +306,11 @@ contains
     end do
   end subroutine patches
 
-  !> The solver's state beside dtrain's checkpoint of the same optimizer step: written first, so
-  !> that the newest complete dtrain checkpoint always has its solver state.
+  !> The solver's scalars into the registered array, then the checkpoint (which holds u and snap
+  !> as they are now).
   subroutine save_state()
-    integer(c_int64_t) :: s
-    integer :: unit
-    character(len=64) :: name
-    call dtrain_info(run, step=s)
-    write (name, '(a,i0,a,i0,a)') 'heat-', s, '-', g%rank, '.bin'
-    open (newunit=unit, file=trim(name), access='stream', form='unformatted', &
-      status='replace', action='write')
-    write (unit) it, initial_total, first_loss, loss, u, snap
-    close (unit)
+    state = [real(it, real64), initial_total, first_loss, loss]
     call dtrain_save(run)
   end subroutine save_state
-
-  subroutine read_state(s)
-    integer(c_int64_t), intent(in) :: s
-    integer :: unit, ios
-    character(len=64) :: name
-    write (name, '(a,i0,a,i0,a)') 'heat-', s, '-', g%rank, '.bin'
-    open (newunit=unit, file=trim(name), access='stream', form='unformatted', status='old', &
-      action='read', iostat=ios)
-    if (ios == 0) read (unit, iostat=ios) it, initial_total, first_loss, loss, u, snap
-    if (ios /= 0) then
-      write (error_unit, '(a,i0,a,a)') 'heat_insitu: rank ', g%rank, &
-        ': cannot read the solver state ', trim(name)
-      call MPI_Abort(MPI_COMM_WORLD, 1)
-    end if
-    close (unit)
-  end subroutine read_state
 
 end program fortran_insitu

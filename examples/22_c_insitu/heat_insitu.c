@@ -2,8 +2,9 @@
  * rows split over the ranks with its own halo exchange, feeds patches of its field (8 rows, 4
  * cells of context on every side, scaled by their own mean and RMS) and their change over 4 steps
  * to the in-situ store, trains the CNN of examples/configs/heat_surrogate.yaml from it while it
- * runs, checkpoints (dtrain_save, and the solver's own state beside it) and at the end rolls the
- * surrogate out 4 x 4 steps against the solver: its error must be at most half persistence's.
+ * runs, checkpoints (dtrain_save, with the solver's field and step in the same file) and at the
+ * end rolls the surrogate out 4 x 4 steps against the solver: its error must be at most half
+ * persistence's.
  * Arrays are C order: a batch of patches is x[b][1][16][40], the model's Input {1, 16, 40}.
  *
  *   mpiexec.mpich -n 2 c_insitu examples/configs/heat_surrogate.yaml [--steps 240]
@@ -103,16 +104,6 @@ static void patches(const double* a, int np, float* x, double* scale) {
   }
 }
 
-/* The solver's state beside dtrain's checkpoint of the same optimizer step (written first). */
-struct state {
-  long long it;
-  double initial_total;
-};
-
-static void state_file(int64_t ckpt, char* name, size_t n) {
-  snprintf(name, n, "heat-%lld-%d.bin", (long long)ckpt, rank);
-}
-
 int main(int argc, char** argv) {
   int provided;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
@@ -152,24 +143,21 @@ int main(int argc, char** argv) {
   CHECK(dtrain_create(MPI_COMM_WORLD, config, &run));
   CHECK(dtrain_store_open(run, CAPACITY, DTRAIN_EVICT_OLDEST, 0));
   int64_t restored = -1, stored = 0, fed = 0, opt_step = 0;
+  /* The solver's state goes into dtrain's checkpoints with the model: one file per save, so
+   * that a restore brings back the field of the same step, and old states are pruned with it. */
+  /* st: the solver's step and the initial heat, as doubles (a step count is exact in one). */
+  double st[2] = {0, 0};
+  CHECK(dtrain_checkpoint_array(run, "u", u, DTRAIN_F64, (int64_t)cells));
+  CHECK(dtrain_checkpoint_array(run, "snap", snap, DTRAIN_F64, (int64_t)cells));
+  CHECK(dtrain_checkpoint_array(run, "state", st, DTRAIN_F64, 2));
   CHECK(dtrain_restore_latest(run, &restored));
-  struct state st = {0, 0};
+  long long it = (long long)st[0];
   if (restored >= 0) {
-    char name[64];
-    state_file(restored, name, sizeof name);
-    FILE* in = fopen(name, "rb");
-    if (!in || fread(&st, sizeof st, 1, in) != 1 || fread(u, sizeof *u, cells, in) != cells ||
-        fread(snap, sizeof *u, cells, in) != cells) {
-      fprintf(stderr, "c_insitu: rank %d: cannot read the solver state %s\n", rank, name);
-      MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    fclose(in);
-    if (rank == 0)
-      printf("resumed at step %lld from checkpoint %lld\n", st.it, (long long)restored);
+    if (rank == 0) printf("resumed at step %lld from checkpoint %lld\n", it, (long long)restored);
   } else {
     initial_field(u, cells);
     memcpy(snap, u, cells * sizeof *u);
-    st.initial_total = reduce(u, NULL);
+    st[1] = reduce(u, NULL);
   }
   CHECK(dtrain_parameter_count(run, &opt_step));
   if (rank == 0)
@@ -177,19 +165,19 @@ int main(int argc, char** argv) {
            NY, np, (long long)opt_step);
 
   double loss = 0;
-  while (st.it < steps) {
-    if (st.it == stop_after) {
-      if (rank == 0) printf("stopping at step %lld without saving (--stop-after)\n", st.it);
+  while (it < steps) {
+    if (it == stop_after) {
+      if (rank == 0) printf("stopping at step %lld without saving (--stop-after)\n", it);
       CHECK(dtrain_close(&run));
       MPI_Finalize();
       return 0;
     }
     CHECK(dtrain_store_size(run, &stored, &fed));
-    if (st.it % TRAIN_EVERY == 0 && stored >= BATCH)
+    if (it % TRAIN_EVERY == 0 && stored >= BATCH)
       for (int k = 0; k < OPT_STEPS; ++k) CHECK(dtrain_train_step_from_store(run, BATCH, &loss));
     step(u, tmp);
-    ++st.it;
-    if (st.it % HORIZON == 0) {
+    ++it;
+    if (it % HORIZON == 0) {
       /* The pair: the snapshot taken HORIZON steps ago and its change since, per patch. */
       patches(snap, np, x, scale);
       for (int p = 0; p < np; ++p)
@@ -201,22 +189,13 @@ int main(int argc, char** argv) {
       CHECK(dtrain_store_add(run, x, DTRAIN_F32, 4, xs, y, DTRAIN_F32, 4, ys));
       memcpy(snap, u, cells * sizeof *u);
     }
-    if (st.it % 40 == 0 && rank == 0) printf("step %5lld  loss %.3e\n", st.it, loss);
-    if (st.it % CKPT_EVERY == 0 || st.it == steps) {
-      char name[64];
-      CHECK(dtrain_step(run, &opt_step));
-      state_file(opt_step, name, sizeof name);
-      FILE* out = fopen(name, "wb");
-      if (!out || fwrite(&st, sizeof st, 1, out) != 1 ||
-          fwrite(u, sizeof *u, cells, out) != cells ||
-          fwrite(snap, sizeof *u, cells, out) != cells || fclose(out) != 0) {
-        fprintf(stderr, "c_insitu: rank %d: cannot write the solver state %s\n", rank, name);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-      }
+    if (it % 40 == 0 && rank == 0) printf("step %5lld  loss %.3e\n", it, loss);
+    if (it % CKPT_EVERY == 0 || it == steps) {
+      st[0] = (double)it;
       CHECK(dtrain_save(run));
     }
   }
-  const double drift = fabs(reduce(u, NULL) - st.initial_total) / fabs(st.initial_total);
+  const double drift = fabs(reduce(u, NULL) - st[1]) / fabs(st[1]);
 
   /* Rollout from the final field against the solver's N_ROLL * HORIZON steps, and persistence. */
   memcpy(v, u, cells * sizeof *u);
@@ -245,7 +224,7 @@ int main(int argc, char** argv) {
         "%.4f (CNN below %.2f x persistence: %s)\n",
         N_ROLL, HORIZON, err_cnn, err_persist, MARGIN,
         err_cnn < MARGIN * err_persist ? "ok" : "FAILED");
-    printf("final state: step %lld checkpoint %lld\n", st.it, (long long)opt_step);
+    printf("final state: step %lld checkpoint %lld\n", it, (long long)opt_step);
   }
   CHECK(dtrain_close(&run));
   free(u), free(snap), free(tmp), free(v), free(f), free(scale), free(x), free(y);

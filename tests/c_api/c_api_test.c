@@ -6,16 +6,20 @@
  * arrays on this build's emulated device 0 (tests/c_api/emulated_policy.hpp): a device run
  * restores the host checkpoint, and its device-array steps and predictions are the bits of a
  * host run's; the memory checks' errors. Messages per thread: two threads failing different
- * calls at once, on two runs and on one, each read back their own.
+ * calls at once, on two runs and on one, each read back their own. The caller's arrays
+ * registered in the checkpoint come back into a new run's memory.
  *   mpiexec -n 2 c_api_test <mlp.yaml> <bad_key.yaml> <params output file>
  * Rank 0 writes the parameters after LANG_STEPS steps (float32, native order) for the
  * same-bits comparison with the C++ and Fortran programs. */
+#define _POSIX_C_SOURCE 200809L /* mkdir, chdir */
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <mpi.h>
 
@@ -354,6 +358,59 @@ int main(int argc, char** argv) {
   test_device_free(dt, sizeof t);
   test_device_free(dl, LANG_BATCH * sizeof(int32_t));
   test_device_free(dy, LANG_BATCH * LANG_OUT * sizeof(double));
+
+  /* The caller's own arrays in the checkpoint (a solver's field and counters, per rank): saved
+   * with the model and restored in place into a new run's memory; misuse refused. In a directory
+   * of their own (the configuration's checkpoint directory is relative), so that the checkpoints
+   * of steps 3 and 5 stay as the same-bits test reads them. */
+  if (rank == 0) CHECK(mkdir("arrays", 0755) == 0 || access("arrays", F_OK) == 0);
+  MPI_Barrier(MPI_COMM_WORLD);
+  CHECK(chdir("arrays") == 0);
+  dtrain_run sol = {0}, sol2 = {0}, sol3 = {0};
+  OK(none, dtrain_create(MPI_COMM_WORLD, config, &sol));
+  double field[7], field2[7] = {0}, field3[6] = {0};
+  int32_t counters[2] = {rank, 41 + rank}, counters2[2] = {0, 0};
+  for (int i = 0; i < 7; ++i) field[i] = 0.5 * i + 10.0 * rank + 1.0 / 3.0;
+  OK(sol, dtrain_checkpoint_array(sol, "field", field, DTRAIN_F64, 7));
+  OK(sol, dtrain_checkpoint_array(sol, "counters", counters, DTRAIN_I32, 2));
+  EXPECT_ERROR(sol, dtrain_checkpoint_array(sol, "field", field2, DTRAIN_F64, 7),
+               DTRAIN_ERR_INVALID_ARGUMENT, "'field' is registered already");
+  EXPECT_ERROR(sol, dtrain_checkpoint_array(sol, "a/b", field2, DTRAIN_F64, 7),
+               DTRAIN_ERR_INVALID_ARGUMENT, "name 'a/b'");
+  EXPECT_ERROR(sol, dtrain_checkpoint_array(sol, NULL, field2, DTRAIN_F64, 7),
+               DTRAIN_ERR_INVALID_ARGUMENT, "name is null");
+  EXPECT_ERROR(sol, dtrain_checkpoint_array(sol, "g", NULL, DTRAIN_F64, 7),
+               DTRAIN_ERR_INVALID_ARGUMENT, "data is null");
+  EXPECT_ERROR(sol, dtrain_checkpoint_array(sol, "g", field2, 7, 7), DTRAIN_ERR_INVALID_ARGUMENT,
+               "'g': element type unknown");
+  EXPECT_ERROR(sol, dtrain_checkpoint_array(sol, "g", field2, DTRAIN_F64, 0),
+               DTRAIN_ERR_INVALID_ARGUMENT, "'g': count 0");
+  fill(30, x, t);
+  OK(sol, dtrain_train_step(sol, x, DTRAIN_F32, 3, xs, t, DTRAIN_F32, 2, ts, NULL));
+  OK(sol, dtrain_save(sol));
+  OK(sol, dtrain_wait_checkpoints(sol));
+  OK(sol, dtrain_copy_parameters(sol, params, DTRAIN_F32, count));
+  OK(none, dtrain_create(MPI_COMM_WORLD, config, &sol2));
+  OK(sol2, dtrain_checkpoint_array(sol2, "field", field2, DTRAIN_F64, 7));
+  OK(sol2, dtrain_checkpoint_array(sol2, "counters", counters2, DTRAIN_I32, 2));
+  OK(sol2, dtrain_restore_latest(sol2, &restored));
+  CHECK(restored == 1);
+  CHECK(memcmp(field, field2, sizeof field) == 0);
+  CHECK(memcmp(counters, counters2, sizeof counters) == 0);
+  OK(sol2, dtrain_copy_parameters(sol2, back, DTRAIN_F32, count));
+  CHECK(memcmp(back, params, sizeof(float) * (size_t)count) == 0);
+  /* An array of another length than the saved one: the restore is refused, naming it. */
+  OK(none, dtrain_create(MPI_COMM_WORLD, config, &sol3));
+  OK(sol3, dtrain_checkpoint_array(sol3, "field", field3, DTRAIN_F64, 6));
+  const int rc3 = dtrain_restore_latest(sol3, &restored);
+  CHECK(rc3 != DTRAIN_OK && strstr(dtrain_last_error(sol3), "arrays/field") != NULL);
+  if (rc3 == DTRAIN_OK || strstr(dtrain_last_error(sol3), "arrays/field") == NULL)
+    fprintf(stderr, "rank %d: restore of a 6-element field: %d %s\n", rank, rc3,
+            dtrain_last_error(sol3));
+  OK(sol, dtrain_close(&sol));
+  OK(sol2, dtrain_close(&sol2));
+  OK(sol3, dtrain_close(&sol3));
+  CHECK(chdir("..") == 0);
 
   free(params);
   free(back);

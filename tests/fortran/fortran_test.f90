@@ -160,6 +160,17 @@ program fortran_test
   call test_device_free(dt, tbytes)
   call test_device_free(dy, tbytes)
 
+  ! The caller's arrays in the checkpoint (example 21 saves and restores them): a strided
+  ! section is refused (a copy of it would not outlive the call), and a name given twice.
+  call dtrain_checkpoint_array(run, 'big', big(1:4:2, :, :), stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_INVALID_ARGUMENT .and. index(msg, "'big' is not contiguous") > 0, &
+    'strided array: ' // trim(msg))
+  call dtrain_checkpoint_array(run, 'x', x, stat=stat)
+  call check(stat == DTRAIN_OK, 'x registered')
+  call dtrain_checkpoint_array(run, 'x', x, stat=stat, errmsg=msg)
+  call check(stat == DTRAIN_ERR_INVALID_ARGUMENT .and. &
+    index(msg, "'x' is registered already") > 0, 'registered twice: ' // trim(msg))
+
   closed = run
   call dtrain_close(run)
   call check(run%id == 0, 'close resets the handle')

@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -94,6 +95,7 @@ class ConfiguredRunBase {
   virtual std::int64_t store_size() const = 0;
   virtual std::int64_t store_fed() const = 0;
   virtual double train_from_store(std::int64_t b) = 0;
+  virtual void checkpoint_array(const std::string& name, void* data, DType t, std::int64_t n) = 0;
 };
 
 template <class To>
@@ -265,6 +267,27 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
     if (ckpt_) ckpt_->wait();
   }
 
+  void checkpoint_array(const std::string& name, void* data, DType t, std::int64_t n) override {
+    constexpr const char* op = "ConfiguredRun::checkpoint_array";
+    DTRAIN_REQUIRE(!name.empty() && name.size() <= 64 &&
+                       std::all_of(name.begin(), name.end(),
+                                   [](char c) {
+                                     return std::isalnum(static_cast<unsigned char>(c)) ||
+                                            c == '_' || c == '-' || c == '.';
+                                   }),
+                   op,
+                   "name '" << name
+                            << "': 1-64 letters, digits, '_', '-' or '.' (a dataset name in the "
+                               "checkpoint)");
+    DTRAIN_REQUIRE(n >= 1, op, "'" << name << "': count " << n << " (at least 1)");
+    DTRAIN_REQUIRE(data, op, "'" << name << "': the array is null");
+    DTRAIN_REQUIRE(t == DType::f32 || t == DType::f64 || t == DType::i32, op,
+                   "'" << name << "': element type " << name_of(t) << " (f32, f64 or i32)");
+    for (const auto& a : arrays_.entries)
+      DTRAIN_REQUIRE(a.name != name, op, "'" << name << "' is registered already");
+    arrays_.entries.push_back({name, data, t, n});
+  }
+
   void open_store(const StoreOptions& o) override {
     constexpr const char* op = "ConfiguredRun::open_store";
     DTRAIN_REQUIRE(!store_, op, "the store is open already (once per run)");
@@ -386,16 +409,38 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
   // Everything a checkpoint holds: the run's description first (a restore under another
   // description is refused before anything loads), the model and the optimizer; with a store,
   // each rank's samples, the sampler's position over them and the running statistics.
+  // Then the caller's registered arrays, each rank's own (checkpoint_array).
   template <class F>
   decltype(auto) with_items(F&& f) {
+    auto and_arrays = [&](const auto&... o) -> decltype(auto) {
+      if (arrays_.entries.empty()) return f(o...);
+      return f(o..., per_rank("arrays", arrays_));
+    };
     if (!store_)
-      return f(named("run_config", cfg_), named("model", model_), named("optimizer", *opt_));
+      return and_arrays(named("run_config", cfg_), named("model", model_),
+                        named("optimizer", *opt_));
     store_count_.stored = std::int64_t(store_->size());
     store_count_.sampled = std::int64_t(sampler_->num_samples());
-    return f(named("run_config", cfg_), named("model", model_), named("optimizer", *opt_),
-             per_rank("store_count", store_count_), per_rank("store", *store_),
-             per_rank("store_sampler", *sampler_), per_rank("store_stats", *stats_));
+    return and_arrays(named("run_config", cfg_), named("model", model_), named("optimizer", *opt_),
+                      per_rank("store_count", store_count_), per_rank("store", *store_),
+                      per_rank("store_sampler", *sampler_), per_rank("store_stats", *stats_));
   }
+
+  // The caller's arrays saved and restored in place (one dataset each, 1-d).
+  struct CallerArrays {
+    struct Entry {
+      std::string name;
+      void* data;
+      DType dtype;
+      std::int64_t count;
+    };
+    std::vector<Entry> entries;
+    template <class V>
+    void visit_state(V& v) {
+      for (const Entry& e : entries)
+        v.tensor(e.name, BufferView(e.data, std::size_t(e.count), e.dtype), Shape{e.count});
+    }
+  };
 
   // The samples a rank's store held when saved and those its sampler covered (it catches up
   // with the store at the next step): restored first, they size the store and the sampler.
@@ -409,6 +454,7 @@ class ConfiguredRunOf final : public ConfiguredRunBase {
   };
 
   Communicator<MpiTransport>& comm_;
+  CallerArrays arrays_;
   RunConfig cfg_;
   Model model_;
   std::unique_ptr<FullyShardedSync<Model>> fully_;
@@ -574,6 +620,22 @@ class ConfiguredRun {
   /// Collective, blocking (bounded): waits for checkpoint writes and flushes, rethrowing their
   /// errors. Nothing without checkpoints.
   void wait_checkpoints() { run_->wait_checkpoints(); }
+
+  /// Local. Registers the caller's array `data` of `count` elements under `name`: every later
+  /// save holds this rank's values (a per-rank dataset "arrays/<name>"), and restore_latest
+  /// loads them back into the same memory, which must stay valid for the run's lifetime. For a
+  /// solver's own state (fields, counters), so that one checkpoint holds solver and model.
+  /// Register before restore_latest, with the same names and counts as the run that saved (a
+  /// checkpoint without them is refused, naming the array). Names: 1-64 letters, digits, '_',
+  /// '-', '.'; each once. float, double or int32 host memory.
+  template <class V>
+  void checkpoint_array(const std::string& name, V* data, std::int64_t count) {
+    static_assert(
+        std::is_same_v<V, float> || std::is_same_v<V, double> || std::is_same_v<V, std::int32_t>,
+        "float, double or std::int32_t");
+    host_memory("ConfiguredRun::checkpoint_array", "the array", data);
+    run_->checkpoint_array(name, data, dtype_of_v<V>, count);
+  }
 
   /// Local. Opens this rank's store of (input, target) pairs (f32 copies). Once per run, before
   /// restore_latest when the checkpoints hold a store: from then on checkpoints also hold each

@@ -482,6 +482,7 @@ class BlobWriter {
     put_raw(s.data(), s.size());
   }
   void put_raw(const void* p, std::size_t n) {
+    if (n == 0) return;  // an empty tensor's data may be null
     const auto* b = static_cast<const unsigned char*>(p);
     buf_.insert(buf_.end(), b, b + n);
   }
