@@ -403,10 +403,11 @@ int main(int argc, char** argv) {
   OK(none, dtrain_create(MPI_COMM_WORLD, config, &sol3));
   OK(sol3, dtrain_checkpoint_array(sol3, "field", field3, DTRAIN_F64, 6));
   const int rc3 = dtrain_restore_latest(sol3, &restored);
-  CHECK(rc3 != DTRAIN_OK && strstr(dtrain_last_error(sol3), "arrays/field") != NULL);
-  if (rc3 == DTRAIN_OK || strstr(dtrain_last_error(sol3), "arrays/field") == NULL)
+  if (rc3 == DTRAIN_OK || strstr(dtrain_last_error(sol3), "arrays/field") == NULL) {
     fprintf(stderr, "rank %d: restore of a 6-element field: %d %s\n", rank, rc3,
             dtrain_last_error(sol3));
+    ++failures;
+  }
   OK(sol, dtrain_close(&sol));
   OK(sol2, dtrain_close(&sol2));
   OK(sol3, dtrain_close(&sol3));
